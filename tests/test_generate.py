@@ -1,0 +1,237 @@
+"""The generation API on a real model (SmolLM2-135M-Instruct Q4_1): streaming, stops, cancellation, reuse."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ggufrun.generate import StopMatcher
+
+# ---- stop strings (no model needed) ----------------------------------------------------------------------------
+
+
+def _run_stops(pieces, stops):
+    m = StopMatcher(stops)
+    out = []
+    for p in pieces:
+        text, hit = m.push(p)
+        out.append(text)
+        if hit:
+            return "".join(out), True
+    out.append(m.flush())
+    return "".join(out), False
+
+
+@pytest.mark.parametrize(
+    "pieces, stops, expected, hit",
+    [
+        (["Hello", " wor", "ld"], ["\n\n"], "Hello world", False),
+        (["ab", "c\n", "\nrest"], ["\n\n"], "abc", True),  # split across two pieces
+        (["x", "E", "N", "D", "y"], ["END"], "x", True),  # one character per piece
+        (["EN", "x"], ["END"], "ENx", False),  # a partial match is released once it cannot match
+        (["fooba", "r"], ["bar", "oob"], "f", True),  # the earliest match wins
+        (["abc"], [], "abc", False),
+        (["stopnow"], ["stop"], "", True),
+    ],
+)
+def test_stop_matcher(pieces, stops, expected, hit):
+    assert _run_stops(pieces, stops) == (expected, hit)
+
+
+def test_stop_matcher_never_emits_a_prefix_it_later_matches():
+    m = StopMatcher(["</s>"])
+    emitted = ""
+    for ch in "hello </s> world":
+        text, hit = m.push(ch)
+        emitted += text
+        assert "<" not in emitted  # the '<' is held until it is known to be a stop
+        if hit:
+            break
+    assert emitted == "hello "
+
+
+# ---- real model ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    import ggufrun
+
+    m = ggufrun.load(smollm2_path, n_ctx=512, n_threads=2)
+    yield m
+    m.close()
+
+
+def _forced(target: list[int]):
+    """A logits processor that makes the model emit `target`, one token per step, whatever it would say."""
+    state = {"i": 0, "start": None}
+
+    def proc(ids, logits):
+        if state["start"] is None:
+            state["start"] = len(ids)
+        i = len(ids) - state["start"]
+        out = np.full_like(logits, -1e9)
+        out[target[min(i, len(target) - 1)]] = 0.0
+        return out
+
+    return proc
+
+
+@pytest.mark.real
+def test_chat_capital_of_france(model):
+    text = "".join(
+        c.text
+        for c in model.chat(
+            [{"role": "user", "content": "What is the capital of France?"}], max_tokens=32, temperature=0
+        )  # fmt: skip
+    )
+    assert "Paris" in text
+
+
+@pytest.mark.real
+def test_streamed_multibyte_text_equals_whole(model):
+    target_text = "Émoji 🎉🙂 and 日本語のテキスト, ελληνικά ✓"
+    target = model.tokenize(target_text, add_special=False)
+    chunks = list(model.generate("Say something:", max_tokens=len(target), temperature=0,
+                                 logits_processors=[_forced(target)]))  # fmt: skip
+    assert [c.token for c in chunks] == target
+    streamed = "".join(c.text for c in chunks)
+    assert streamed.encode("utf-8") == model.detokenize(target).encode("utf-8")
+    assert streamed == target_text
+    for c in chunks:
+        assert "\ufffd" not in c.text
+    assert chunks[-1].finish_reason == "length"
+
+
+@pytest.mark.real
+def test_stop_string_split_across_tokens_never_appears(model):
+    target = model.tokenize("alpha beta STOP_HERE gamma", add_special=False)
+    pieces = [model.detokenize([t]) for t in target]
+    # the stop string spans several tokens
+    assert sum("STOP_HERE"[:3] in p or "HERE" in p for p in pieces) >= 1 and len(target) > 4
+    chunks = list(model.generate("x", max_tokens=len(target), temperature=0, stop=["STOP_HERE"],
+                                 logits_processors=[_forced(target)]))  # fmt: skip
+    text = "".join(c.text for c in chunks)
+    assert text == "alpha beta "
+    assert chunks[-1].finish_reason == "stop"
+    assert all("STOP" not in c.text for c in chunks)
+
+
+@pytest.mark.real
+def test_end_of_generation_token_stops(model):
+    eot = model.tokenize("<|im_end|>", add_special=False, parse_special=True)
+    assert len(eot) == 1 and eot[0] in model.tokenizer.eog_ids
+    target = model.tokenize("Hi there", add_special=False) + eot
+    chunks = list(model.generate("x", max_tokens=20, temperature=0, logits_processors=[_forced(target)]))
+    assert chunks[-1].finish_reason == "stop"
+    assert "".join(c.text for c in chunks) == "Hi there"
+    assert chunks[-1].stats.generated_tokens == len(target)
+
+
+@pytest.mark.real
+def test_max_tokens_and_stats(model):
+    chunks = list(model.generate("The sky is", max_tokens=5, temperature=0))
+    assert len(chunks) == 5 and chunks[-1].finish_reason == "length"
+    s = chunks[-1].stats
+    assert s.generated_tokens == 5 and s.prompt_tokens == 3
+    assert s.ttft_s > 0 and s.prompt_tps > 0 and s.generation_tps > 0 and s.peak_rss_mb > 50
+    assert all(c.finish_reason is None for c in chunks[:-1])
+
+
+@pytest.mark.real
+def test_full_context_ends_with_length(smollm2_path):
+    import ggufrun
+
+    m = ggufrun.load(smollm2_path, n_ctx=16, n_threads=2)
+    ids = m.tokenize("one two three four five six seven eight")
+    chunks = list(m.generate(ids, max_tokens=100, temperature=0))
+    assert chunks[-1].finish_reason == "length"
+    assert len(ids) + len(chunks) == 16 + 1  # the last sampled token needs no slot of its own
+    with pytest.raises(ValueError, match=r"16 \(n_ctx\)"):
+        m.generate(list(range(16)), max_tokens=1)
+    m.close()
+
+
+@pytest.mark.real
+def test_cancel_stops_all_work(model, monkeypatch):
+    calls = {"n": 0}
+    forward = model.transformer.forward
+
+    def counting(ids, *a, **k):
+        calls["n"] += 1
+        return forward(ids, *a, **k)
+
+    monkeypatch.setattr(model.transformer, "forward", counting)
+    gen = model.generate("Count to one hundred:", max_tokens=50, temperature=0)
+    for i, _ in enumerate(gen):
+        if i == 2:
+            break
+    gen.close()
+    n = calls["n"]
+    assert n == 1 + 2  # prefill + two decode steps for three tokens
+    assert calls["n"] == n  # nothing ran after close
+
+    # a cancel event stops between steps and reports "cancelled"
+    ev = threading.Event()
+    out = []
+    for c in model.generate("Count to one hundred:", max_tokens=50, temperature=0, cancel=ev):
+        out.append(c)
+        if len(out) == 3:
+            ev.set()
+    assert out[-1].finish_reason == "cancelled" and len(out) == 4
+    monkeypatch.undo()
+    # the model is usable and correct right afterwards
+    a = model.complete("The sky is", max_tokens=6, temperature=0)
+    model.reset()
+    b = model.complete("The sky is", max_tokens=6, temperature=0)
+    assert a == b
+
+
+@pytest.mark.real
+def test_prefix_reuse(model):
+    msgs = [{"role": "user", "content": "Tell me a short fact about cats."}]
+    model.reset()
+    first = list(model.chat(msgs, max_tokens=8, temperature=0))
+    assert first[-1].stats.cached_tokens == 0
+    reply = "".join(c.text for c in first)
+    msgs2 = msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And dogs?"}]
+    second = list(model.chat(msgs2, max_tokens=8, temperature=0))
+    s = second[-1].stats
+    assert s.cached_tokens >= len(model.chat_ids(msgs)) - 1
+    # identical tokens with and without reuse
+    model.reset()
+    fresh = list(model.chat(msgs2, max_tokens=8, temperature=0))
+    assert fresh[-1].stats.cached_tokens == 0
+    assert [c.token for c in second] == [c.token for c in fresh]
+
+
+@pytest.mark.real
+def test_same_seed_same_text(model):
+    a = model.complete("Once upon a time", max_tokens=16, temperature=1.0, seed=7)
+    b = model.complete("Once upon a time", max_tokens=16, temperature=1.0, seed=7)
+    assert a == b
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"logit_bias": {10**9: 1.0}}, "logit_bias"),
+    ],
+)
+def test_bad_arguments(model, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        list(model.generate("hi", **kwargs))
+
+
+@pytest.mark.real
+def test_bad_token_ids_and_unknown_argument(model):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.generate([1, 2, 10**7])
+    with pytest.raises(TypeError, match="temprature"):
+        model.generate("hi", temprature=0.5)

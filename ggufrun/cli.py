@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "chat": "ggufrun.cli_generate",
     "inspect": "ggufrun.info",
     "pull": "ggufrun.hub",
+    "serve": "ggufrun.server",
 }
 
 

@@ -1,0 +1,118 @@
+"""ggufrun on one model: load time (cold and warm JIT cache), TTFT, prefill and decode tokens/s, peak RSS.
+
+    python benchmarks/bench.py smollm2-135m-instruct --prompt-tokens 128 --gen-tokens 64 --threads 2 --repeat 5
+    python benchmarks/bench.py path/to/model.gguf --json bench-results/bench.json
+
+Each figure is the median (min-max) over --repeat runs after one warm-up run. Generation is greedy with the
+end-of-generation tokens masked, so every run decodes exactly --gen-tokens tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from _common import ROOT, env_line, environment, fmt, log, peak_rss_mb, prompt_ids, summarize, write_json
+
+_PROBE = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import ggufrun
+t1 = time.perf_counter()
+m = ggufrun.load(sys.argv[1], n_threads=int(sys.argv[2]), n_ctx=512)
+t2 = time.perf_counter()
+next(iter(m.generate("Hello", max_tokens=1, temperature=0)))
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - t2, "total_s": t3 - t0}))
+"""
+
+
+def load_in_subprocess(path: str, threads: int, cold: bool) -> dict:
+    """Import + load + first token in a fresh process; cold = an empty Numba cache directory."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with tempfile.TemporaryDirectory() as cache:
+        if cold:
+            env["NUMBA_CACHE_DIR"] = cache
+        out = subprocess.run([sys.executable, "-c", _PROBE, path, str(threads)], env=env, capture_output=True,
+                             text=True, check=True)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_ggufrun(model, ids: list[int], gen: int) -> dict:
+    """One greedy request of exactly `gen` tokens from a fresh context; figures from the final chunk."""
+    bias = {t: float("-inf") for t in model.tokenizer.eog_ids}
+    model.reset()
+    *_, last = model.generate(ids, max_tokens=gen, temperature=0, logit_bias=bias)
+    s = last.stats
+    assert s.generated_tokens == gen, (s.generated_tokens, gen)
+    return {"ttft_s": s.ttft_s, "prefill_tps": s.prompt_tps, "decode_tps": s.generation_tps}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="path or known name")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-cold", action="store_true", help="skip the cold-JIT-cache load measurement (slow)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    from ggufrun.hub import resolve
+
+    import ggufrun
+
+    path = str(resolve(args.model))
+    env = environment(args.threads)
+    results: dict = {"model": os.path.basename(path), "env": env, "args": vars(args)}
+
+    if not args.no_cold:
+        log("load with an empty JIT cache (compiles every kernel)")
+        results["cold"] = load_in_subprocess(path, args.threads, cold=True)
+    log("load with a warm JIT cache (fresh process)")
+    results["warm_process"] = load_in_subprocess(path, args.threads, cold=False)
+
+    loads = []
+    for _ in range(3):
+        t = __import__("time").perf_counter()
+        model = ggufrun.load(path, n_threads=args.threads, n_ctx=max(512, args.prompt_tokens + args.gen_tokens + 8))
+        loads.append(__import__("time").perf_counter() - t)
+    results["load_s"] = summarize(loads)
+    ids = prompt_ids(model.tokenize, args.prompt_tokens)
+    log("warm-up run")
+    run_ggufrun(model, ids, args.gen_tokens)
+    runs = []
+    for i in range(args.repeat):
+        runs.append(run_ggufrun(model, ids, args.gen_tokens))
+        r = runs[-1]
+        log(f"run {i + 1}/{args.repeat}: prefill {r['prefill_tps']:.1f} tok/s, decode {r['decode_tps']:.1f} tok/s")
+    for k in ("ttft_s", "prefill_tps", "decode_tps"):
+        results[k] = summarize([r[k] for r in runs])
+    results["peak_rss_mb"] = peak_rss_mb()
+    results["file_mb"] = os.path.getsize(path) / 1e6
+
+    print(f"\n### ggufrun: {results['model']}, {args.prompt_tokens}-token prompt, {args.gen_tokens} generated\n")
+    print(f"{env_line(env)}\n")
+    print("| figure | value (median, min-max) |\n|---|---|")
+    if "cold" in results:
+        c = results["cold"]
+        print(f"| first run ever: import + load + first token (empty JIT cache) | {c['total_s']:.2f} s |")
+    w = results["warm_process"]
+    print(f"| fresh process, warm JIT cache: import / load / first token | {w['import_s']:.2f} / {w['load_s']:.2f} / "
+          f"{w['first_token_s']:.2f} s |")  # fmt: skip
+    print(f"| load() to ready, warm, in process | {fmt(results['load_s'], 3)} s |")
+    print(f"| time to first token | {fmt(results['ttft_s'], 3)} s |")
+    print(f"| prefill | {fmt(results['prefill_tps'])} tok/s |")
+    print(f"| decode | {fmt(results['decode_tps'])} tok/s |")
+    print(f"| peak RSS (file {results['file_mb']:.0f} MB) | {results['peak_rss_mb']:.0f} MB |")
+    write_json(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

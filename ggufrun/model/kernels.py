@@ -1,0 +1,307 @@
+"""Numba kernels of the forward pass, other than the quantized matrix products (those live in ggufrun.quants).
+
+Every kernel writes into buffers the caller preallocated, so a decode step allocates nothing. Arrays in, arrays
+out; a zero-length array stands for an absent optional tensor (bias, norm weight). The KV cache is either float32
+or IEEE half floats stored as uint16 (Numba has no float16): `_kv_load` / `_kv_store` convert one value with the
+CPU's F16C instructions (LLVM `fpext`/`fptrunc` on `half`), so the loops still vectorise.
+
+All helpers a kernel calls are in this module: Numba's on-disk cache does not notice edits to other files.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+# Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says.
+FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+JIT = {"cache": True, "nogil": True, "fastmath": FASTMATH}
+
+GELU_COEF_A = 0.044715
+SQRT_2_OVER_PI = 0.7978845608028654
+
+
+# ---- scalar helpers -------------------------------------------------------------------------------------------
+
+
+@intrinsic
+def _f16_to_f32(typingctx, h):
+    """uint16 holding IEEE half bits -> float32 (exact)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_to_f16(typingctx, x):
+    """float32 -> uint16 holding IEEE half bits (round to nearest even; overflow gives inf, like ggml)."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+@intrinsic
+def _i32_as_f32(typingctx, i):
+    """Reinterpret int32 bits as float32."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+def _kv_load(v):  # pragma: no cover - replaced by the overload in compiled code
+    raise NotImplementedError
+
+
+@overload(_kv_load, inline="always")
+def _kv_load_impl(v):
+    if v == types.uint16:
+        return lambda v: _f16_to_f32(v)
+    return lambda v: np.float32(v)
+
+
+def _kv_store(x, cache):  # pragma: no cover - replaced by the overload in compiled code
+    raise NotImplementedError
+
+
+@overload(_kv_store, inline="always")
+def _kv_store_impl(x, cache):
+    if cache.dtype == types.uint16:
+        return lambda x, cache: _f32_to_f16(np.float32(x))
+    return lambda x, cache: np.float32(x)
+
+
+@numba.njit(inline="always", **JIT)
+def _expf(x):
+    """exp(x) for float32 in a form LLVM can vectorise (no libm call): Cephes expf, ~1 ulp on [-87, 88]."""
+    x = min(max(x, np.float32(-87.3)), np.float32(88.7))
+    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))  # float32
+    r = x - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * _i32_as_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+# ---- norms and residuals ----------------------------------------------------------------------------------------
+
+
+@numba.njit(inline="always", **JIT)
+def _rms_scale(x, eps):
+    s = 0.0  # float64 sum, as ggml's rms_norm does
+    for i in range(x.shape[0]):
+        s += np.float64(x[i]) * x[i]
+    return np.float32(1.0 / math.sqrt(s / x.shape[0] + eps))
+
+
+@numba.njit(**JIT)
+def rmsnorm(x, w, eps, out):
+    """out[m] = x[m] / rms(x[m]) * w.  x, out: float32 [M, n]; w: float32 [n]."""
+    for m in range(x.shape[0]):
+        scale = _rms_scale(x[m], eps)
+        for i in range(x.shape[1]):
+            out[m, i] = x[m, i] * scale * w[i]
+
+
+@numba.njit(**JIT)
+def add_norm(x, y, post_w, w, eps, out):
+    """Residual add, then the next RMSNorm: x[m] += post_norm(y[m]) (or y[m] when post_w is empty); out = norm(x) * w.
+
+    x (residual stream, updated in place), y, out: float32 [M, n]; post_w, w: float32 [n] or [0].
+    """
+    for m in range(x.shape[0]):
+        if post_w.shape[0]:
+            scale = _rms_scale(y[m], eps)
+            for i in range(x.shape[1]):
+                x[m, i] += y[m, i] * scale * post_w[i]
+        else:
+            for i in range(x.shape[1]):
+                x[m, i] += y[m, i]
+        scale = _rms_scale(x[m], eps)
+        for i in range(x.shape[1]):
+            out[m, i] = x[m, i] * scale * w[i]
+
+
+# ---- attention --------------------------------------------------------------------------------------------------
+
+
+@numba.njit(**JIT)
+def qkv_rope_store(
+    q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, pos0, k_cache, v_cache
+):
+    """Finish Q/K/V of M new tokens at positions pos0..pos0+M-1 and append K/V to this layer's cache.
+
+    q [M, n_head*hd_k] (in place: + bias, per-head RMSNorm, rope, * q_scale); k [M, n_kv*hd_k], v [M, n_kv*hd_v]
+    (+ bias; K normed and roped) are written to k_cache [n_kv, n_ctx, hd_k] / v_cache [n_kv, n_ctx, hd_v] at the
+    token's position. cos/sin: [n_ctx, n_rot/2]. neox: rotate (x[i], x[i + n_rot/2]) else (x[2i], x[2i+1]).
+    """
+    n_kv, _, hd_k = k_cache.shape
+    hd_v = v_cache.shape[2]
+    n_head = q.shape[1] // hd_k
+    half = cos.shape[1]
+    for m in range(q.shape[0]):
+        p = pos0 + m
+        for i in range(q_bias.shape[0]):
+            q[m, i] += q_bias[i]
+        for i in range(k_bias.shape[0]):
+            k[m, i] += k_bias[i]
+        for i in range(v_bias.shape[0]):
+            v[m, i] += v_bias[i]
+        for h in range(n_head + n_kv):
+            x = q[m, h * hd_k : (h + 1) * hd_k] if h < n_head else k[m, (h - n_head) * hd_k : (h - n_head + 1) * hd_k]
+            nw = q_norm if h < n_head else k_norm
+            if nw.shape[0]:
+                scale = _rms_scale(x, eps)
+                for i in range(hd_k):
+                    x[i] = x[i] * scale * nw[i]
+            for i in range(half):
+                c, s = cos[p, i], sin[p, i]
+                i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                a, b = x[i0], x[i1]
+                x[i0] = a * c - b * s
+                x[i1] = a * s + b * c
+            if h < n_head:
+                for i in range(hd_k):
+                    x[i] *= q_scale
+            else:
+                g = h - n_head
+                for i in range(hd_k):
+                    k_cache[g, p, i] = _kv_store(x[i], k_cache)
+        for g in range(n_kv):
+            for i in range(hd_v):
+                v_cache[g, p, i] = _kv_store(v[m, g * hd_v + i], v_cache)
+
+
+@numba.njit(**JIT)
+def attend_one(q, k_cache, v_cache, t0, t1, scores, out):
+    """Attention of one token over cached positions t0..t1-1, every head (decode).
+
+    q [n_head*hd_k] (already scaled); k_cache [n_kv, n_ctx, hd_k]; v_cache [n_kv, n_ctx, hd_v];
+    scores: float32 scratch [>= t1]; out [n_head*hd_v]. Query head h reads K/V head h // (n_head / n_kv).
+    """
+    n_kv, _, hd_k = k_cache.shape
+    hd_v = v_cache.shape[2]
+    n_head = q.shape[0] // hd_k
+    group = n_head // n_kv
+    for h in range(n_head):
+        g = h // group
+        qh = q[h * hd_k : (h + 1) * hd_k]
+        best = np.float32(-np.inf)
+        for t in range(t0, t1):
+            s = np.float32(0.0)
+            for i in range(hd_k):
+                s += qh[i] * _kv_load(k_cache[g, t, i])
+            scores[t] = s
+            best = max(best, s)
+        total = np.float32(0.0)
+        for t in range(t0, t1):
+            e = _expf(scores[t] - best)
+            scores[t] = e
+            total += e
+        o = out[h * hd_v : (h + 1) * hd_v]
+        o[:] = 0.0
+        for t in range(t0, t1):
+            pt = scores[t] / total
+            for i in range(hd_v):
+                o[i] += pt * _kv_load(v_cache[g, t, i])
+
+
+@numba.njit(**JIT)
+def kv_to_f32(cache, t0, t1, out):
+    """out[g, :t1-t0] = cache[g, t0:t1] as float32.  cache [n_kv, n_ctx, hd] (uint16 half bits or float32)."""
+    for g in range(cache.shape[0]):
+        for t in range(t0, t1):
+            for i in range(cache.shape[2]):
+                out[g, t - t0, i] = _kv_load(cache[g, t, i])
+
+
+@numba.njit(**JIT)
+def causal_softmax(scores, pos0, t0, window):
+    """Row-wise softmax in place over keys a query may see. scores [M, n]: query m is at position pos0 + m,
+    column j is key position t0 + j; a key is visible when key <= query and (window == 0 or query - key < window).
+    """
+    m_rows, n = scores.shape
+    for m in range(m_rows):
+        p = pos0 + m
+        lo = max(0, p - window + 1 - t0) if window > 0 else 0
+        hi = min(n, p - t0 + 1)
+        best = np.float32(-np.inf)
+        for j in range(lo, hi):
+            best = max(best, scores[m, j])
+        total = np.float32(0.0)
+        for j in range(lo, hi):
+            e = _expf(scores[m, j] - best)
+            scores[m, j] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for j in range(n):
+            scores[m, j] = scores[m, j] * inv if lo <= j < hi else np.float32(0.0)
+
+
+# ---- feed-forward -----------------------------------------------------------------------------------------------
+
+
+def gelu_table() -> np.ndarray:
+    """GELU (tanh form) of every half-precision value, rounded to half: ggml's `ggml_table_gelu_f16`
+    (ggml/src/ggml-cpu/vec.h, GGML_GELU_FP16), which llama.cpp's CPU backend uses for x in (-10, 10)."""
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        y = 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+    return y.astype(np.float16).astype(np.float32)
+
+
+@numba.njit(**JIT)
+def swiglu(gate, up):
+    """gate = silu(gate) * up, in place.  gate, up: float32 [M, n_ff]."""
+    for m in range(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            x = gate[m, i]
+            gate[m, i] = x / (np.float32(1.0) + _expf(-x)) * up[m, i]
+
+
+@numba.njit(**JIT)
+def geglu(gate, up, table):
+    """gate = gelu_tanh(gate) * up, in place, through the half-precision table as llama.cpp computes it."""
+    for m in range(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            x = gate[m, i]
+            if x <= -10.0:
+                y = np.float32(0.0)
+            elif x >= 10.0:
+                y = x
+            else:
+                y = table[_f32_to_f16(x)]
+            gate[m, i] = y * up[m, i]
+
+
+@numba.njit(**JIT)
+def scale_rows(x, s):
+    """x *= s in place (gemma3's embedding scale).  x: float32 [M, n]."""
+    for m in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[m, i] *= s
+
+
+@numba.njit(**JIT)
+def softcap(x, cap):
+    """x = cap * tanh(x / cap) in place (final logit soft-capping).  x: float32 [M, n]."""
+    for m in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[m, i] = cap * math.tanh(x[m, i] / cap)

@@ -1,0 +1,276 @@
+"""The forward pass: one shared pre-norm transformer block for llama, qwen2, qwen3 and gemma3, a KV cache, and
+run-state buffers allocated once.
+
+Per block (src/models/{llama,qwen2,qwen3,gemma3}.cpp in llama.cpp):
+    h = rmsnorm(x) ; q, k, v = h @ Wq/Wk/Wv (+ biases) ; per-head q/k norm ; rope ; append k, v to the cache
+    x += [post_norm](attention(q, K, V) @ Wo)
+    h = rmsnorm(x) ; x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h)))
+then logits = rmsnorm(x) @ output.T. What differs per architecture is data (config.ArchSpec) and optional
+tensors, not branches here.
+
+Prefill runs `n_batch` tokens at a time through the batched matmul and attention built on NumPy's BLAS; a single
+token (decode) goes through the matvec kernels and `kernels.attend_one` without allocating anything.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import quants
+from . import kernels
+from .config import ModelConfig
+from .rope import rope_table
+from .weights import LayerWeights, Weights, load_weights
+
+
+class ContextOverflowError(ValueError):
+    """More tokens than the KV cache holds (n_ctx). Raised before any state changes."""
+
+
+@dataclass
+class RunState:
+    """Every activation buffer and the KV cache, allocated once for n_batch rows and n_ctx positions."""
+
+    x: np.ndarray  # [n_batch, n_embd] residual stream
+    h: np.ndarray  # [n_batch, n_embd] normed input of the next projection
+    q: np.ndarray  # [n_batch, n_head * head_dim_k]
+    k: np.ndarray  # [n_batch, n_head_kv * head_dim_k]
+    v: np.ndarray  # [n_batch, n_head_kv * head_dim_v]
+    att: np.ndarray  # [n_batch, n_head * head_dim_v] attention output, before attn_output
+    o: np.ndarray  # [n_batch, n_embd] attention or FFN output, before the residual add
+    gate: np.ndarray  # [n_batch, n_ff] (then act(gate) * up, in place)
+    up: np.ndarray  # [n_batch, n_ff]
+    scores: np.ndarray  # [n_batch, n_ctx] attention probabilities of one head
+    k32: np.ndarray  # [n_head_kv, n_ctx, head_dim_k] float32 copy of one layer's keys (prefill)
+    v32: np.ndarray  # [n_head_kv, n_ctx, head_dim_v]
+    logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
+    # KV cache, contiguous per layer and per KV head so that decode reads each head's keys in one sweep.
+    # float16 is stored as uint16 bit patterns (Numba has no float16 type); kernels convert with F16C.
+    k_cache: np.ndarray  # [n_layer, n_head_kv, n_ctx, head_dim_k]
+    v_cache: np.ndarray  # [n_layer, n_head_kv, n_ctx, head_dim_v]
+
+    @classmethod
+    def allocate(cls, c: ModelConfig, n_ctx: int, n_batch: int, kv_dtype: np.dtype) -> RunState:
+        f32 = np.float32
+        store = np.uint16 if kv_dtype == np.float16 else f32
+        return cls(
+            x=np.zeros((n_batch, c.n_embd), f32),
+            h=np.zeros((n_batch, c.n_embd), f32),
+            q=np.zeros((n_batch, c.n_head * c.head_dim_k), f32),
+            k=np.zeros((n_batch, c.n_head_kv * c.head_dim_k), f32),
+            v=np.zeros((n_batch, c.n_head_kv * c.head_dim_v), f32),
+            att=np.zeros((n_batch, c.n_head * c.head_dim_v), f32),
+            o=np.zeros((n_batch, c.n_embd), f32),
+            gate=np.zeros((n_batch, c.n_ff), f32),
+            up=np.zeros((n_batch, c.n_ff), f32),
+            scores=np.zeros((n_batch, n_ctx), f32),
+            k32=np.zeros((c.n_head_kv, n_ctx, c.head_dim_k), f32),
+            v32=np.zeros((c.n_head_kv, n_ctx, c.head_dim_v), f32),
+            logits=np.zeros((1, c.n_vocab), f32),
+            # np.empty: pages of the cache cost memory only once written
+            k_cache=np.empty((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_k), store),
+            v_cache=np.empty((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), store),
+        )
+
+
+def _project(w, x: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ W.T for x [M, K] -> out [M, N]: matvec for one row (decode), matmul for a batch."""
+    if x.shape[0] == 1:
+        quants.matvec(w.data, w.type, x[0], out[0])
+    else:
+        quants.matmul(w.data, w.type, x, out)
+
+
+class Transformer:
+    """A GGUF decoder-only model with its KV cache.
+
+    >>> from ggufrun.reader import GGUFFile
+    >>> tf = Transformer(GGUFFile("SmolLM2-135M-Instruct.Q4_1.gguf"), n_ctx=2048)
+    >>> logits = tf.forward([1, 2, 3])  # [n_vocab] after the last token; the cache now holds 3 positions
+    >>> logits = tf.forward([int(logits.argmax())])  # one decode step
+    >>> tf.truncate(2)  # keep the first two positions (prefix reuse)
+    >>> rows = tf.logits([1, 2, 3])  # [3, n_vocab], fresh context, teacher-forced
+
+    gguf_file: an open ggufrun.reader.GGUFFile (kept open by the caller: weights are views into its mmap).
+    n_ctx: positions the KV cache holds (default min(4096, trained context); above it: a warning).
+    n_batch: prefill chunk size. kv_dtype: np.float16 (default, like llama.cpp) or np.float32.
+    """
+
+    def __init__(self, gguf_file, n_ctx: int | None = None, n_batch: int = 256, kv_dtype=np.float16):
+        self.config = c = ModelConfig.from_gguf(gguf_file)
+        if n_ctx is None:
+            n_ctx = c.n_ctx_default
+        if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 1:
+            raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        if not isinstance(n_batch, int) or isinstance(n_batch, bool) or n_batch < 1:
+            raise ValueError(f"n_batch must be a positive integer, got {n_batch!r}")
+        kv_dtype = np.dtype(kv_dtype)
+        if kv_dtype not in (np.float16, np.float32):
+            raise ValueError(f"kv_dtype must be np.float16 or np.float32, got {kv_dtype}")
+        if n_ctx > c.n_ctx_train:
+            warnings.warn(
+                f"n_ctx {n_ctx} is above the context this model was trained for ({c.n_ctx_train}); "
+                f"output past {c.n_ctx_train} tokens may degrade",
+                stacklevel=2,
+            )
+        self.gguf = gguf_file
+        self.weights: Weights = load_weights(gguf_file, c)
+        self.n_ctx = n_ctx
+        self.n_batch = min(n_batch, n_ctx)
+        self.kv_dtype = kv_dtype
+        self.n_past = 0  # positions currently in the KV cache
+        self.state = RunState.allocate(c, n_ctx, self.n_batch, kv_dtype)
+
+        # rope tables per layer (gemma3's local layers use their own base); layers share equal tables
+        tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+        self._rope = []
+        for il in range(c.n_layer):
+            swa = c.swa_layers[il]
+            key = (c.rope_freq_base_swa, 1.0) if swa else (c.rope_freq_base, c.rope_freq_scale)
+            if key not in tables:
+                tables[key] = rope_table(
+                    n_ctx,
+                    c.n_rot,
+                    base=key[0],
+                    freq_scale=key[1],
+                    freq_factors=self.weights.rope_freqs,
+                    ext_factor=c.yarn_ext_factor,
+                    attn_factor=c.yarn_attn_factor,
+                    n_ctx_orig=c.yarn_orig_ctx,
+                    beta_fast=c.yarn_beta_fast,
+                    beta_slow=c.yarn_beta_slow,
+                )
+            self._rope.append(tables[key])
+        self._window = [c.sliding_window if swa else 0 for swa in c.swa_layers]
+        self._gelu_table = kernels.gelu_table() if c.spec.gelu else None
+        self._embed_scale = np.float32(math.sqrt(c.n_embd)) if c.spec.embed_scale else None
+
+    # ---- cache management ----
+
+    def reset(self) -> None:
+        """Forget every cached position."""
+        self.n_past = 0
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first n cached positions (0 <= n <= n_past), e.g. to reuse a shared prompt prefix."""
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.n_past:
+            raise ValueError(f"truncate: n must be an integer in [0, n_past={self.n_past}], got {n!r}")
+        self.n_past = n
+
+    # ---- forward ----
+
+    def logits(self, ids) -> np.ndarray:
+        """Logits float32 [len(ids), n_vocab] after each of `ids`, in a fresh context (teacher forcing).
+
+        The cache holds `ids` afterwards.
+        """
+        self.reset()
+        return self.forward(ids, all_logits=True)
+
+    def forward(self, ids, all_logits: bool = False) -> np.ndarray:
+        """Append token ids at position n_past; return float32 logits [n_vocab] of the last one, or
+        [len(ids), n_vocab] of every one with all_logits.
+
+        Without all_logits the array returned is a buffer of this model, overwritten by the next call (this is
+        what keeps decode free of allocations): copy it to keep it. ContextOverflowError if the tokens do not
+        fit in n_ctx, before anything changes.
+        """
+        ids = np.asarray(ids)
+        n = ids.shape[0] if ids.ndim == 1 else 0
+        if n == 0 or ids.dtype.kind not in "iu":
+            raise ValueError(f"ids must be a non-empty 1-D sequence of token ids, got shape {ids.shape} {ids.dtype}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.config.n_vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is out of range [0, {self.config.n_vocab}) (n_vocab)")
+        if self.n_past + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.n_past} cached + {n} new tokens = {self.n_past + n} exceeds the context size n_ctx={self.n_ctx}"
+            )
+        out = np.empty((n, self.config.n_vocab), np.float32) if all_logits else None
+        for start in range(0, n, self.n_batch):
+            stop = min(n, start + self.n_batch)
+            self._eval(ids[start:stop], out[start:stop] if out is not None else None)
+        return out if all_logits else self.state.logits[0]
+
+    def _eval(self, ids: np.ndarray, out: np.ndarray | None) -> None:
+        """Run len(ids) <= n_batch tokens at positions n_past.. through the model; logits of the last token go to
+        state.logits, or of every token to `out` [M, n_vocab]."""
+        c, w, s = self.config, self.weights, self.state
+        m, pos0 = ids.shape[0], self.n_past
+        x, h = s.x[:m], s.h[:m]
+
+        quants.get_rows(w.token_embd.data, w.token_embd.type, ids, out=x)
+        if self._embed_scale is not None:
+            kernels.scale_rows(x, self._embed_scale)
+        kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
+        for il, lw in enumerate(w.layers):
+            self._attention_block(il, lw, m, pos0)
+            next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
+            self._ffn_block(lw, m, next_norm)
+        # h now holds output_norm(x)
+
+        if out is not None:
+            _project(w.output, h, out)
+            logits = out
+        else:
+            _project(w.output, h[m - 1 : m], s.logits)
+            logits = s.logits
+        if c.final_logit_softcap:
+            kernels.softcap(logits, np.float32(c.final_logit_softcap))
+        self.n_past = pos0 + m
+
+    def _attention_block(self, il: int, lw: LayerWeights, m: int, pos0: int) -> None:
+        """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x)."""
+        c, s = self.config, self.state
+        h, q, k, v, att, o = s.h[:m], s.q[:m], s.k[:m], s.v[:m], s.att[:m], s.o[:m]
+        _project(lw.attn_q, h, q)
+        _project(lw.attn_k, h, k)
+        _project(lw.attn_v, h, v)
+        cos, sin = self._rope[il]
+        k_cache, v_cache = s.k_cache[il], s.v_cache[il]
+        kernels.qkv_rope_store(
+            q, k, v,
+            lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
+            cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), pos0, k_cache, v_cache,
+        )  # fmt: skip
+        window = self._window[il]
+        end = pos0 + m  # keys at positions [t0, end) can be visible to some query of this batch
+        t0 = max(0, pos0 - window + 1) if window else 0
+        if m == 1:
+            kernels.attend_one(q[0], k_cache, v_cache, t0, end, s.scores[0], att[0])
+        else:
+            self._attend_batch(q, k_cache, v_cache, pos0, t0, end, window, att)
+        _project(lw.attn_output, att, o)
+        kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
+
+    def _attend_batch(self, q, k_cache, v_cache, pos0, t0, end, window, att) -> None:
+        """Causal attention of M queries (positions pos0..) over keys t0..end-1, one head at a time through BLAS."""
+        c, s = self.config, self.state
+        m, n = q.shape[0], end - t0
+        hk, hv, group = c.head_dim_k, c.head_dim_v, c.n_head // c.n_head_kv
+        kernels.kv_to_f32(k_cache, t0, end, s.k32)
+        kernels.kv_to_f32(v_cache, t0, end, s.v32)
+        scores = s.scores[:m, :n]  # [M, n]
+        for hd in range(c.n_head):
+            g = hd // group
+            np.matmul(q[:, hd * hk : (hd + 1) * hk], s.k32[g, :n].T, out=scores)
+            kernels.causal_softmax(scores, pos0, t0, window)
+            np.matmul(scores, s.v32[g, :n], out=att[:, hd * hv : (hd + 1) * hv])
+
+    def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray) -> None:
+        """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))); then h = next_norm(x)."""
+        c, s = self.config, self.state
+        h, gate, up, o = s.h[:m], s.gate[:m], s.up[:m], s.o[:m]
+        _project(lw.ffn_gate, h, gate)
+        _project(lw.ffn_up, h, up)
+        if self._gelu_table is not None:
+            kernels.geglu(gate, up, self._gelu_table)
+        else:
+            kernels.swiglu(gate, up)
+        _project(lw.ffn_down, gate, o)
+        kernels.add_norm(s.x[:m], o, lw.post_ffw_norm, next_norm, c.rms_eps, h)

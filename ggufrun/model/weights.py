@@ -1,0 +1,139 @@
+"""The model's tensors, looked up by their GGUF names and checked against the config.
+
+Matrices stay zero-copy views into the file (reader TensorInfo: `.data` is the raw block view that the
+ggufrun.quants kernels read, `.type` its GGML type); only 1-D vectors (norm weights, biases) become small
+float32 arrays. Attribute names are the GGUF names without `blk.N.` and `.weight` (`.bias` -> `_bias`).
+An absent optional vector is a zero-length array, which the kernels read as "not there".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from .. import quants
+from ..errors import GGUFError
+from ..reader import TensorInfo
+from .config import ModelConfig
+
+NONE = np.zeros(0, dtype=np.float32)  # an absent optional vector
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One transformer block (GGUF `blk.N.*`)."""
+
+    attn_norm: np.ndarray  # [n_embd]
+    attn_q: TensorInfo  # [n_head * head_dim_k, n_embd]
+    attn_k: TensorInfo  # [n_head_kv * head_dim_k, n_embd]
+    attn_v: TensorInfo  # [n_head_kv * head_dim_v, n_embd]
+    attn_output: TensorInfo  # [n_embd, n_head * head_dim_v]
+    ffn_norm: np.ndarray  # [n_embd]
+    ffn_gate: TensorInfo  # [n_ff, n_embd]
+    ffn_up: TensorInfo  # [n_ff, n_embd]
+    ffn_down: TensorInfo  # [n_embd, n_ff]
+    attn_q_bias: np.ndarray  # [n_head * head_dim_k] or [0]
+    attn_k_bias: np.ndarray  # [n_head_kv * head_dim_k] or [0]
+    attn_v_bias: np.ndarray  # [n_head_kv * head_dim_v] or [0]
+    attn_q_norm: np.ndarray  # [head_dim_k] or [0]: per-head RMSNorm weight (qwen3, gemma3)
+    attn_k_norm: np.ndarray  # [head_dim_k] or [0]
+    post_attention_norm: np.ndarray  # [n_embd] or [0] (gemma3)
+    post_ffw_norm: np.ndarray  # [n_embd] or [0] (gemma3)
+
+
+@dataclass(frozen=True)
+class Weights:
+    token_embd: TensorInfo  # [n_vocab, n_embd]
+    output_norm: np.ndarray  # [n_embd]
+    output: TensorInfo  # [n_vocab, n_embd]; token_embd itself when the file has no output.weight (tied)
+    rope_freqs: np.ndarray | None  # [n_rot / 2]: llama3-style per-frequency divisors, or None
+    layers: tuple[LayerWeights, ...]
+
+
+def load_weights(gguf, cfg: ModelConfig) -> Weights:
+    """Look up, shape-check and type-check every tensor the model uses; GGUFError names the offending tensor.
+
+    A tensor the model would not use also fails, so that nothing in a file is silently ignored.
+    """
+    tensors = gguf.tensors
+    used: set[str] = set()
+
+    def get(name: str, shape: tuple[int, ...], required: bool = True) -> TensorInfo | None:
+        t = tensors.get(name)
+        if t is None:
+            if required:
+                raise GGUFError(f"{gguf.path}: tensor {name!r} is missing (a {cfg.arch} model needs it)")
+            return None
+        if tuple(t.shape) != shape:
+            raise GGUFError(f"{gguf.path}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
+        used.add(name)
+        return t
+
+    def matrix(name: str, rows: int, cols: int, required: bool = True) -> TensorInfo | None:
+        t = get(name, (rows, cols), required)
+        if t is not None:
+            quants.check_supported(name, t.type)
+        return t
+
+    def vector(name: str, n: int, required: bool = True) -> np.ndarray:
+        t = get(name, (n,), required)
+        if t is None:
+            return NONE
+        if t.type == GGMLQuantizationType.F32:
+            return np.ascontiguousarray(t.data)
+        quants.check_supported(name, t.type)
+        return np.ascontiguousarray(quants.dequantize(t.data, t.type), dtype=np.float32).reshape(n)
+
+    c, spec = cfg, cfg.spec
+    q_dim, k_dim, v_dim = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k, c.n_head_kv * c.head_dim_v
+    layers = []
+    for il in range(c.n_layer):
+        p = f"blk.{il}."
+        layers.append(
+            LayerWeights(
+                attn_norm=vector(p + "attn_norm.weight", c.n_embd),
+                attn_q=matrix(p + "attn_q.weight", q_dim, c.n_embd),
+                attn_k=matrix(p + "attn_k.weight", k_dim, c.n_embd),
+                attn_v=matrix(p + "attn_v.weight", v_dim, c.n_embd),
+                attn_output=matrix(p + "attn_output.weight", c.n_embd, c.n_head * c.head_dim_v),
+                ffn_norm=vector(p + "ffn_norm.weight", c.n_embd),
+                ffn_gate=matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd),
+                ffn_up=matrix(p + "ffn_up.weight", c.n_ff, c.n_embd),
+                ffn_down=matrix(p + "ffn_down.weight", c.n_embd, c.n_ff),
+                attn_q_bias=vector(p + "attn_q.bias", q_dim, required=False),
+                attn_k_bias=vector(p + "attn_k.bias", k_dim, required=False),
+                attn_v_bias=vector(p + "attn_v.bias", v_dim, required=False),
+                attn_q_norm=vector(p + "attn_q_norm.weight", c.head_dim_k, required=spec.qk_norm),
+                attn_k_norm=vector(p + "attn_k_norm.weight", c.head_dim_k, required=spec.qk_norm),
+                post_attention_norm=vector(p + "post_attention_norm.weight", c.n_embd, required=spec.post_norms),
+                post_ffw_norm=vector(p + "post_ffw_norm.weight", c.n_embd, required=spec.post_norms),
+            )
+        )
+        lw = layers[-1]
+        if (lw.attn_q_bias.size > 0) != (lw.attn_k_bias.size > 0) or (lw.attn_q_bias.size > 0) != (
+            lw.attn_v_bias.size > 0
+        ):
+            raise GGUFError(f"{gguf.path}: block {il} has some but not all of the attn_q/k/v biases")
+        if (lw.attn_q_norm.size > 0) != (lw.attn_k_norm.size > 0):
+            raise GGUFError(f"{gguf.path}: block {il} has only one of attn_q_norm / attn_k_norm")
+
+    token_embd = matrix("token_embd.weight", c.n_vocab, c.n_embd)
+    output = matrix("output.weight", c.n_vocab, c.n_embd, required=False) or token_embd
+    rope_freqs = vector("rope_freqs.weight", c.n_rot // 2, required=False)
+    weights = Weights(
+        token_embd=token_embd,
+        output_norm=vector("output_norm.weight", c.n_embd),
+        output=output,
+        rope_freqs=rope_freqs if rope_freqs.size else None,
+        layers=tuple(layers),
+    )
+    unused = sorted(set(tensors) - used)
+    if unused:
+        more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
+        raise GGUFError(
+            f"{gguf.path}: tensors {', '.join(unused[:5])}{more} are not used by ggufrun's {c.arch} model; "
+            f"running without them would give wrong results"
+        )
+    return weights

@@ -1,0 +1,276 @@
+"""The forward pass on small synthetic GGUF files (written here with gguf-py) against tests/reference.py, plus the
+Transformer's contract: context overflow, truncate/reset, load-time errors, no allocation while decoding.
+
+The synthetic files cover what the llama.cpp goldens do not: gemma3 (sliding window across prefill chunks, local
+and global rope bases, post-norms, GELU, embedding scale), final-logit soft-capping, linear rope scaling and a
+llama3-style `rope_freqs` tensor.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+import warnings
+
+import gguf
+import numpy as np
+import pytest
+from reference import reference_logits
+
+from ggufrun.errors import GGUFError
+from ggufrun.model import SUPPORTED_ARCHITECTURES, ContextOverflowError, ModelConfig, Transformer
+from ggufrun.reader import GGUFFile
+
+
+def write_model(
+    path,
+    arch="llama",
+    *,
+    dim=64,
+    n_layer=2,
+    n_head=4,
+    n_kv=2,
+    head_dim=16,
+    ff=128,
+    vocab=96,
+    ctx=256,
+    window=0,
+    linear_scale=0.0,
+    rope_freqs=False,
+    softcap=0.0,
+    tied=False,
+    seed=0,
+    override=None,
+):
+    """A random-weight model in F32. `override`: {tensor name: (array, raw GGML type or None)} replaces/adds
+    tensors (None as the value drops one)."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(ctx)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1e6)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("none")
+    if window:
+        w.add_sliding_window(window)
+    if linear_scale:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(linear_scale)
+    if softcap:
+        w.add_final_logit_softcapping(softcap)
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    qd, kd = n_head * head_dim, n_kv * head_dim
+    tensors = {"token_embd.weight": mat(vocab, dim), "output_norm.weight": norm(dim)}
+    if not tied:
+        tensors["output.weight"] = mat(vocab, dim)
+    if rope_freqs:
+        tensors["rope_freqs.weight"] = (1.0 + 3.0 * rng.random(head_dim // 2)).astype(np.float32)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        tensors.update(
+            {
+                p + "attn_norm.weight": norm(dim),
+                p + "attn_q.weight": mat(qd, dim),
+                p + "attn_k.weight": mat(kd, dim),
+                p + "attn_v.weight": mat(kd, dim),
+                p + "attn_output.weight": mat(dim, qd),
+                p + "ffn_norm.weight": norm(dim),
+                p + "ffn_gate.weight": mat(ff, dim),
+                p + "ffn_up.weight": mat(ff, dim),
+                p + "ffn_down.weight": mat(dim, ff),
+            }
+        )
+        if arch == "qwen2":
+            for name, n in (("attn_q.bias", qd), ("attn_k.bias", kd), ("attn_v.bias", kd)):
+                tensors[p + name] = (0.3 * rng.standard_normal(n)).astype(np.float32)
+        if arch in ("qwen3", "gemma3"):
+            tensors[p + "attn_q_norm.weight"] = norm(head_dim)
+            tensors[p + "attn_k_norm.weight"] = norm(head_dim)
+        if arch == "gemma3":
+            tensors[p + "post_attention_norm.weight"] = norm(dim)
+            tensors[p + "post_ffw_norm.weight"] = norm(dim)
+    raw_types = {}
+    for name, value in (override or {}).items():
+        if value is None:
+            tensors.pop(name)
+        else:
+            tensors[name], raw_types[name] = value
+    for name, arr in tensors.items():
+        if raw_types.get(name) is None:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, arr, raw_dtype=raw_types[name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+VARIANTS = {
+    "llama": {},
+    "llama-tied-linear-rope_freqs": {"tied": True, "linear_scale": 2.0, "rope_freqs": True},
+    "qwen2": {"arch": "qwen2"},
+    "qwen3": {"arch": "qwen3"},
+    # 6 layers: 5 local (window 5, rope base 10000) then 1 global (rope base 1e6)
+    "gemma3": {"arch": "gemma3", "n_layer": 6, "n_kv": 1, "window": 5, "softcap": 5.0},
+}
+
+
+def rel_diff(a, b):
+    return np.abs(a - b).max() / b.std()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+def open_variant(model_dir, name, **kwargs):
+    path = model_dir / f"{name}.gguf"
+    if not path.exists():
+        write_model(path, **VARIANTS[name])
+    return GGUFFile(path)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_matches_reference(model_dir, name):
+    f = open_variant(model_dir, name)
+    tokens = np.random.default_rng(1).integers(0, 96, 23)
+    ref = reference_logits(f, tokens)
+    # float32 KV cache, prefill in chunks of 8 (so the window and the causal mask cross chunk borders)
+    # (gemma3's GELU goes through a half-precision table, as in llama.cpp: ~1e-3 relative)
+    tol = 4e-3 if name == "gemma3" else 1e-3
+    tf = Transformer(f, n_batch=8, kv_dtype=np.float32)
+    assert rel_diff(tf.logits(tokens), ref) < tol
+    tf.reset()
+    steps = np.stack([tf.forward(tokens[i : i + 1]).copy() for i in range(len(tokens))])
+    assert rel_diff(steps, ref) < tol
+    # default float16 KV cache: rounding K/V to half costs a little
+    assert rel_diff(Transformer(f).logits(tokens), ref) < 0.01
+
+
+def test_gemma3_config(model_dir):
+    c = ModelConfig.from_gguf(open_variant(model_dir, "gemma3"))
+    assert c.swa_layers == (True, True, True, True, True, False)
+    assert c.sliding_window == 5 and c.rope_freq_base_swa == 10000.0 and c.rope_freq_base == 1e6
+    assert c.spec.embed_scale and c.spec.gelu and c.spec.post_norms and c.spec.rope_neox
+    assert c.final_logit_softcap == 5.0 and c.attn_scale == pytest.approx(0.25)
+
+
+def test_sliding_window_matters(model_dir):
+    """Past the window, gemma3's local layers must forget: the same model with a wide window differs."""
+    f = open_variant(model_dir, "gemma3")
+    path = model_dir / "gemma3-wide-window.gguf"
+    write_model(path, **{**VARIANTS["gemma3"], "window": 1000})
+    tokens = np.arange(12)
+    a = Transformer(f).logits(tokens)
+    b = Transformer(GGUFFile(path)).logits(tokens)
+    assert rel_diff(a[:5], b[:5]) < 0.01  # inside the window: local layers see everything anyway...
+    assert rel_diff(a[6:], b[6:]) > 0.05  # ...beyond it they do not
+
+
+def test_context_overflow_leaves_state_alone(model_dir):
+    tf = Transformer(open_variant(model_dir, "llama"), n_ctx=8)
+    first = tf.forward([1, 2, 3, 4, 5, 6]).copy()
+    with pytest.raises(ContextOverflowError, match=r"9.*n_ctx=8") as e:
+        tf.forward([7, 8, 9])
+    assert isinstance(e.value, ValueError)
+    assert tf.n_past == 6
+    tf.forward([7, 8])
+    assert tf.n_past == 8
+    with pytest.raises(ContextOverflowError):
+        tf.forward([1])
+    tf.truncate(6)
+    np.testing.assert_allclose(tf.logits([1, 2, 3, 4, 5, 6])[-1], first, atol=1e-5 * first.std())
+
+
+def test_truncate_reuses_prefix(model_dir):
+    tf = Transformer(open_variant(model_dir, "qwen3"))
+    full = tf.logits([5, 6, 7, 8, 9, 10])
+    tf.reset()
+    tf.forward([5, 6, 7, 40, 41])
+    tf.truncate(3)
+    np.testing.assert_allclose(tf.forward([8, 9, 10], all_logits=True), full[3:], atol=1e-5 * full.std())
+    with pytest.raises(ValueError, match="truncate"):
+        tf.truncate(7)
+
+
+def test_bad_arguments(model_dir):
+    f = open_variant(model_dir, "llama")
+    tf = Transformer(f)
+    assert tf.n_ctx == 256 and tf.n_batch == 256  # default: min(4096, trained context)
+    with pytest.raises(ValueError, match="out of range"):
+        tf.forward([96])
+    with pytest.raises(ValueError, match="non-empty"):
+        tf.forward([])
+    with pytest.raises(ValueError, match="kv_dtype"):
+        Transformer(f, kv_dtype=np.int8)
+    with pytest.raises(ValueError, match="n_ctx"):
+        Transformer(f, n_ctx=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Transformer(f, n_ctx=512)
+    assert any("512" in str(w.message) and "256" in str(w.message) for w in caught)
+
+
+def test_unsupported_architecture(tmp_path):
+    path = write_model(tmp_path / "gpt2.gguf", arch="gpt2")
+    with pytest.raises(GGUFError, match="'gpt2'") as e:
+        Transformer(GGUFFile(path))
+    assert all(a in str(e.value) for a in SUPPORTED_ARCHITECTURES)
+
+
+def test_missing_wrong_and_unused_tensors(tmp_path):
+    path = write_model(tmp_path / "a.gguf", override={"blk.1.ffn_up.weight": None})
+    with pytest.raises(GGUFError, match=r"blk\.1\.ffn_up\.weight.*missing"):
+        Transformer(GGUFFile(path))
+    path = write_model(tmp_path / "b.gguf", override={"blk.0.attn_k.weight": (np.zeros((16, 64), np.float32), None)})
+    with pytest.raises(GGUFError, match=r"blk\.0\.attn_k\.weight.*\(16, 64\).*\(32, 64\)"):
+        Transformer(GGUFFile(path))
+    path = write_model(tmp_path / "c.gguf", override={"blk.0.ffn_gate.bias": (np.zeros(128, np.float32), None)})
+    with pytest.raises(GGUFError, match=r"blk\.0\.ffn_gate\.bias.*not used"):
+        Transformer(GGUFFile(path))
+
+
+def test_unsupported_tensor_type(tmp_path):
+    # IQ2_XXS: 66-byte blocks of 256 values, a type ggufrun does not implement
+    raw = np.zeros((64, 66), np.uint8)
+    path = write_model(
+        tmp_path / "iq2.gguf", ff=256, override={"blk.0.ffn_down.weight": (raw, gguf.GGMLQuantizationType.IQ2_XXS)}
+    )
+    with pytest.raises(GGUFError, match=r"(?s)blk\.0\.ffn_down\.weight.*IQ2_XXS"):
+        Transformer(GGUFFile(path))
+
+
+def test_decode_allocates_nothing(tmp_path):
+    """50 decode steps after warm-up: no growth, and no temporary as big as the logits (32 KiB here)."""
+    path = write_model(tmp_path / "wide.gguf", vocab=8192)
+    tf = Transformer(GGUFFile(path))
+    tok = [3]
+    for _ in range(5):
+        tf.forward(tok)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for _ in range(50):
+            logits = tf.forward(tok)
+        after, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert logits.shape == (8192,)
+    assert after - before < 1024, f"decode grew traced memory by {after - before} bytes over 50 steps"
+    assert peak - before < 8192, f"a decode step allocated {peak - before} bytes at its peak"

@@ -208,26 +208,28 @@ class _Cursor:
         induction. Guessing: a u64 read at a byte offset is a length field candidate when it is a plausible
         length (fits in the rest of the file); text bytes make huge u64s, so only the positions at and just
         before real length fields (whose high bytes are zero) pass, and of each run of adjacent candidates the
-        last one is the field. A wrong guess only shortens the proven prefix; the walk resumes after it, and
-        after a few misses falls back to the plain loop, so hostile input costs no more than the loop.
+        last one is the field. A wrong guess only shortens the proven prefix and the walk resumes after it.
+        Cost stays proportional to progress: the window grows while guesses hold and shrinks after a miss,
+        and after 64 passes that proved little (not a vocabulary, or a hostile one) the plain loop finishes.
         """
         out_fields, out_lengths = [], []
         pos, left, size = self.pos, count, self.size
-        bytes_per_string = 24  # window-size guess: 8-byte length + a typical token; doubled when short
-        misses = 0
-        for _ in range(16):
-            if left == 0 or misses >= 4:
-                break
-            wlen = min(size - pos, left * bytes_per_string + 4096, 1 << 26)
+        cap = 1 << 20  # bytes scanned per pass
+        bytes_per_string = 16.0  # 8-byte length + text, measured as we go; bounds the last window
+        unprofitable = 0
+        while left and unprofitable < 64:
+            wlen = min(size - pos, cap, int(left * bytes_per_string * 1.5) + 4096)
             proven = self._proven_chain(pos, wlen, left)
             if proven is None:
-                misses += 1
                 f, n = self._walk_strings(pos, 1, what, count - left)
+                unprofitable += 1
+                cap = 1 << 16
             else:
                 f, n, window_end = proven
-                if not window_end:
-                    misses += 1
-                bytes_per_string *= 2 if window_end else 1
+                used = int(f[-1] + 8 + n[-1]) - pos
+                bytes_per_string = used / len(f)
+                unprofitable += len(f) < 64
+                cap = min(cap * 4, 1 << 26) if window_end else max(2 * used, 1 << 16)
             out_fields.append(f)
             out_lengths.append(n)
             left -= len(f)
@@ -263,6 +265,10 @@ class _Cursor:
         m = min(len(cand), limit)
         broken = np.flatnonzero(nxt[: m - 1] != cand[1:m])
         k = int(broken[0]) + 1 if len(broken) else m
+        if nxt[k - 1] > remain:
+            k -= 1  # the last string runs past the end of the file: let the plain loop report it
+            if k == 0:
+                return None
         # The chain may only stop early at the window's end (the next field lies beyond it).
         window_end = not len(broken) and k < limit
         return cand[:k] + pos, lens[:k], window_end

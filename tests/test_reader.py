@@ -1,0 +1,259 @@
+"""GGUFFile against gguf-py's GGUFReader (the oracle): metadata, tensor names, types, shapes and bytes.
+
+Also: tensors are zero-copy views of the mmap, opening reads no tensor bytes, and the vectorised string-array
+parse agrees with gguf-py on awkward string arrays (NULs, empty strings, long strings, non-ASCII).
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import resource
+import struct
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ggufrun.reader import GGUFFile
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+SMALL = sorted(GOLDEN.glob("small-*.gguf"))
+
+
+@functools.cache
+def gguf_py_facts(path: str) -> dict:
+    """What gguf-py's GGUFReader reads from one file, as plain data.
+
+    Cached for the session (tests/test_info.py reuses it): GGUFReader takes ~9 s on Gemma 3's vocabulary.
+    """
+    r = gguf.GGUFReader(path)
+    metadata = {name: (int(f.types[0]), f.contents()) for name, f in r.fields.items() if not name.startswith("GGUF.")}
+    tensors = {
+        t.name: {
+            "type": int(t.tensor_type),
+            "shape": tuple(int(n) for n in reversed(t.shape.tolist())),  # GGUF order -> NumPy order
+            "n_elements": int(t.n_elements),
+            "n_bytes": int(t.n_bytes),
+            "offset": int(t.data_offset),
+            "crc32": zlib.crc32(np.ascontiguousarray(t.data).view(np.uint8)),
+        }
+        for t in r.tensors
+    }
+    version = int(r.fields["GGUF.version"].contents())
+    del r
+    return {"metadata": metadata, "tensors": tensors, "version": version}
+
+
+def assert_same_as_gguf_py(path: Path) -> None:
+    facts = gguf_py_facts(str(path))
+    with GGUFFile(path) as f:
+        assert f.version == facts["version"]
+        assert list(f.metadata) == list(facts["metadata"])
+        for key, (vtype, want) in facts["metadata"].items():
+            got = f.metadata[key]
+            assert f.value_types[key] == vtype, key
+            if isinstance(got, np.ndarray):
+                got = got.tolist()
+            assert got == want, key
+            assert type(got) is type(want), key
+        assert list(f.tensors) == list(facts["tensors"])
+        for name, want in facts["tensors"].items():
+            t = f.tensors[name]
+            assert int(t.type) == want["type"], name
+            assert t.shape == want["shape"], name
+            assert t.n_elements == want["n_elements"], name
+            assert t.nbytes == want["n_bytes"] == t.data.nbytes, name
+            assert t.offset == want["offset"], name
+            assert zlib.crc32(t.data) == want["crc32"], name
+
+
+@pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
+def test_small_golden_files_match_gguf_py(path):
+    assert_same_as_gguf_py(path)
+
+
+@pytest.mark.real
+def test_smollm2_matches_gguf_py(smollm2_path):
+    assert_same_as_gguf_py(smollm2_path)
+
+
+@pytest.mark.real
+def test_gemma3_matches_gguf_py(gemma3_path):
+    assert_same_as_gguf_py(gemma3_path)
+
+
+def _backing_object(arr: np.ndarray):
+    b = arr
+    while isinstance(b, np.ndarray):
+        b = b.base
+    return b.obj if isinstance(b, memoryview) else b
+
+
+@pytest.mark.parametrize("name", ["small-llama-f32", "small-llama-f16", "small-llama-bf16", "small-llama-q4_k_s"])
+def test_tensor_views_are_zero_copy_and_typed(name):
+    with GGUFFile(GOLDEN / f"{name}.gguf") as f:
+        for t in f.tensors.values():
+            assert not t.data.flags.owndata and not t.data.flags.writeable
+            assert isinstance(_backing_object(t.data), mmap.mmap), t.name
+            block, type_size = gguf.GGML_QUANT_SIZES[t.type]
+            if t.type == gguf.GGMLQuantizationType.F32:
+                assert t.data.dtype == np.float32 and t.data.shape == t.shape
+            elif t.type == gguf.GGMLQuantizationType.F16:
+                assert t.data.dtype == np.float16 and t.data.shape == t.shape
+            elif t.type == gguf.GGMLQuantizationType.BF16:
+                assert t.data.dtype == np.uint16 and t.data.shape == t.shape
+            else:
+                assert t.data.dtype == np.uint8
+                assert t.data.shape == (*t.shape[:-1], t.shape[-1] // block * type_size)
+    # a float tensor reads back as the writer's numbers
+    with GGUFFile(GOLDEN / "small-llama-f32.gguf") as f:
+        w = f.tensors["blk.0.attn_q.weight"].data
+        ref = gguf.GGUFReader(GOLDEN / "small-llama-f32.gguf")
+        want = next(t for t in ref.tensors if t.name == "blk.0.attn_q.weight").data
+        np.testing.assert_array_equal(w, want)
+
+
+def test_close_and_context_manager():
+    path = GOLDEN / "small-llama-q8_0.gguf"
+    with GGUFFile(path) as f:
+        assert f.tensors and f.architecture == "llama"
+    assert f.tensors == {}
+    f.close()  # twice is fine
+    # a view kept past close() stays readable (the map closes when the view goes)
+    g = GGUFFile(path)
+    view = g.tensors["output_norm.weight"].data
+    g.close()
+    assert np.isfinite(view).all()
+
+
+def test_opening_reads_no_tensor_bytes(tmp_path):
+    """A 256 MiB tensor in a sparse file: opening must neither copy it nor fault its pages in."""
+    path = tmp_path / "sparse.gguf"
+    n_rows, n_cols = 4096, 16384  # F32: 256 MiB
+    w = gguf.GGUFWriter(path, arch="llama")
+    w.add_tensor_info("big.weight", (n_rows, n_cols), np.dtype(np.float32), n_rows * n_cols * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    header = path.stat().st_size
+    data_start = (header + 31) // 32 * 32
+    with open(path, "r+b") as fh:
+        fh.truncate(data_start + n_rows * n_cols * 4)  # a hole: reading it would fault 65536 pages
+
+    tracemalloc.start()
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    f = GGUFFile(path)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    try:
+        t = f.tensors["big.weight"]
+        assert t.shape == (n_rows, n_cols) and t.offset == data_start
+        assert peak < 4 << 20, f"opening allocated {peak} bytes"
+        assert faults < 4000, f"opening faulted {faults} pages in"
+    finally:
+        f.close()
+
+
+# -- the vectorised string-array parse ---------------------------------------------------------------------
+
+
+def _write_strings(path: Path, strings: list[str]) -> None:
+    w = gguf.GGUFWriter(path, arch="llama")
+    w.add_array("test.strings", strings)  # gguf-py cannot write an empty array: see test_reader_hostile.py
+    w.add_uint32("test.after", 7)  # the parse must end exactly where the array does
+    w.add_tensor("t", np.arange(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _check_strings(path: Path, strings: list[str]) -> None:
+    _write_strings(path, strings)
+    with GGUFFile(path) as f:
+        assert f.metadata["test.strings"] == strings
+        assert f.metadata["test.after"] == 7
+        np.testing.assert_array_equal(f.tensors["t"].data, np.arange(8, dtype=np.float32))
+    assert gguf_py_facts.__wrapped__(str(path))["metadata"]["test.strings"][1] == strings
+
+
+AWKWARD = {
+    "vocab": [f"tok{i}_{'x' * (i % 13)}" for i in range(5000)],
+    "non_ascii": ["▁le", "é", "日本語", "🙂", "Ġthe", "\u00a0", "ẞ"] * 300,
+    "empty_runs": ["", "", "a", "", "", "", "bc", ""] * 200,
+    "nul_inside": ["a\x00b", "\x00", "\x00\x00\x00\x00\x00\x00\x00x", "plain"] * 300,
+    "looks_like_lengths": ["\x05\x00\x00\x00\x00\x00\x00\x00", "\x01\x00", "abc"] * 300,
+    "long_strings": ["y" * 70_000, "short", "z" * 100_000, ""],
+    "long_average": [f"{i:05d}" + "w" * 120 for i in range(3000)],
+    "single": ["only"],
+    "all_empty": [""] * 1000,
+}
+
+
+@pytest.mark.parametrize("kind", list(AWKWARD))
+def test_string_arrays_match_gguf_py(tmp_path, kind):
+    _check_strings(tmp_path / f"{kind}.gguf", AWKWARD[kind])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(max_size=12), min_size=1, max_size=400))
+def test_string_arrays_property(tmp_path, strings):
+    path = tmp_path / "prop.gguf"
+    _write_strings(path, strings)
+    with GGUFFile(path) as f:
+        assert f.metadata["test.strings"] == strings
+
+
+def test_all_value_types_and_nested_arrays(tmp_path):
+    """Every metadata value type, scalar and array, and a nested array, read back as gguf-py reads them."""
+    path = tmp_path / "types.gguf"
+    T = gguf.GGUFValueType
+    w = gguf.GGUFWriter(path, arch="llama")
+    values = {
+        T.UINT8: 200, T.INT8: -100, T.UINT16: 60000, T.INT16: -30000, T.UINT32: 4_000_000_000,
+        T.INT32: -2_000_000_000, T.FLOAT32: 1.5, T.BOOL: True, T.STRING: "héllo",
+        T.UINT64: 2**63 + 5, T.INT64: -(2**62), T.FLOAT64: 1e-300,
+    }  # fmt: skip
+    for vt, v in values.items():
+        w.add_key_value(f"s.{vt.name}", v, vt)
+        if vt != T.STRING:
+            w.add_key_value(f"a.{vt.name}", [v, v], T.ARRAY, sub_type=vt)
+    w.add_key_value("a.STRING", ["x", "yy"], T.ARRAY, sub_type=T.STRING)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    # gguf-py's writer cannot write a nested array; append one by hand: [[1, 2], [3]] of INT32
+    nested = b"".join(
+        [struct.pack("<Q", 8), b"a.nested", struct.pack("<IIQ", 9, 9, 2)]
+        + [struct.pack("<IQ", 5, len(x)) + np.array(x, "<i4").tobytes() for x in ([1, 2], [3])]
+    )
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<Q", raw, 16, struct.unpack_from("<Q", raw, 16)[0] + 1)  # n_kv + 1
+    path.write_bytes(bytes(raw) + nested)
+
+    with GGUFFile(path) as f:
+        for vt, v in values.items():
+            got = f.metadata[f"s.{vt.name}"]
+            assert f.value_types[f"s.{vt.name}"] == vt
+            assert got == v and type(got) is type(v), vt.name
+        assert f.metadata["a.STRING"] == ["x", "yy"]
+        assert f.metadata["a.BOOL"].dtype == bool and f.metadata["a.BOOL"].tolist() == [True, True]
+        assert f.metadata["a.FLOAT32"].dtype == np.float32
+        assert f.metadata["a.UINT64"].tolist() == [2**63 + 5] * 2
+        assert [x.tolist() for x in f.metadata["a.nested"]] == [[1, 2], [3]]
+    facts = gguf_py_facts.__wrapped__(str(path))["metadata"]
+    with GGUFFile(path) as f:
+        for key, (vtype, want) in facts.items():
+            if key == "a.nested":
+                continue  # gguf-py flattens nested arrays ([1, 2, 3]); checked by hand above
+            got = f.metadata[key]
+            assert f.value_types[key] == vtype, key
+            assert (got.tolist() if isinstance(got, np.ndarray) else got) == want, key

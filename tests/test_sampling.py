@@ -142,6 +142,19 @@ def test_top_k_keeps_the_k_largest_lowest_ids_on_ties():
     assert top_k_ids(np.array([2, 7, 7, 1, 7], np.float32), 3).tolist() == [1, 2, 4]
 
 
+def test_top_k_ids_matches_a_full_sort():
+    # sizes on both sides of the strided-sample shortcut (n >= 64 k), with and without many ties
+    rng = np.random.default_rng(3)
+    for n, k in [(100, 1), (5000, 40), (5000, 100), (49152, 40), (49152, 1000), (70000, 1), (3000, 2999)]:
+        on_stride = rng.standard_normal(n)
+        on_stride[::16][:k] += 100  # the top k all inside the strided sample: its k-th must be the bound
+        for x in (rng.standard_normal(n), rng.integers(-50, 50, n), np.repeat(rng.standard_normal(n // 500 + 1), 500),
+                  on_stride):  # fmt: skip
+            x = x[:n].astype(np.float32)
+            want = sorted(range(n), key=lambda i: (-x[i], i))[:k]
+            assert top_k_ids(x, k).tolist() == want, (n, k)
+
+
 def test_top_p_includes_the_token_that_crosses_the_threshold():
     x = logits_of([0.1, 0.4, 0.25, 0.15, 0.1])  # sorted: 1 (.4), 2 (.65), 3 (.80), 0/4 (.90, 1.0)
     p = dict(top_k=0, min_p=0.0)

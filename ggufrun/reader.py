@@ -332,26 +332,22 @@ class _Cursor:
 def _sniff_not_gguf(head: bytes, path: Path) -> GGUFError:
     """Say what a non-GGUF file looks like, and how to get a GGUF. Nothing here unpickles anything."""
     convert = "convert the original model with llama.cpp's convert_hf_to_gguf.py"
+
+    def refuse(what: str, advice: str = convert) -> GGUFError:
+        return GGUFError(f"{path}: not a GGUF file: {what} (magic at byte offset 0: {head[:4]!r}); {advice}")
+
     if head[:4] == b"FUGG":
-        return GGUFError(f"{path}: big-endian GGUF files are not supported; use a little-endian GGUF")
+        return refuse("a big-endian GGUF file, which is not supported", "use a little-endian GGUF")
     if head[:4] == b"PK\x03\x04":
-        return GGUFError(
-            f"{path}: this is a zip archive (a PyTorch .pt/.bin checkpoint?), not a GGUF file; "
-            f"it was not unpickled; {convert}"
-        )
+        return refuse("a zip archive (a PyTorch .pt/.bin checkpoint?); it was not unpickled")
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        return GGUFError(
-            f"{path}: this is a Python pickle (a legacy PyTorch .bin/.pt checkpoint?), not a GGUF file; "
-            f"it was not unpickled; {convert}"
-        )
-    # safetensors: u64 header length, then the JSON header
-    if len(head) >= 9 and head[8:9] == b"{":
-        n = int.from_bytes(head[:8], "little")
-        if 0 < n < 1 << 30:
-            return GGUFError(f"{path}: this is a safetensors file, not a GGUF file; {convert}")
+        return refuse("a Python pickle (a legacy PyTorch .bin/.pt checkpoint?); it was not unpickled")
+    # safetensors: u64 length of a JSON header, then the header
+    if len(head) >= 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < 1 << 30:
+        return refuse("a safetensors file")
     if head[:4] in (b"ggml", b"ggmf", b"ggjt", b"lmgg", b"fmgg", b"tjgg"):
-        return GGUFError(f"{path}: this is a pre-GGUF GGML file; convert it to GGUF with llama.cpp's tools")
-    return GGUFError(f"{path}: not a GGUF file (magic {head[:4]!r} at byte offset 0, expected b'GGUF')")
+        return refuse("a pre-GGUF GGML/GGJT file", "re-convert the original model to GGUF with llama.cpp")
+    return refuse("expected the magic b'GGUF'", "is this a GGUF model file?")
 
 
 class _Shard:
@@ -364,7 +360,7 @@ class _Shard:
             size = os.fstat(f.fileno()).st_size
             if size < 24:
                 head = f.read(24)
-                if head[:4] == GGUF_MAGIC or size == 0:
+                if GGUF_MAGIC.startswith(head[:4]):  # empty, a cut magic, or a cut header
                     raise GGUFError(
                         f"{path}: truncated file: {size} bytes is smaller than a GGUF header (24 bytes) "
                         f"(at byte offset {size})"

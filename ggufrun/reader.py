@@ -35,6 +35,7 @@ GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 8  # llama.cpp refuses nested arrays outright; we read a few levels, never a bomb
+MAX_NESTED_ARRAYS = 1 << 16  # per file: a Python object per 12-byte nested array would outgrow the file
 MAX_SPLITS = 9999  # the -NNNNN-of-NNNNN.gguf name has five digits
 
 # GGUF metadata value types (gguf-py constants.GGUFValueType)
@@ -107,13 +108,14 @@ class TensorInfo:
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer; every failure names the field and offset."""
 
-    __slots__ = ("buf", "pos", "size", "path")
+    __slots__ = ("buf", "pos", "size", "path", "nested_left")
 
     def __init__(self, buf, path: Path, pos: int = 0):
         self.buf = buf
         self.pos = pos
         self.size = len(buf)
         self.path = path
+        self.nested_left = MAX_NESTED_ARRAYS
 
     def fail(self, what: str, at: int | None = None) -> GGUFError:
         at = self.pos if at is None else at
@@ -185,6 +187,9 @@ class _Cursor:
             # the file, and the depth by MAX_ARRAY_NESTING, so no bomb gets through.
             if count > (self.size - self.pos) // 12:
                 raise self.fail(f"{what}: array of {count} arrays cannot fit in the file", at)
+            self.nested_left -= count
+            if self.nested_left < 0:
+                raise self.fail(f"{what}: more than {MAX_NESTED_ARRAYS} nested arrays in the file", at)
             return [self.value(ARRAY, f"{what}[{i}]", depth + 1) for i in range(count)]
         raise self.fail(f"{what}: unknown array element type {etype} (expected 0..12)", at)
 

@@ -175,6 +175,10 @@ CORPUS = {
     # nested arrays
     "nested array bomb (deep)": (build([kv("k", T.ARRAY, _nested(1000))], []), "nested deeper than"),
     "nested array bomb (wide)": (build([kv("k", T.ARRAY, u32(T.ARRAY) + u64(1 << 40))], []), "arrays cannot fit"),
+    "nested array bomb (many)": (
+        build([kv("k", T.ARRAY, u32(T.ARRAY) + u64(70_000) + arr(T.UINT8, []) * 70_000)], []),
+        "more than 65536 nested arrays",
+    ),
     # unknown types
     "unknown value type": (build([kv("k", 13, u32(0))], []), "unknown metadata value type 13"),
     "unknown value type 2^32-1": (build([kv("k", 0xFFFFFFFF, u32(0))], []), "unknown metadata value type"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import time
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
 
-    env = environment(threads=1)
+    env = environment(threads=os.cpu_count())
     results = [bench_model(m, args.repeat, not args.no_gguf_py, args.model_repeat) for m in args.models]
 
     print(env_line(env))

@@ -1,0 +1,383 @@
+"""Tokenizer tests: token ids against llama.cpp's goldens and against small reference implementations of
+llama.cpp's algorithms, round trips on a multilingual corpus, special tokens, synthetic vocabularies."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ggufrun.reader import GGUFFile
+from ggufrun.tokenizer import PreTokenizer, TokenizerError, clean_up_spaces, load_tokenizer
+
+GOLDEN_REAL = {
+    "smollm2": "real/smollm2-135m-instruct-q4_1.golden.npz",
+    "gemma3": "real/gemma3-270m-q4_k_m.golden.npz",
+}
+
+# CJK, emoji (ZWJ sequences, flags, skin tones, variation selectors), combining marks, scripts, whitespace
+# runs, code, control characters and special-token look-alikes (plain text when parse_special=False)
+CORPUS = [
+    "",
+    "Hello, world!",
+    "LLM 推理分两个截然不同的阶段。理解这两个阶段是理解所有推理优化的基础。",
+    "日本語のテキスト、カタカナ、ひらがな。한국어 문장입니다.",
+    "🙂🚀✨ 👨‍👩‍👧‍👦 🇫🇷🇯🇵 👍🏽 ❤️ ☺︎ emoji run",
+    "e\u0301 a\u0308 n\u0303 Tiếng Việt có dấu: ngữ pháp, hỏi ngã",
+    "हिन्दी क्षत्रिय, தமிழ், ไทยภาษา, ພາສາລາວ, ᠮᠣᠩᠭᠣᠯ",
+    "Ünïcödé ßtrasse Ελληνικά Русский עברית العربية",
+    "   multiple   spaces\tand\ttabs\n\nnewlines   ",
+    " leading space",
+    "trailing spaces   ",
+    "\n\n\n\n",
+    "\r\n windows\r\nline endings\r\n",
+    "\u00a0non-breaking\u2009thin\u3000ideographic\u200bzero-width",
+    "def softmax(x):\n    e = np.exp(x - x.max())\n    return e / e.sum()\n",
+    '{"key": [1, 2.5e-3, null], "nested": {"a": "b\\n"}}',
+    'int main(void) { return printf("%d\\n", 42) > 0 ? 0 : 1; }',
+    "12345 + 67890 = 80235; 3.14159265358979; 1,000,000",
+    "It's don't we're I'll they've I'd she'S IT'LL",
+    "<|im_start|>system\n<|im_end|> <start_of_turn>user <end_of_turn> <bos> </s> <0x41> [multimodal]",
+    "private use \ue000\U000f0000 and the last code point \U0010fffd, NUL \x00 and DEL \x7f",
+    "Ġ▁ĊĠĠ byte-level look-alikes ▁▁▁",
+]
+
+
+def _metadata(path) -> dict:
+    with GGUFFile(path) as f:
+        return f.metadata
+
+
+@pytest.fixture(scope="module")
+def smollm2_md(smollm2_path):
+    return _metadata(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def gemma3_md(gemma3_path):
+    return _metadata(gemma3_path)
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_md):
+    return load_tokenizer(smollm2_md)
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_md):
+    return load_tokenizer(gemma3_md)
+
+
+@pytest.fixture(scope="module")
+def tokenizers(smollm2, gemma3):
+    return {"smollm2": smollm2, "gemma3": gemma3}
+
+
+def _golden(golden_dir, name):
+    d = np.load(golden_dir / GOLDEN_REAL[name])
+    texts = list(json.loads(str(d["tokenization"])).values())
+    prompts = json.loads(str(d["prompts"]))
+    prompt_ids = [d[f"p{i}_tokens"][: int(d[f"p{i}_n_prompt"])].tolist() for i in range(len(prompts))]
+    return texts, prompts, prompt_ids
+
+
+# ---- llama.cpp goldens --------------------------------------------------------------------------------------------
+@pytest.mark.real
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_golden_token_ids(name, tokenizers, golden_dir):
+    tok = tokenizers[name]
+    texts, prompts, prompt_ids = _golden(golden_dir, name)
+    assert len(texts) >= 10
+    for t in texts:
+        assert tok.tokenize(t["text"], add_special=True, parse_special=True) == t["ids_bos"], t["text"]
+        assert tok.tokenize(t["text"], add_special=False, parse_special=False) == t["ids_plain"], t["text"]
+    for prompt, ids in zip(prompts, prompt_ids):
+        assert tok.tokenize(prompt) == ids, prompt
+
+
+@pytest.mark.real
+def test_model_facts(smollm2, gemma3):
+    assert (smollm2.model, smollm2.pre, smollm2.n_vocab) == ("gpt2", "smollm", 49152)
+    assert (gemma3.model, gemma3.n_vocab) == ("llama", 262144)
+    assert not smollm2.add_bos and gemma3.add_bos and not gemma3.add_space_prefix
+    assert smollm2.bos_text == "<|im_start|>" and smollm2.eos_text == "<|im_end|>"
+    assert gemma3.bos_text == "<bos>" and gemma3.eos_text == "<eos>"
+    # the end-of-generation sets llama.cpp (0c1e570) reports through llama_vocab_is_eog: the eos id plus
+    # <|endoftext|>/<end_of_turn>, SmolLM2's <reponame> as FIM repo token, Gemma's </s> by its text
+    assert smollm2.eog_ids == {0, 2, 4}
+    assert gemma3.eog_ids == {1, 106, 212}
+    assert smollm2.is_special(1) and not smollm2.is_special(19556)
+    assert gemma3.is_special(105) and gemma3.is_special(107)  # <start_of_turn> control, "\n" user-defined
+
+
+@pytest.mark.real
+def test_special_tokens_parsed_or_plain(smollm2, gemma3):
+    text = "<|im_start|>user\nHi<|im_end|>"
+    ids = smollm2.tokenize(text)
+    assert ids[0] == 1 and ids[-1] == 2 and ids.count(1) == 1
+    plain = smollm2.tokenize(text, add_special=False, parse_special=False)
+    assert 1 not in plain and 2 not in plain and smollm2.detokenize(plain) == text
+    ids = gemma3.tokenize("<start_of_turn>user\nHi<end_of_turn>")
+    assert ids[:3] == [gemma3.bos_id, 105, gemma3.token_id("user")] and ids[-1] == 106
+    assert 105 not in gemma3.tokenize("<start_of_turn>", parse_special=False)
+    # user-defined tokens (Gemma's whitespace runs) are matched even without parse_special, as in llama.cpp
+    assert gemma3.tokenize("a\n\nb", add_special=False, parse_special=False)[1] == gemma3.token_id("\n\n")
+
+
+@pytest.mark.real
+def test_detokenize_special_and_bytes(smollm2, gemma3):
+    assert gemma3.detokenize([2, 9259]) == "<bos>Hello"
+    assert gemma3.detokenize([2, 9259], skip_special=True) == "Hello"
+    assert smollm2.detokenize([1, 19556, 2], skip_special=True) == "Hello"
+    assert smollm2.token_to_bytes(smollm2.token_id("Ġworld")) == b" world"
+    assert gemma3.token_to_bytes(gemma3.token_id("\u2581the")) == b" the"
+    assert gemma3.token_to_bytes(gemma3.token_id("<0xF0>")) == b"\xf0"
+    assert gemma3.token_text(gemma3.token_id("<0xF0>")) == "<0xF0>"
+    # half a character decodes to U+FFFD, as bytes.decode(errors="replace")
+    assert gemma3.detokenize([gemma3.token_id("<0xF0>"), gemma3.token_id("<0x9F>")]) == "\ufffd"
+    with pytest.raises(TokenizerError, match="out of range"):
+        gemma3.detokenize([262144])
+
+
+# ---- round trips ------------------------------------------------------------------------------------------------
+@pytest.mark.real
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_round_trip_corpus(name, tokenizers):
+    tok = tokenizers[name]
+    for text in CORPUS:
+        ids = tok.tokenize(text, add_special=False, parse_special=False)
+        assert tok.detokenize(ids) == _expected_round_trip(tok, text), text
+    joined = "\n".join(CORPUS)
+    ids = tok.tokenize(joined, add_special=False, parse_special=False)
+    assert tok.detokenize(ids) == _expected_round_trip(tok, joined)
+
+
+def _expected_round_trip(tok, text: str) -> str:
+    # SentencePiece writes spaces as U+2581, so a literal U+2581 comes back as a space (llama.cpp too)
+    return text.replace("\u2581", " ") if tok.model == "llama" else text
+
+
+# SmolLM2's vocabulary has no token for the bytes 0x04 0x06 0x13 0x14 0x16 0x1D 0xF1 0xF2 (planes 4-11):
+# llama.cpp drops such bytes without a word, and so do we
+_SMOLLM2_UNENCODABLE = "\x04\x06\x13\x14\x16\x1d"
+
+
+@pytest.mark.real
+def test_unencodable_bytes_dropped_like_llama_cpp(smollm2):
+    ids = smollm2.tokenize("a\x04b\U00040000", add_special=False)  # U+40000 is F1 80 80 80
+    assert ids == [smollm2.token_id("a"), smollm2.token_id("b")] + [smollm2.token_id("\u0122")] * 3
+    assert smollm2.detokenize(ids) == "ab\ufffd\ufffd\ufffd"
+
+
+@pytest.mark.real
+@settings(max_examples=40, deadline=None)
+@given(
+    text=st.text(
+        st.characters(max_codepoint=0x3FFFF, blacklist_categories=("Cs",), blacklist_characters=_SMOLLM2_UNENCODABLE),
+        max_size=40,
+    )
+)
+def test_round_trip_any_text(tokenizers, text):
+    for tok in tokenizers.values():
+        ids = tok.tokenize(text, add_special=False, parse_special=False)
+        assert tok.detokenize(ids) == _expected_round_trip(tok, text)
+
+
+# ---- reference implementations of llama.cpp's merge loops (src/llama-vocab.cpp) ----------------------------------
+def spm_reference(tok, scores, text: str) -> list[int]:
+    """llm_tokenizer_spm, naively: merge the best-scoring adjacent pair (leftmost on ties) whose
+    concatenation is a token, until none; leftover characters become <0xNN> byte tokens."""
+    syms = list(text.replace(" ", "\u2581"))
+    while True:
+        best = None
+        for i in range(len(syms) - 1):
+            j = tok.token_id(syms[i] + syms[i + 1])
+            if j is not None and (best is None or scores[j] > best[0]):
+                best = (scores[j], i)
+        if best is None:
+            break
+        i = best[1]
+        syms[i : i + 2] = [syms[i] + syms[i + 1]]
+    out = []
+    for s in syms:
+        j = tok.token_id(s)
+        out += [j] if j is not None else [tok.token_id(f"<0x{b:02X}>") for b in s.encode()]
+    return out
+
+
+@pytest.mark.real
+@settings(max_examples=40, deadline=None)
+@given(
+    text=st.text(
+        st.one_of(
+            st.sampled_from(list("abcdefghijklmnopqrstuvwxyz ABCXYZ0123456789.,!?'-")),
+            st.characters(min_codepoint=0xA0, max_codepoint=0x2FFFF, blacklist_categories=("Cs",)),
+        ),
+        max_size=24,
+    ).filter(lambda s: "  " not in s)  # runs of spaces are Gemma user-defined tokens, cut out before the SPM
+)
+def test_spm_matches_reference(gemma3, gemma3_md, text):
+    ref = spm_reference(gemma3, gemma3_md["tokenizer.ggml.scores"], text)
+    assert gemma3.tokenize(text, add_special=False, parse_special=False) == ref
+
+
+def _split_reference(regexes: list[str], text: str) -> list[str]:
+    """unicode_regex_split with a full Unicode regex engine: each regex splits every piece further,
+    matches and the text between them both becoming pieces."""
+    regex = pytest.importorskip("regex")
+    pieces = [text] if text else []
+    for expr in regexes:
+        new = []
+        for piece in pieces:
+            prev = 0
+            for m in regex.finditer(expr, piece):
+                if m.start() > prev:
+                    new.append(piece[prev : m.start()])
+                if m.end() > m.start():
+                    new.append(m.group())
+                prev = m.end()
+            if prev < len(piece):
+                new.append(piece[prev:])
+        pieces = new
+    return pieces
+
+
+def bpe_reference(tok, ranks: dict, text: str, regexes: list[str]) -> list[int]:
+    """llm_tokenizer_bpe_session, naively: pre-split, map bytes to the GPT-2 alphabet, then merge the
+    lowest-rank adjacent pair (leftmost on ties) until none."""
+    from ggufrun.tokenizer import _BYTE_TO_CHAR
+
+    out = []
+    for word in _split_reference(regexes, text):
+        syms = list(word.encode().decode("latin-1").translate(_BYTE_TO_CHAR))
+        while True:
+            best = None
+            for i in range(len(syms) - 1):
+                r = ranks.get((syms[i], syms[i + 1]))
+                if r is not None and (best is None or r < best[0]):
+                    best = (r, i)
+            if best is None:
+                break
+            i = best[1]
+            syms[i : i + 2] = [syms[i] + syms[i + 1]]
+        out += [tok.token_id(s) for s in syms]
+    return out
+
+
+# llama.cpp's pre-tokenizer regexes (src/llama-vocab.cpp, llm_tokenizer_bpe) for the reference splitter
+CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+REFERENCE_REGEXES = {
+    "smollm": [r"\p{N}", GPT2],
+    "gpt-2": [GPT2],
+    "default": [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],
+    "llama-bpe": [
+        CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ],
+    "qwen2": [CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "deepseek-v3": [
+        r"\p{N}{1,3}",
+        "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ],
+    "gpt-4o": [  # llama.cpp's rewrite of \p{Lu}/\p{Ll} as lookaheads: any non-ASCII letter counts as both
+        r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + CONTRACTIONS + "?"
+        r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + CONTRACTIONS + "?"
+        r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ],
+}
+# characters whose Unicode class is the same in every Unicode version involved
+PRE_ALPHABET = list("abcXYZ019 '\t\n\r.,!?$+<=>^~|/-_\"(){}") + [
+    "'s", "'LL", "'re", "  ", "\n\n", "\u00e9", "\u00df", "\u0301", "\u4e2d", "\u6587", "\u3042", "\u30ab",
+    "\ud55c", "\u0664", "\u00bd", "\u2163", "\u00a0", "\u3000", "\u2028", "\u0085", "\u200b", "\u2014", "\u201c",
+    "\u20ac", "\u00a9", "\U0001f642", "\ufe0f", "\u0410", "\u03a9", "\u05d0", "\u0627", "\x00", "\x7f", "\x1c",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("pre", sorted(REFERENCE_REGEXES))
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(st.sampled_from(PRE_ALPHABET), max_size=16))
+def test_pre_tokenizer_matches_unicode_regex(pre, parts):
+    from ggufrun.tokenizer import _PRE_TYPES
+
+    text = "".join(parts)
+    assert PreTokenizer(_PRE_TYPES[pre][0]).split(text) == _split_reference(REFERENCE_REGEXES[pre], text)
+
+
+@pytest.fixture(scope="module")
+def smollm2_ranks(smollm2_md):
+    return {tuple(m.split(" ", 1)): r for r, m in enumerate(smollm2_md["tokenizer.ggml.merges"])}
+
+
+@pytest.mark.real
+@settings(max_examples=40, deadline=None)
+@given(parts=st.lists(st.sampled_from(PRE_ALPHABET + ["hello", " world", "ing", "tion", "12345"]), max_size=12))
+def test_bpe_matches_reference(smollm2, smollm2_ranks, parts):
+    text = "".join(parts)
+    ref = bpe_reference(smollm2, smollm2_ranks, text, REFERENCE_REGEXES["smollm"])
+    assert smollm2.tokenize(text, add_special=False, parse_special=False) == ref
+
+
+# ---- synthetic vocabularies ---------------------------------------------------------------------------------------
+def _byte_vocab_metadata(**extra) -> dict:
+    from ggufrun.tokenizer import _BYTE_TO_CHAR
+
+    tokens = ["<s>", "</s>", *_BYTE_TO_CHAR, "ab", "abc", "Ġa"]
+    md = {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array([3, 3] + [1] * (len(tokens) - 2), dtype=np.int32),
+        "tokenizer.ggml.merges": ["a b", "ab c", "Ġ a"],
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 1,
+    }
+    md.update(extra)
+    return md
+
+
+def test_synthetic_bpe_and_options():
+    tok = load_tokenizer(_byte_vocab_metadata())
+    ab, abc, ga = (tok.token_id(t) for t in ("ab", "abc", "Ġa"))
+    g = tok.token_id("Ġ")
+    assert tok.tokenize("abc ab a") == [abc, g, ab, ga]  # " ab": the a+b merge ranks before Ġ+a
+    assert tok.tokenize("<s>abc</s>") == [0, abc, 1]
+    assert tok.tokenize("<s>", parse_special=False) == [tok.token_id(c) for c in "<s>"]
+    assert tok.eog_ids == {1}
+    tok = load_tokenizer(_byte_vocab_metadata(**{"tokenizer.ggml.add_bos_token": True}))
+    assert tok.tokenize("ab") == [0, ab] and tok.tokenize("ab", add_special=False) == [ab]
+    # gpt-2 pre-tokenizer: llama.cpp cleans up spaces on detokenize
+    assert tok.clean_spaces and tok.detokenize(tok.tokenize("a , b !", add_special=False)) == "a, b!"
+
+
+def test_unknown_pre_and_bad_merges_warn():
+    with pytest.warns(UserWarning, match="not supported"):
+        tok = load_tokenizer(_byte_vocab_metadata(**{"tokenizer.ggml.pre": "no-such-pre"}))
+    assert tok.tokenize("abc") == [tok.token_id("abc")]
+    with pytest.warns(UserWarning, match="merges"):
+        load_tokenizer(_byte_vocab_metadata(**{"tokenizer.ggml.merges": ["a b", "x yz"]}))
+
+
+def test_no_vocab_model(golden_dir):
+    with GGUFFile(golden_dir / "small-llama-f32.gguf") as f:
+        tok = load_tokenizer(f.metadata)
+    assert tok.model == "none" and tok.n_vocab == 256 and tok.eog_ids == frozenset()
+    assert tok.bos_id is None and tok.eos_id is None
+    with pytest.raises(TokenizerError, match="no vocabulary"):
+        tok.tokenize("hello")
+    with pytest.raises(ValueError):
+        tok.detokenize([1, 2])
+
+
+def test_clean_up_spaces():
+    # llama.cpp's three passes: " ?!.," lose the space; " ' " -> "'"; " 's 'm 're 've" lose the space
+    assert clean_up_spaces(b"Hello , world ! Yes . No ?") == b"Hello, world! Yes. No?"
+    assert clean_up_spaces(b"it 's I 'm we 're they 've") == b"it's I'm we're they've"
+    assert clean_up_spaces(b"don 't we 'd I 'll") == b"don 't we 'd I 'll"
+    assert clean_up_spaces(b"rock ' n roll") == b"rock'n roll"
+    assert clean_up_spaces(b"") == b"" and clean_up_spaces(b" ") == b" "

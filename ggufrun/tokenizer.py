@@ -114,7 +114,8 @@ class _CollapseTable(dict):
             ch = "\x0b"
         else:
             ch = _COLLAPSED.get(_major_category(cp), "\xd0")
-        self[cp] = ch
+        if len(self) < 1 << 16:  # bounded: a text of every code point must not grow it to 1.1M entries
+            self[cp] = ch
         return ch
 
 
@@ -562,7 +563,7 @@ _SPECIAL_ID_KEYS = {
     "fim_mid": "tokenizer.ggml.fim_mid_token_id", "fim_pad": "tokenizer.ggml.fim_pad_token_id",
     "fim_rep": "tokenizer.ggml.fim_rep_token_id", "fim_sep": "tokenizer.ggml.fim_sep_token_id",
 }  # fmt: skip
-_C_SPACE = b" \t\n\v\f\r"  # C isspace() in the "C" locale, used by the lstrip/rstrip attributes
+_C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale: what the lstrip/rstrip attributes strip
 
 
 class Tokenizer:
@@ -593,8 +594,7 @@ class Tokenizer:
             if self.model != "none":
                 self._unsupported = f"tokenizer.ggml.model is {self.model!r} but tokenizer.ggml.tokens is missing"
                 self.model = "none"
-            n = md.get(f"{arch}.vocab_size", 0) if arch else 0
-            self.n_vocab: int = int(n) if isinstance(n, (int, np.integer)) else len(n)
+            self.n_vocab: int = int(md.get(f"{arch}.vocab_size", 0))
             self._tokens: list[str] = []
             self._attrs = np.zeros(0, dtype=np.uint16)
             return
@@ -617,7 +617,8 @@ class Tokenizer:
         self._attrs = _TYPE_TO_ATTR[np.clip(types, 0, 6)].copy()
         self._attrs[(types < 0) | (types > 6)] = Attr.UNDEFINED
 
-        # per-model defaults, then per-pre options, then explicit metadata (llama_vocab::impl::load)
+        # per-model defaults, then per-pre options, then explicit metadata (llama_vocab::impl::load;
+        # the default ids are llama.cpp's, for files that do not name them)
         ids: dict[str, int | None] = dict.fromkeys(_SPECIAL_ID_KEYS)
         ignore_merges = False
         if self.model == "llama":
@@ -643,7 +644,9 @@ class Tokenizer:
             if opts.get("no_bos"):
                 ids["bos"] = None
         else:
+            # the model still runs on token ids, and stops at the end-of-generation ids found below
             self._unsupported = f"tokenizer.ggml.model {self.model!r} is not supported (only 'gpt2' and 'llama')"
+            warnings.warn(self._unsupported + ": text cannot be tokenized", stacklevel=3)
         if "tokenizer.ggml.add_space_prefix" in md:
             self.add_space_prefix = bool(md["tokenizer.ggml.add_space_prefix"])
         for name, key in _SPECIAL_ID_KEYS.items():
@@ -681,6 +684,8 @@ class Tokenizer:
             self._backend = _BPEBackend(self._token_to_id, merges, PreTokenizer(regexes), ignore_merges)
         elif self.model == "llama":
             self._backend = _SPMBackend(self._tokens, scores, types, ids["unk"])
+        else:
+            self.model = "none"
 
     def _detect_special_tokens(self, ids: dict, md: dict) -> None:
         """End-of-turn/FIM/end-of-generation ids found by token text, with llama.cpp's attribute fixes."""
@@ -799,9 +804,9 @@ class Tokenizer:
                         break
                     left, frag = frag[:at], frag[at + len(tok_text) :]
                     if attr & Attr.LSTRIP:
-                        left = left.rstrip(" \t\n\v\f\r")
+                        left = left.rstrip(_C_SPACE)
                     if attr & Attr.RSTRIP:
-                        frag = frag.lstrip(" \t\n\v\f\r")
+                        frag = frag.lstrip(_C_SPACE)
                     if left:
                         new.append(left)
                     new.append(tok_id)

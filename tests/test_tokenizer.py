@@ -363,6 +363,28 @@ def test_unknown_pre_and_bad_merges_warn():
         load_tokenizer(_byte_vocab_metadata(**{"tokenizer.ggml.merges": ["a b", "x yz"]}))
 
 
+def test_special_token_strip_attributes():
+    # llama.cpp gives Phi-3's special tokens RSTRIP (except <s>, <unk>, <|endoftext|>): the partition drops
+    # the whitespace that follows them
+    tok = load_tokenizer(_byte_vocab_metadata(**{"general.name": "Phi-3-mini-4k-instruct"}))
+    assert tok.tokenize("a</s> \n b") == tok.tokenize("a</s>b")
+    assert tok.tokenize("a<s> b") == tok.tokenize("a<s>") + tok.tokenize(" b")
+
+
+def test_unsupported_model_runs_on_ids():
+    md = {
+        "tokenizer.ggml.model": "t5",
+        "tokenizer.ggml.tokens": ["<pad>", "</s>", "<unk>", "hi"],
+        "tokenizer.ggml.token_type": np.array([3, 3, 2, 1], dtype=np.int32),
+        "tokenizer.ggml.eos_token_id": 1,
+    }
+    with pytest.warns(UserWarning, match="'t5' is not supported"):
+        tok = load_tokenizer(md)
+    assert tok.model == "none" and tok.n_vocab == 4 and tok.eog_ids == {1} and tok.token_text(3) == "hi"
+    with pytest.raises(TokenizerError, match="'t5' is not supported"):
+        tok.tokenize("hi")
+
+
 def test_no_vocab_model(golden_dir):
     with GGUFFile(golden_dir / "small-llama-f32.gguf") as f:
         tok = load_tokenizer(f.metadata)

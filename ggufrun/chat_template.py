@@ -31,6 +31,7 @@ import json
 import re
 import string
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -119,7 +120,15 @@ def _make_environment():
     class Sandbox(ImmutableSandboxedEnvironment):
         code_generator_class = GuardedCodeGenerator
         intercepted_binops = frozenset(["*", "**", "+", "%"])
-        max_chars = DEFAULT_MAX_CHARS  # set per render
+        _limits = threading.local()  # the size limit of the render running in this thread
+
+        @property
+        def max_chars(self) -> int:
+            return getattr(self._limits, "max_chars", DEFAULT_MAX_CHARS)
+
+        @max_chars.setter
+        def max_chars(self, value: int) -> None:
+            self._limits.max_chars = value
 
         def __init__(self):
             super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationTag])

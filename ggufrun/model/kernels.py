@@ -16,11 +16,12 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says.
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
-JIT = {"cache": True, "nogil": True, "fastmath": FASTMATH}
+JIT = {"cache": True, "nogil": True, "fastmath": FASTMATH, "error_model": "numpy"}
 
 GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.7978845608028654
@@ -84,31 +85,83 @@ def _kv_store_impl(x, cache):
     return lambda x, cache: np.float32(x)
 
 
-@numba.njit(inline="always", **JIT)
+def _kv_round(x, cache):  # pragma: no cover - replaced by the overload in compiled code
+    raise NotImplementedError
+
+
+@overload(_kv_round, inline="always")
+def _kv_round_impl(x, cache):
+    """x rounded to the cache's precision: llama.cpp multiplies f16 K/V by f16-rounded Q and probabilities."""
+    if cache.dtype == types.uint16:
+        return lambda x, cache: _f16_to_f32(_f32_to_f16(np.float32(x)))
+    return lambda x, cache: np.float32(x)
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma), for the exact FMA sequence of ggml's vector exp."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32, f32]), "llvm.fma.f32")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+# ggml_v_expf's constants, as hex floats to be exact
+_EXP_SHIFT = np.float32(float.fromhex("0x1.8p23"))
+_EXP_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_EXP_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_EXP_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_EXP_C = tuple(
+    np.float32(float.fromhex(h))
+    for h in ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3", "0x1.573e2ep-5", "0x1.0e4020p-7")
+)
+
+
+# No fast-math here: the rounding trick (x * log2e + 1.5 * 2^23) - 1.5 * 2^23 must not be re-associated away.
+# Not inlined at the Numba level, so these instructions keep their strict flags when LLVM inlines the call.
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)  # explicit: callers' flags are inherited
 def _expf(x):
-    """exp(x) for float32 in a form LLVM can vectorise (no libm call): Cephes expf, ~1 ulp on [-87, 88]."""
-    x = min(max(x, np.float32(-87.3)), np.float32(88.7))
-    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))  # float32
-    r = x - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
-    p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    p = p * r * r + r + np.float32(1.0)
-    return p * _i32_as_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+    """exp(x) for float32, bit for bit as ggml's AVX-512 `ggml_v_expf` (ggml/src/ggml-cpu/vec.h), which llama.cpp
+    uses in softmax and SiLU (about 1.5 ulp). Exact zero below 2^-126 (ggml goes through subnormals there)."""
+    c1, c2, c3, c4, c5 = _EXP_C
+    x = min(max(x, np.float32(-104.0)), np.float32(89.0))  # beyond these ggml's result is 0 / inf as well
+    z = _fma(x, _EXP_LOG2E, _EXP_SHIFT)
+    n = z - _EXP_SHIFT  # round(x / ln 2)
+    b = _fma(-n, _EXP_LN2_LO, _fma(-n, _EXP_LN2_HI, x))  # x - n ln 2
+    u = b * b
+    j = _fma(_fma(_fma(c5, b, c4), u, _fma(c3, b, c2)), u, _fma(c1, b, np.float32(1.0)))
+    # j * 2^n in two exact steps (like _mm512_scalef_ps, including overflow to inf and gradual underflow)
+    n1 = np.int32(n) >> np.int32(1)
+    n2 = np.int32(n) - n1
+    return j * _i32_as_f32((n1 + np.int32(127)) << np.int32(23)) * _i32_as_f32((n2 + np.int32(127)) << np.int32(23))
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _silu(x):
+    """x / (1 + exp(-x)) with a true division, as ggml_v_silu."""
+    return x / (np.float32(1.0) + _expf(np.float32(0.0) - x))
 
 
 # ---- norms and residuals ----------------------------------------------------------------------------------------
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _rms_scale_of(sum_sq, n, eps):
+    """1 / sqrtf(mean + eps) in plain float32 as ggml's rms_norm (fast-math would use an approximate rsqrt)."""
+    mean = np.float32(sum_sq / n)
+    return np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+
+
 @numba.njit(inline="always", **JIT)
 def _rms_scale(x, eps):
-    s = 0.0  # float64 sum, as ggml's rms_norm does
+    s = 0.0  # float squares summed in double, as ggml
     for i in range(x.shape[0]):
-        s += np.float64(x[i]) * x[i]
-    return np.float32(1.0 / math.sqrt(s / x.shape[0] + eps))
+        s += x[i] * x[i]
+    return _rms_scale_of(s, x.shape[0], eps)
 
 
 @numba.njit(**JIT)
@@ -179,7 +232,7 @@ def qkv_rope_store(
                 x[i1] = a * s + b * c
             if h < n_head:
                 for i in range(hd_k):
-                    x[i] *= q_scale
+                    x[i] = _kv_round(x[i] * q_scale, k_cache)
             else:
                 g = h - n_head
                 for i in range(hd_k):
@@ -194,33 +247,37 @@ def attend_one(q, k_cache, v_cache, t0, t1, scores, out):
     """Attention of one token over cached positions t0..t1-1, every head (decode).
 
     q [n_head*hd_k] (already scaled); k_cache [n_kv, n_ctx, hd_k]; v_cache [n_kv, n_ctx, hd_v];
-    scores: float32 scratch [>= t1]; out [n_head*hd_v]. Query head h reads K/V head h // (n_head / n_kv).
+    scores: float32 scratch [>= t1 - t0]; out [n_head*hd_v]. Query head h reads K/V head h // (n_head / n_kv).
+    Loops run from 0 over slices: Numba then knows indices are non-negative and LLVM vectorises.
     """
     n_kv, _, hd_k = k_cache.shape
     hd_v = v_cache.shape[2]
     n_head = q.shape[0] // hd_k
     group = n_head // n_kv
+    n = t1 - t0
+    s = scores[:n]
     for h in range(n_head):
-        g = h // group
+        keys, values = k_cache[h // group, t0:t1], v_cache[h // group, t0:t1]
         qh = q[h * hd_k : (h + 1) * hd_k]
         best = np.float32(-np.inf)
-        for t in range(t0, t1):
-            s = np.float32(0.0)
+        for t in range(n):
+            acc = np.float32(0.0)
             for i in range(hd_k):
-                s += qh[i] * _kv_load(k_cache[g, t, i])
-            scores[t] = s
-            best = max(best, s)
+                acc += qh[i] * _kv_load(keys[t, i])
+            s[t] = acc
+            best = max(best, acc)
         total = np.float32(0.0)
-        for t in range(t0, t1):
-            e = _expf(scores[t] - best)
-            scores[t] = e
+        for t in range(n):
+            e = _expf(s[t] - best)
+            s[t] = e
             total += e
+        inv = np.float32(1.0) / total
         o = out[h * hd_v : (h + 1) * hd_v]
         o[:] = 0.0
-        for t in range(t0, t1):
-            pt = scores[t] / total
+        for t in range(n):
+            pt = _kv_round(s[t] * inv, values)
             for i in range(hd_v):
-                o[i] += pt * _kv_load(v_cache[g, t, i])
+                o[i] += pt * _kv_load(values[t, i])
 
 
 @numba.njit(**JIT)
@@ -233,7 +290,7 @@ def kv_to_f32(cache, t0, t1, out):
 
 
 @numba.njit(**JIT)
-def causal_softmax(scores, pos0, t0, window):
+def causal_softmax(scores, pos0, t0, window, like):
     """Row-wise softmax in place over keys a query may see. scores [M, n]: query m is at position pos0 + m,
     column j is key position t0 + j; a key is visible when key <= query and (window == 0 or query - key < window).
     """
@@ -242,17 +299,21 @@ def causal_softmax(scores, pos0, t0, window):
         p = pos0 + m
         lo = max(0, p - window + 1 - t0) if window > 0 else 0
         hi = min(n, p - t0 + 1)
+        row = scores[m]
+        visible = row[lo:hi]
         best = np.float32(-np.inf)
-        for j in range(lo, hi):
-            best = max(best, scores[m, j])
+        for j in range(hi - lo):
+            best = max(best, visible[j])
         total = np.float32(0.0)
-        for j in range(lo, hi):
-            e = _expf(scores[m, j] - best)
-            scores[m, j] = e
+        for j in range(hi - lo):
+            e = _expf(visible[j] - best)
+            visible[j] = e
             total += e
         inv = np.float32(1.0) / total
-        for j in range(n):
-            scores[m, j] = scores[m, j] * inv if lo <= j < hi else np.float32(0.0)
+        for j in range(hi - lo):
+            visible[j] = _kv_round(visible[j] * inv, like)
+        row[:lo] = 0.0
+        row[hi:] = 0.0
 
 
 # ---- feed-forward -----------------------------------------------------------------------------------------------
@@ -272,8 +333,7 @@ def swiglu(gate, up):
     """gate = silu(gate) * up, in place.  gate, up: float32 [M, n_ff]."""
     for m in range(gate.shape[0]):
         for i in range(gate.shape[1]):
-            x = gate[m, i]
-            gate[m, i] = x / (np.float32(1.0) + _expf(-x)) * up[m, i]
+            gate[m, i] = _silu(gate[m, i]) * up[m, i]
 
 
 @numba.njit(**JIT)

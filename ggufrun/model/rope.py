@@ -35,20 +35,29 @@ def rope_table(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin: float32 [n_pos, n_rot/2] for positions 0..n_pos-1 (angles in float64, then rounded)."""
-    i = np.arange(n_rot // 2, dtype=np.float64)  # frequency index; dims (2i, 2i+1) or (i, i + n_rot/2)
-    theta_extrap = base ** (-2.0 * i / n_rot)  # [n_rot/2]
-    if freq_factors is not None:
-        theta_extrap = theta_extrap / freq_factors.astype(np.float64)
-    theta_interp = freq_scale * theta_extrap
-    theta, mscale = theta_interp, attn_factor
-    if ext_factor != 0.0:
-        low, high = yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow)
-        ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)  # 1 for the fast (low) dims
-        mix = ramp * ext_factor
-        theta = theta_interp * (1.0 - mix) + theta_extrap * mix
-        mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
-    angles = np.arange(n_pos, dtype=np.float64)[:, None] * theta[None, :]  # [n_pos, n_rot/2]
-    cos = (np.cos(angles) * mscale).astype(np.float32)
-    sin = (np.sin(angles) * mscale).astype(np.float32)
+    """cos, sin: float32 [n_pos, n_rot/2] for positions 0..n_pos-1.
+
+    Computed in float32 step by step as ggml does (theta *= theta_scale per frequency), not in exact arithmetic:
+    attention in these models is sensitive enough that llama.cpp's rounding of the angles is worth keeping.
+    """
+    f32 = np.float32
+    theta_scale = f32(f32(base) ** f32(-2.0 / n_rot))
+    low, high = yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow) if ext_factor else (0.0, 0.0)
+    mscale = f32(attn_factor)
+    if ext_factor:
+        mscale = f32(mscale * f32(1.0 + 0.1 * math.log(1.0 / freq_scale)))
+    cos = np.empty((n_pos, n_rot // 2), f32)
+    sin = np.empty((n_pos, n_rot // 2), f32)
+    theta = np.arange(n_pos, dtype=f32)  # theta for frequency i: pos * theta_scale^i
+    for i in range(n_rot // 2):
+        extrap = theta / f32(freq_factors[i]) if freq_factors is not None else theta
+        angle = f32(freq_scale) * extrap
+        if ext_factor:
+            ramp = 1.0 - min(1.0, max(0.0, (i - low) / max(0.001, high - low)))
+            mix = f32(ramp * ext_factor)
+            angle = angle * (f32(1.0) - mix) + extrap * mix
+        # float32 angle, cos/sin correctly rounded (as cosf/sinf), then the magnitude
+        cos[:, i] = np.cos(angle.astype(np.float64)).astype(f32) * mscale
+        sin[:, i] = np.sin(angle.astype(np.float64)).astype(f32) * mscale
+        theta = theta * theta_scale
     return cos, sin

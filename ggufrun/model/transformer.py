@@ -259,7 +259,7 @@ class Transformer:
         for hd in range(c.n_head):
             g = hd // group
             np.matmul(q[:, hd * hk : (hd + 1) * hk], s.k32[g, :n].T, out=scores)
-            kernels.causal_softmax(scores, pos0, t0, window)
+            kernels.causal_softmax(scores, pos0, t0, window, v_cache)
             np.matmul(scores, s.v32[g, :n], out=att[:, hd * hv : (hd + 1) * hv])
 
     def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray) -> None:

@@ -22,9 +22,10 @@ Any weight type with the same `REGISTRY[t].act` format can share one `qx`.
 
 Kernels compile lazily on first use (or load from Numba's on-disk cache); `warmup(qtypes)` does it up front.
 For Numba code that wants to skip Python dispatch: `REGISTRY[t].dot(w, *qx.arrays, out2d)` (parallel over
-rows), `REGISTRY[t].row_dot(w, row_byte_offset, *qx.arrays...)` (one output), `REGISTRY[t].dequant(w, rows,
-out)`, and the activation quantizers `ggufrun.quants.dot.quantize_q8_32 / quantize_q8_k`. Threads: the
-caller's `numba.set_num_threads`.
+rows), `REGISTRY[t].dequant(w, rows, out)`, the activation quantizers `ggufrun.quants.dot.quantize_q8_1 /
+quantize_q8_k`, and per output row `dot.row32(e.kind, e.type_size, w, row_byte_offset, *qx.arrays[:1], m,
+*qx.arrays[1:])` (32-value block types) / `dot.rowk(...)` (K-quants, IQ4_XS), e = REGISTRY[t].
+Threads: the caller's `numba.set_num_threads`.
 
 >>> from ggufrun.reader import GGUFFile
 >>> t = GGUFFile("model.gguf").tensors["blk.0.ffn_up.weight"]
@@ -157,8 +158,9 @@ def _out(out, shape, what) -> np.ndarray:
 class QuantizedActivations:
     """M rows of K activations in the format a weight type's dot kernel takes (see ggufrun.quants.dot).
 
-    format "Q8_1": arrays = (qs int8 [M, K], d float32 [M, K/32], sums int32 [M, K/32], s float32 [M, K/32])
-    format "Q8_K": arrays = (qs int8 [M, K], d float32 [M, K/256], bsums16 int32 [M, K/16], bsums32 [M, K/32])
+    format "Q8_1": arrays = (qu uint8 [M, K] (quant + 128), d float32 [M, K/32], s float32 [M, K/32])
+    format "Q8_K": arrays = (qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16 int32 [M, K/16],
+                             bsums32 int32 [M, K/32])
     format "F32" / "F16" / "BF16": arrays = (x float32 [M, K],), rounded to the weight's precision
     """
 
@@ -189,14 +191,14 @@ def quantize_activations(x: np.ndarray, qtype, out: QuantizedActivations | None 
         if K % blk:
             raise ValueError(f"{fmt} activations need K divisible by {blk}, got K={K}")
         if out is None:
-            qs = np.empty((M, K), np.int8)
+            qu = np.empty((M, K), np.uint8)
             d = np.empty((M, K // blk), np.float32)
             if fmt == "Q8_1":
-                arrays = (qs, d, np.empty((M, K // 32), np.int32), np.empty((M, K // 32), np.float32))
+                arrays = (qu, d, np.empty((M, K // 32), np.float32))
             else:
-                arrays = (qs, d, np.empty((M, K // 16), np.int32), np.empty((M, K // 32), np.int32))
+                arrays = (qu, d, np.empty((M, K // 16), np.int32), np.empty((M, K // 32), np.int32))
             out = QuantizedActivations(fmt, M, K, arrays)
-        (_dot.quantize_q8_32 if fmt == "Q8_1" else _dot.quantize_q8_k)(x2, *out.arrays)
+        (_dot.quantize_q8_1 if fmt == "Q8_1" else _dot.quantize_q8_k)(x2, *out.arrays)
         return out
     if fmt == "F32":
         # the dot kernel is compiled for writable arrays; a read-only x would compile a second variant
@@ -251,6 +253,27 @@ def matmul(w: np.ndarray, qtype, X: np.ndarray, out: np.ndarray | None = None) -
     if X.ndim != 2:
         raise ValueError(f"matmul takes X of shape [M, K], got {X.shape}")
     return matmul_q(w, qtype, quantize_activations(X, qtype), out)
+
+
+def matmul_dequant(w: np.ndarray, qtype, X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Y = X @ W.T by dequantizing W in row tiles (~1 MB of float32, stays in L2) and calling BLAS.
+
+    The alternative strategy to matmul's integer dots; float activations (no 8-bit rounding of X).
+    """
+    e = _entry(qtype)
+    w2 = _weights(w, e)
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    N, K = w2.shape[0], _n_values(w2, e)
+    out = _out(out, (X.shape[0], N), "out")
+    tn = max(16, min(N, (1 << 20) // (4 * K)))
+    tile = np.empty((tn, K), np.float32)
+    part = np.empty((X.shape[0], tn), np.float32)
+    for n0 in range(0, N, tn):
+        n1 = min(N, n0 + tn)
+        e.dequant(w2, np.arange(n0, n1, dtype=np.int64), tile[: n1 - n0])
+        np.matmul(X, tile[: n1 - n0].T, out=part[:, : n1 - n0])
+        out[:, n0:n1] = part[:, : n1 - n0]
+    return out
 
 
 # ---- compilation ------------------------------------------------------------------------------------------

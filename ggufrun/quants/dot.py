@@ -1,20 +1,20 @@
 """Fused quantized dot products: y = W @ x straight from the GGUF blocks, as llama.cpp computes them.
 
-The activations are quantized once per matmul (`quantize_q8_32`, `quantize_q8_k`), then every weight
-block is unpacked to unsigned 8-bit codes in registers and multiplied with the 8-bit activations in
-32-bit integer lanes (VNNI `vpdpbusd` where the CPU has it), with one float multiply-add per block.
+The activations are quantized once per matmul (`quantize_q8_1`, `quantize_q8_k`), then every weight block
+is decoded to signed 8-bit codes in registers and multiplied with the 8-bit activations in 32-bit integer
+lanes (VNNI `vpdpbusd` where the CPU has it), with one float multiply-add per block.
 
 Why hand-written vector IR: LLVM's auto-vectoriser, as Numba drives it, turns the per-block reductions into
-scalar code or gathers (~3 GMAC/s per core). So the hot loops use a small vocabulary of vector intrinsics
-defined below (256-bit vectors: 32 x int8, 8 x int32, 8 x float32), each with a portable LLVM IR fallback
-for CPUs without AVX2 / VNNI / F16C. All offsets into weight arrays are flat byte offsets.
+scalar code or gathers (~3 GMAC/s per core; dev/ has the experiments). So the hot loops use a small
+vocabulary of vector intrinsics defined below (256-bit vectors: 32 x int8, 8 x int32, 8 x float32), each
+with a portable LLVM IR fallback for CPUs without AVX2 / VNNI / F16C. Offsets into arrays are flat byte
+offsets.
 
 Activation layouts (structure of arrays, leading dimension M = number of activation rows):
-    Q8_32 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL):
-        qs int8 [M, K], d float32 [M, K/32] (fp16-rounded scale), sums int32 [M, K/32] (sum of qs),
-        s float32 [M, K/32] (Q8_1's fp16(d * sum), used by the Q4_1/Q5_1 min term)
-    Q8_K (for Q2_K..Q6_K, IQ4_XS):
-        qs int8 [M, K], d float32 [M, K/256], bsums16 int32 [M, K/16], bsums32 int32 [M, K/32]
+    Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): qu uint8 [M, K] (quant + 128),
+        d float32 [M, K/32] (fp16-rounded scale), s float32 [M, K/32] (fp16(d * sum of quants), Q8_1's s)
+    Q8_K (for Q2_K..Q6_K, IQ4_XS): qu uint8 [M, K] (quant + 128), d float32 [M, K/256],
+        bsums16 int32 [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values)
     F32 / F16 / BF16 weights: x float32 [M, K], rounded to f16 / bf16 first for F16 / BF16 weights
 """
 
@@ -325,6 +325,19 @@ def bits32_to(typingctx, m, value):
 
 
 @intrinsic
+def isub(typingctx, v, c):
+    """v - c per byte: unsigned codes to signed (q - 8, q - 32, ...)."""
+    if not isinstance(c, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        c = builder.trunc(_int_arg(context, builder, sig.args[1], args[1]), _i8)
+        return builder.sub(args[0], _bsplat(builder, _v32i8, c))
+
+    return I8x32(I8x32, c), codegen
+
+
+@intrinsic
 def vor(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.or_(args[0], args[1])
@@ -332,27 +345,16 @@ def vor(typingctx, a, b):
     return I8x32(I8x32, I8x32), codegen
 
 
-@intrinsic
-def flip(typingctx, v):
-    """v ^ 0x80: a signed byte q as the unsigned byte q + 128."""
-
-    def codegen(context, builder, sig, args):
-        return builder.xor(args[0], _splat(_v32i8, 0x80))
-
-    return I8x32(I8x32), codegen
-
-
-# IQ4_NL / IQ4_XS non-linear code book (kvalues_iq4nl in llama.cpp ggml-common.h), shifted by +128 so the
-# codes are unsigned bytes for vpdpbusd; the kernels subtract 128 * sum(x) again.
+# IQ4_NL / IQ4_XS non-linear code book (kvalues_iq4nl in llama.cpp ggml-common.h)
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 @intrinsic
 def iq4_lut(typingctx, idx):
-    """kvalues_iq4nl[idx] + 128 per byte (idx 0..15)."""
+    """kvalues_iq4nl[idx] per byte (idx 0..15), as signed bytes."""
 
     def codegen(context, builder, sig, args):
-        table = [v + 128 for v in IQ4_VALUES]
+        table = [v & 0xFF for v in IQ4_VALUES]
         if HAS_AVX2:
             fn = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.pshuf.b"
@@ -377,32 +379,16 @@ def izero(typingctx):
     return I32x8(), codegen
 
 
-@intrinsic
-def ilane0(typingctx, a):
-    """(a, 0, 0, 0, 0, 0, 0, 0): seeds a block's dot product with its offset correction."""
-    if not isinstance(a, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        a = _int_arg(context, builder, sig.args[0], args[0])
-        return builder.insert_element(_splat(_v8i32, 0), a, ir.Constant(_i32, 0))
-
-    return I32x8(a), codegen
-
-
-@intrinsic
-def ilane04(typingctx, a, b):
-    """(a, 0, 0, 0, b, 0, 0, 0): lanes 0-3 of vpdpbusd cover bytes 0-15, lanes 4-7 bytes 16-31."""
-    if not isinstance(a, types.Integer) or not isinstance(b, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        a = _int_arg(context, builder, sig.args[0], args[0])
-        b = _int_arg(context, builder, sig.args[1], args[1])
-        v = builder.insert_element(_splat(_v8i32, 0), a, ir.Constant(_i32, 0))
-        return builder.insert_element(v, b, ir.Constant(_i32, 4))
-
-    return I32x8(a, b), codegen
+def _dpbusd(builder, acc, u, s):
+    if HAS_VNNI:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_v8i32, [_v8i32] * 3), "llvm.x86.avx512.vpdpbusd.256"
+        )
+        return builder.call(fn, [acc, builder.bitcast(u, _v8i32), builder.bitcast(s, _v8i32)])
+    v32 = ir.VectorType(_i32, 32)
+    p = builder.mul(builder.zext(u, v32), builder.sext(s, v32))
+    part = [builder.shuffle_vector(p, p, ir.Constant(_v8i32, list(range(k, 32, 4)))) for k in range(4)]
+    return builder.add(acc, builder.add(builder.add(part[0], part[1]), builder.add(part[2], part[3])))
 
 
 @intrinsic
@@ -410,48 +396,173 @@ def dpbusd(typingctx, acc, u, s):
     """acc[i] + sum_{k<4} u[4i+k] * s[4i+k], u unsigned bytes, s signed bytes (exact, int32)."""
 
     def codegen(context, builder, sig, args):
-        acc, u, s = args
-        if HAS_VNNI:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_v8i32, [_v8i32] * 3), "llvm.x86.avx512.vpdpbusd.256"
-            )
-            return builder.call(fn, [acc, builder.bitcast(u, _v8i32), builder.bitcast(s, _v8i32)])
-        v32 = ir.VectorType(_i32, 32)
-        p = builder.mul(builder.zext(u, v32), builder.sext(s, v32))
-        part = [builder.shuffle_vector(p, p, ir.Constant(_v8i32, list(range(k, 32, 4)))) for k in range(4)]
-        return builder.add(acc, builder.add(builder.add(part[0], part[1]), builder.add(part[2], part[3])))
+        return _dpbusd(builder, *args)
 
     return I32x8(I32x8, I8x32, I8x32), codegen
 
 
 @intrinsic
-def imadd(typingctx, acc, p, s):
-    """acc + p * s (s a scalar int)."""
+def corr128(typingctx, wq):
+    """-128 * (lane sums of the signed bytes wq): seeds dpbusd(., x + 128, wq) so that it yields x . wq.
+
+    Lane i sums bytes 4i..4i+3, the same bytes as dpbusd's lane i, so the correction stays lane-aligned.
+    """
+
+    def codegen(context, builder, sig, args):
+        s = _dpbusd(builder, _splat(_v8i32, 0), _splat(_v32i8, 128), args[0])
+        return builder.sub(_splat(_v8i32, 0), s)
+
+    return I32x8(I8x32), codegen
+
+
+@intrinsic
+def ld_i32x8(typingctx, a, off):
+    """8 int32 at byte `off`."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _load(context, builder, sig, args, _v8i32)
+
+    return I32x8(a, off), codegen
+
+
+@intrinsic
+def ld_u8x8(typingctx, a, off):
+    """8 bytes at byte `off`, zero-extended to int32 lanes."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.zext(_load(context, builder, sig, args, ir.VectorType(_i8, 8)), _v8i32)
+
+    return I32x8(a, off), codegen
+
+
+@intrinsic
+def ivec8(typingctx, a, b, c, d, e, f, g, h):
+    """(a, b, c, d, e, f, g, h) as int32 lanes."""
+    if not all(isinstance(t, types.Integer) for t in (a, b, c, d, e, f, g, h)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _splat(_v8i32, 0)
+        for i, (t, x) in enumerate(zip(sig.args, args)):
+            v = builder.insert_element(v, _int_arg(context, builder, t, x), ir.Constant(_i32, i))
+        return v
+
+    return I32x8(a, b, c, d, e, f, g, h), codegen
+
+
+@intrinsic
+def ishr(typingctx, v, s):
+    """v >> s per int32 lane (logical)."""
     if not isinstance(s, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
-        s = _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[2], args[2]))
-        return builder.add(args[0], builder.mul(args[1], s))
+        return builder.lshr(args[0], _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[1], args[1])))
 
-    return I32x8(I32x8, I32x8, s), codegen
+    return I32x8(I32x8, s), codegen
 
 
 @intrinsic
-def imadd2(typingctx, acc, p, sa, sb):
-    """acc + p * (sa, sa, sa, sa, sb, sb, sb, sb): two 16-value sub-blocks with their own scales."""
-    if not isinstance(sa, types.Integer) or not isinstance(sb, types.Integer):
+def idot(typingctx, a, b):
+    """sum(a * b) over the 8 int32 lanes."""
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_i32, [_v8i32]), "llvm.vector.reduce.add.v8i32"
+        )
+        return builder.call(fn, [builder.mul(args[0], args[1])])
+
+    return types.int32(I32x8, I32x8), codegen
+
+
+@intrinsic
+def ld_i8x8(typingctx, a, off):
+    """8 signed bytes at byte `off`, sign-extended to int32 lanes."""
+    if not _is_ptr_args(a, off):
         return None
 
     def codegen(context, builder, sig, args):
-        a = _int_arg(context, builder, sig.args[2], args[2])
-        b = _int_arg(context, builder, sig.args[3], args[3])
-        v = builder.insert_element(ir.Constant(_v8i32, ir.Undefined), a, ir.Constant(_i32, 0))
-        v = builder.insert_element(v, b, ir.Constant(_i32, 4))
-        v = builder.shuffle_vector(v, v, ir.Constant(_v8i32, [0, 0, 0, 0, 4, 4, 4, 4]))
-        return builder.add(args[0], builder.mul(args[1], v))
+        return builder.sext(_load(context, builder, sig, args, ir.VectorType(_i8, 8)), _v8i32)
 
-    return I32x8(I32x8, I32x8, sa, sb), codegen
+    return I32x8(a, off), codegen
+
+
+@intrinsic
+def iand(typingctx, v, c):
+    """v & c per int32 lane."""
+    if not isinstance(c, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[1], args[1])))
+
+    return I32x8(I32x8, c), codegen
+
+
+@intrinsic
+def isplat(typingctx, s):
+    """(s, s, s, s, s, s, s, s)."""
+    if not isinstance(s, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[0], args[0]))
+
+    return I32x8(s), codegen
+
+
+@intrinsic
+def ipair(typingctx, v, k):
+    """(v[2k] x 4, v[2k+1] x 4): the scales of a group's two 16-value sub-blocks, in dpbusd's lane order."""
+    if not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        k2 = builder.shl(_int_arg(context, builder, sig.args[1], args[1]), ir.Constant(_i32, 1))
+        if HAS_AVX2:
+            idx = builder.add(_bsplat(builder, _v8i32, k2), ir.Constant(_v8i32, [0, 0, 0, 0, 1, 1, 1, 1]))
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v8i32, [_v8i32, _v8i32]), "llvm.x86.avx2.permd"
+            )
+            return builder.call(fn, [v, idx])
+        a = _bsplat(builder, _v8i32, builder.extract_element(v, k2))
+        b = _bsplat(builder, _v8i32, builder.extract_element(v, builder.add(k2, ir.Constant(_i32, 1))))
+        return builder.shuffle_vector(a, b, ir.Constant(_v8i32, [0, 1, 2, 3, 12, 13, 14, 15]))
+
+    return I32x8(I32x8, k), codegen
+
+
+@intrinsic
+def ibcast(typingctx, v, k):
+    """(v[k] x 8): one group's scale in every lane."""
+    if not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        k = _int_arg(context, builder, sig.args[1], args[1])
+        if HAS_AVX2:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v8i32, [_v8i32, _v8i32]), "llvm.x86.avx2.permd"
+            )
+            return builder.call(fn, [args[0], _bsplat(builder, _v8i32, k)])
+        return _bsplat(builder, _v8i32, builder.extract_element(args[0], k))
+
+    return I32x8(I32x8, k), codegen
+
+
+@intrinsic
+def imadd_v(typingctx, acc, p, s):
+    """acc + p * s, lane-wise."""
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], builder.mul(args[1], args[2]))
+
+    return I32x8(I32x8, I32x8, I32x8), codegen
 
 
 # ---- 8 x float32 vectors ----------------------------------------------------------------------------------
@@ -556,11 +667,12 @@ def ld_bf16x8(typingctx, a, off):
 # quantize_row_q8_K_ref (ggml-quants.c, also used on x86): iscale = -127/max (max = the first element of
 # largest magnitude, with its sign), q = min(127, nearest_int(iscale * x)), d = 1/iscale as float32,
 # plus sums of q over each 16 values (bsums; we also keep sums over 32).
+# The quants are stored as q + 128 (uint8, 1..255): vpdpbusd wants its first operand unsigned.
 
 
 @njit(**EXACT)
-def quantize_q8_32(x, qs, d, sums, s):
-    """x float32 [M, K] -> qs int8 [M, K], d/sums/s [M, K/32] (see module docstring)."""
+def quantize_q8_1(x, qu, d, s):
+    """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d float32 [M, K/32] (fp16-rounded), s [M, K/32]."""
     M, K = x.shape
     for m in range(M):
         for b in range(K // 32):
@@ -572,16 +684,15 @@ def quantize_q8_32(x, qs, d, sums, s):
             tot = 0
             for j in range(b * 32, b * 32 + 32):
                 q = np.int32(np.rint(x[m, j] * inv))
-                qs[m, j] = q
+                qu[m, j] = q + 128
                 tot += q
             d[m, b] = round_f16(dm)
-            sums[m, b] = tot
             s[m, b] = round_f16(dm * np.float32(tot))
 
 
 @njit(**EXACT)
-def quantize_q8_k(x, qs, d, bsums16, bsums32):
-    """x float32 [M, K] -> qs int8 [M, K], d [M, K/256], bsums16 [M, K/16], bsums32 [M, K/32]."""
+def quantize_q8_k(x, qu, d, bsums16, bsums32):
+    """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d [M, K/256], bsums16 [M, K/16], bsums32 [M, K/32]."""
     M, K = x.shape
     for m in range(M):
         for b in range(K // 256):
@@ -593,19 +704,14 @@ def quantize_q8_k(x, qs, d, bsums16, bsums32):
                 if ax > amax:
                     amax = ax
                     vmax = x[m, j]
-            if amax == 0:
-                d[m, b] = 0
-                for j in range(o, o + 256):
-                    qs[m, j] = 0
-            else:
-                iscale = np.float32(-127.0) / vmax
-                for j in range(o, o + 256):
-                    qs[m, j] = min(127, np.int32(np.rint(iscale * x[m, j])))
-                d[m, b] = np.float32(1.0) / iscale
+            iscale = np.float32(-127.0) / vmax if amax != 0 else np.float32(0.0)
+            d[m, b] = np.float32(1.0) / iscale if amax != 0 else np.float32(0.0)
             for g in range(16):
                 t = 0
                 for j in range(o + 16 * g, o + 16 * g + 16):
-                    t += qs[m, j]
+                    q = min(127, np.int32(np.rint(iscale * x[m, j])))
+                    qu[m, j] = q + 128
+                    t += q
                 bsums16[m, b * 16 + g] = t
             for g in range(8):
                 bsums32[m, b * 8 + g] = bsums16[m, b * 16 + 2 * g] + bsums16[m, b * 16 + 2 * g + 1]
@@ -635,95 +741,74 @@ def round_bf16_rows(x, out):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Row dot products: one weight row (starting at byte `wo`) times activation row m. Inlined into the kernels;
-# other njit code (a fused decode step) can call them too. Byte layouts: see ggufrun.quants.registry.
+# Dot products. A weight block is decoded once into signed 8-bit codes `wq` (value = d * wq + m), then
+#     p = dpbusd(corr128(wq), x + 128, wq)    # = sum x * wq over the block, in int32 lanes
+#     acc += float(p) * (d * d_x)             # one float multiply-add per block and activation row
+# The 4-row variants decode each weight block once for 4 activation rows (prefill); the kernels below
+# call them for M // 4 row groups and the 1-row variant for the rest (and for decode, M = 1).
+# `kind` is a compile-time constant: the branches on it fold away.
+
+# 32-value block types
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = range(6)
+
+
+@njit(**FAST)
+def _block32(kind, w, o):
+    """Block at byte o -> (signed codes I8x32, d, m), value j = d * codes[j] + m. Layouts: see registry."""
+    if kind == Q4_0:
+        return isub(ld_nib(w, o + 2), 8), ld_f16(w, o), np.float32(0.0)
+    if kind == Q4_1:
+        return ld_nib(w, o + 4), ld_f16(w, o), ld_f16(w, o + 2)
+    if kind == Q5_0:
+        return isub(vor(ld_nib(w, o + 6), bits32_to(ld_u32(w, o + 2), 16)), 16), ld_f16(w, o), np.float32(0.0)
+    if kind == Q5_1:
+        return vor(ld_nib(w, o + 8), bits32_to(ld_u32(w, o + 4), 16)), ld_f16(w, o), ld_f16(w, o + 2)
+    if kind == Q8_0:
+        return ld32(w, o + 2), ld_f16(w, o), np.float32(0.0)
+    return iq4_lut(ld_nib(w, o + 2)), ld_f16(w, o), np.float32(0.0)  # IQ4_NL
 
 
 @njit(inline="always", **FAST)
-def row_q4_0(w, wo, qs, m, d, sums, s):
-    # Q4_0: 18-byte blocks (d:2, qs:16); value = d * (nibble - 8)
-    nb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    for b in range(nb):
-        o = wo + b * 18
-        p = dpbusd(ilane0(-8 * sums[m, b]), ld_nib(w, o + 2), ld32(qs, xo + b * 32))
-        acc = fma_i(acc, p, ld_f16(w, o) * d[m, b])
-    return hsum(acc)
-
-
-@njit(inline="always", **FAST)
-def row_q4_1(w, wo, qs, m, d, sums, s):
-    # Q4_1: 20-byte blocks (d:2, m:2, qs:16); value = d * nibble + m
-    nb = d.shape[1]
-    xo = m * qs.shape[1]
+def row32(kind, bsize, w, wo, qu, m, d, s):
+    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes."""
+    K = qu.shape[1]
     acc = fzero()
     accm = np.float32(0.0)
-    for b in range(nb):
-        o = wo + b * 20
-        p = dpbusd(izero(), ld_nib(w, o + 4), ld32(qs, xo + b * 32))
-        acc = fma_i(acc, p, ld_f16(w, o) * d[m, b])
-        accm += ld_f16(w, o + 2) * s[m, b]
+    for b in range(K // 32):
+        wq, dw, mw = _block32(kind, w, wo + b * bsize)
+        acc = fma_i(acc, dpbusd(corr128(wq), ld32(qu, m * K + 32 * b), wq), dw * d[m, b])
+        if kind == Q4_1 or kind == Q5_1:
+            accm += mw * s[m, b]  # the min term: m * d_x * sum(q_x), from Q8_1's s
     return hsum(acc) + accm
 
 
 @njit(inline="always", **FAST)
-def row_q5_0(w, wo, qs, m, d, sums, s):
-    # Q5_0: 22-byte blocks (d:2, qh:4, qs:16); value = d * ((nibble | qh bit << 4) - 16)
-    nb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    for b in range(nb):
-        o = wo + b * 22
-        u = vor(ld_nib(w, o + 6), bits32_to(ld_u32(w, o + 2), 16))
-        p = dpbusd(ilane0(-16 * sums[m, b]), u, ld32(qs, xo + b * 32))
-        acc = fma_i(acc, p, ld_f16(w, o) * d[m, b])
-    return hsum(acc)
+def row32x4(kind, bsize, w, wo, qu, m, d, s):
+    """row32 for activation rows m .. m+3, decoding each weight block once."""
+    K = qu.shape[1]
+    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
+    m0 = m1 = m2 = m3 = np.float32(0.0)
+    for b in range(K // 32):
+        wq, dw, mw = _block32(kind, w, wo + b * bsize)
+        c = corr128(wq)
+        xo = m * K + 32 * b
+        a0 = fma_i(a0, dpbusd(c, ld32(qu, xo), wq), dw * d[m, b])
+        a1 = fma_i(a1, dpbusd(c, ld32(qu, xo + K), wq), dw * d[m + 1, b])
+        a2 = fma_i(a2, dpbusd(c, ld32(qu, xo + 2 * K), wq), dw * d[m + 2, b])
+        a3 = fma_i(a3, dpbusd(c, ld32(qu, xo + 3 * K), wq), dw * d[m + 3, b])
+        if kind == Q4_1 or kind == Q5_1:
+            m0 += mw * s[m, b]
+            m1 += mw * s[m + 1, b]
+            m2 += mw * s[m + 2, b]
+            m3 += mw * s[m + 3, b]
+    return hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3
 
 
-@njit(inline="always", **FAST)
-def row_q5_1(w, wo, qs, m, d, sums, s):
-    # Q5_1: 24-byte blocks (d:2, m:2, qh:4, qs:16); value = d * (nibble | qh bit << 4) + m
-    nb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    accm = np.float32(0.0)
-    for b in range(nb):
-        o = wo + b * 24
-        u = vor(ld_nib(w, o + 8), bits32_to(ld_u32(w, o + 4), 16))
-        p = dpbusd(izero(), u, ld32(qs, xo + b * 32))
-        acc = fma_i(acc, p, ld_f16(w, o) * d[m, b])
-        accm += ld_f16(w, o + 2) * s[m, b]
-    return hsum(acc) + accm
+# 256-value super-block types: 8 groups of 32 values, each with two integer scales (values 0-15, 16-31)
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = range(6)
 
 
-@njit(inline="always", **FAST)
-def row_q8_0(w, wo, qs, m, d, sums, s):
-    # Q8_0: 34-byte blocks (d:2, qs:32 int8); value = d * q. Codes go in as q + 128, corrected by -128*sum(x).
-    nb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    for b in range(nb):
-        o = wo + b * 34
-        p = dpbusd(ilane0(-128 * sums[m, b]), flip(ld32(w, o + 2)), ld32(qs, xo + b * 32))
-        acc = fma_i(acc, p, ld_f16(w, o) * d[m, b])
-    return hsum(acc)
-
-
-@njit(inline="always", **FAST)
-def row_iq4_nl(w, wo, qs, m, d, sums, s):
-    # IQ4_NL: 18-byte blocks (d:2, qs:16); value = d * kvalues[nibble]
-    nb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    for b in range(nb):
-        o = wo + b * 18
-        p = dpbusd(ilane0(-128 * sums[m, b]), iq4_lut(ld_nib(w, o + 2)), ld32(qs, xo + b * 32))
-        acc = fma_i(acc, p, ld_f16(w, o) * d[m, b])
-    return hsum(acc)
-
-
-@njit(inline="always", **FAST)
+@njit(**FAST)
 def _k4_scale(w, o, g):
     """6-bit scale of sub-block g from the 12 packed bytes at o (get_scale_min_k4 in ggml-quants.c)."""
     if g < 4:
@@ -731,7 +816,7 @@ def _k4_scale(w, o, g):
     return (ld_u8(w, o + g + 4) & 0xF) | ((ld_u8(w, o + g - 4) >> 6) << 4)
 
 
-@njit(inline="always", **FAST)
+@njit(**FAST)
 def _k4_min(w, o, g):
     """6-bit min of sub-block g from the 12 packed bytes at o."""
     if g < 4:
@@ -739,158 +824,161 @@ def _k4_min(w, o, g):
     return (ld_u8(w, o + g + 4) >> 4) | ((ld_u8(w, o + g) >> 6) << 4)
 
 
-@njit(inline="always", **FAST)
-def row_q4_k(w, wo, qs, m, d, bsums16, bsums32):
-    # Q4_K: 144-byte super-blocks of 256 (d:2, dmin:2, scales:12, qs:128); sub-block g of 32 uses the low
-    # (g even) or high (g odd) nibbles of qs[32*(g//2):][:32]; value = d*sc[g]*q - dmin*min[g]
-    nsb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    accm = np.float32(0.0)
-    for b in range(nsb):
-        o = wo + b * 144
-        isum = izero()
-        summ = 0
-        for j in range(4):
-            q = ld32(w, o + 16 + 32 * j)
-            x0 = xo + b * 256 + 64 * j
-            isum = imadd(isum, dpbusd(izero(), lo4(q), ld32(qs, x0)), _k4_scale(w, o + 4, 2 * j))
-            isum = imadd(isum, dpbusd(izero(), hi4(q), ld32(qs, x0 + 32)), _k4_scale(w, o + 4, 2 * j + 1))
-            summ += _k4_min(w, o + 4, 2 * j) * bsums32[m, b * 8 + 2 * j]
-            summ += _k4_min(w, o + 4, 2 * j + 1) * bsums32[m, b * 8 + 2 * j + 1]
-        acc = fma_i(acc, isum, ld_f16(w, o) * d[m, b])
-        accm += ld_f16(w, o + 2) * d[m, b] * np.float32(summ)
-    return hsum(acc) - accm
-
-
-@njit(inline="always", **FAST)
-def row_q5_k(w, wo, qs, m, d, bsums16, bsums32):
-    # Q5_K: 176-byte super-blocks (d:2, dmin:2, scales:12, qh:32, qs:128); like Q4_K plus a fifth bit:
-    # bit g of qh[l] for value l of sub-block g
-    nsb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    accm = np.float32(0.0)
-    for b in range(nsb):
-        o = wo + b * 176
-        qh = ld32(w, o + 16)
-        isum = izero()
-        summ = 0
-        for j in range(4):
-            q = ld32(w, o + 48 + 32 * j)
-            x0 = xo + b * 256 + 64 * j
-            u0 = vor(lo4(q), bit_to(qh, 2 * j, 16))
-            u1 = vor(hi4(q), bit_to(qh, 2 * j + 1, 16))
-            isum = imadd(isum, dpbusd(izero(), u0, ld32(qs, x0)), _k4_scale(w, o + 4, 2 * j))
-            isum = imadd(isum, dpbusd(izero(), u1, ld32(qs, x0 + 32)), _k4_scale(w, o + 4, 2 * j + 1))
-            summ += _k4_min(w, o + 4, 2 * j) * bsums32[m, b * 8 + 2 * j]
-            summ += _k4_min(w, o + 4, 2 * j + 1) * bsums32[m, b * 8 + 2 * j + 1]
-        acc = fma_i(acc, isum, ld_f16(w, o) * d[m, b])
-        accm += ld_f16(w, o + 2) * d[m, b] * np.float32(summ)
-    return hsum(acc) - accm
-
-
-@njit(inline="always", **FAST)
-def row_q6_k(w, wo, qs, m, d, bsums16, bsums32):
-    # Q6_K: 210-byte super-blocks (ql:128, qh:64, scales:16 int8, d:2). In half h, group k of 32 values takes
-    # the low (k < 2) or high nibbles of ql[64h + 32*(k % 2):][:32] and bits 2k..2k+1 of qh[32h:][:32];
-    # value = d * scale[sub-block of 16] * (q - 32)
-    nsb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    for b in range(nsb):
-        o = wo + b * 210
-        isum = izero()
-        for h in range(2):
-            qh = ld32(w, o + 128 + 32 * h)
-            for k in range(4):
-                q = ld32(w, o + 64 * h + 32 * (k % 2))
-                low = lo4(q) if k < 2 else hi4(q)
-                u = vor(low, field(qh, 2 * k, 3, 4))
-                sb = b * 16 + 8 * h + 2 * k  # first of the two 16-value sub-blocks
-                p = dpbusd(ilane04(-32 * bsums16[m, sb], -32 * bsums16[m, sb + 1]), u, ld32(qs, xo + 16 * sb))
-                sa = ld_u8(w, o + 192 + 8 * h + 2 * k)
-                sb_ = ld_u8(w, o + 193 + 8 * h + 2 * k)
-                isum = imadd2(isum, p, sa - ((sa & 128) << 1), sb_ - ((sb_ & 128) << 1))  # int8 scales
-        acc = fma_i(acc, isum, ld_f16(w, o + 208) * d[m, b])
-    return hsum(acc)
-
-
-@njit(inline="always", **FAST)
+@njit(**FAST)
 def _k3_scale(w, o, j):
-    """6-bit scale (minus 32) of 16-value sub-block j from the 12 packed bytes at o (Q3_K)."""
+    """Scale (6 bits, minus 32) of 16-value sub-block j from the 12 packed bytes at o (Q3_K)."""
     low = ld_u8(w, o + j) & 0xF if j < 8 else ld_u8(w, o + j - 8) >> 4
     high = (ld_u8(w, o + 8 + j % 4) >> (2 * (j // 4))) & 3
     return (low | (high << 4)) - 32
 
 
-@njit(inline="always", **FAST)
-def row_q3_k(w, wo, qs, m, d, bsums16, bsums32):
-    # Q3_K: 110-byte super-blocks (hmask:32, qs:64, scales:12, d:2). Group g of 32 values: bits 2(g%4)..+1
-    # of qs[32*(g//4):][:32], minus 4 unless bit g of hmask[l] is set; value = d * (scale - 32) * q
-    nsb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    for b in range(nsb):
-        o = wo + b * 110
-        hm = ld32(w, o)
-        isum = izero()
-        for g in range(8):
-            q = ld32(w, o + 32 + 32 * (g // 4))
-            u = vor(field(q, 2 * (g % 4), 3, 0), bit_to(hm, g, 4))
-            sb = b * 16 + 2 * g
-            p = dpbusd(ilane04(-4 * bsums16[m, sb], -4 * bsums16[m, sb + 1]), u, ld32(qs, xo + 16 * sb))
-            isum = imadd2(isum, p, _k3_scale(w, o + 96, 2 * g), _k3_scale(w, o + 96, 2 * g + 1))
-        acc = fma_i(acc, isum, ld_f16(w, o + 108) * d[m, b])
-    return hsum(acc)
+@njit(**FAST)
+def _xs_scale(w, o, g):
+    """IQ4_XS scale of group g: 4 bits from scales_l, 2 from scales_h, minus 32."""
+    low = (ld_u8(w, o + 4 + g // 2) >> (4 * (g % 2))) & 0xF
+    return (low | (((ld_u16(w, o + 2) >> (2 * g)) & 3) << 4)) - 32
+
+
+@njit(**FAST)
+def _scales_k(kind, w, o):
+    """The super-block's integer scales as two int32 vectors: 8 per-32-value scales in the first (Q4_K, Q5_K,
+    IQ4_XS), or 16 per-16-value scales across both (Q2_K, Q3_K, Q6_K)."""
+    if kind == Q4_K or kind == Q5_K:
+        s = o + 4
+        a = ivec8(_k4_scale(w, s, 0), _k4_scale(w, s, 1), _k4_scale(w, s, 2), _k4_scale(w, s, 3),
+                  _k4_scale(w, s, 4), _k4_scale(w, s, 5), _k4_scale(w, s, 6), _k4_scale(w, s, 7))  # fmt: skip
+        return a, a
+    if kind == Q6_K:  # int8 scales
+        return ld_i8x8(w, o + 192), ld_i8x8(w, o + 200)
+    if kind == Q3_K:
+        s = o + 96
+        a = ivec8(_k3_scale(w, s, 0), _k3_scale(w, s, 1), _k3_scale(w, s, 2), _k3_scale(w, s, 3),
+                  _k3_scale(w, s, 4), _k3_scale(w, s, 5), _k3_scale(w, s, 6), _k3_scale(w, s, 7))  # fmt: skip
+        b = ivec8(_k3_scale(w, s, 8), _k3_scale(w, s, 9), _k3_scale(w, s, 10), _k3_scale(w, s, 11),
+                  _k3_scale(w, s, 12), _k3_scale(w, s, 13), _k3_scale(w, s, 14), _k3_scale(w, s, 15))  # fmt: skip
+        return a, b
+    if kind == Q2_K:  # low nibbles of the 16 scale bytes
+        return iand(ld_u8x8(w, o), 15), iand(ld_u8x8(w, o + 8), 15)
+    a = ivec8(_xs_scale(w, o, 0), _xs_scale(w, o, 1), _xs_scale(w, o, 2), _xs_scale(w, o, 3),
+              _xs_scale(w, o, 4), _xs_scale(w, o, 5), _xs_scale(w, o, 6), _xs_scale(w, o, 7))  # fmt: skip
+    return a, a  # IQ4_XS
+
+
+@njit(**FAST)
+def _group_k(kind, w, o, g, sc0, sc1):
+    """Group g (values 32g..32g+31) of the super-block at byte o -> (signed codes, scales in dpbusd lanes).
+
+    Lanes 0-3 of a group's dpbusd cover values 0-15, lanes 4-7 values 16-31; the scale vector matches.
+    Written without branches on g, so it is cheap whether or not LLVM unrolls the loop over g.
+    """
+    if kind == Q4_K:  # low (g even) or high nibbles of qs[32*(g//2):]
+        return field(ld32(w, o + 16 + 32 * (g // 2)), 4 * (g % 2), 15, 0), ibcast(sc0, g)
+    if kind == Q5_K:  # Q4_K's nibbles plus bit g of qh[l] as bit 4
+        low = field(ld32(w, o + 48 + 32 * (g // 2)), 4 * (g % 2), 15, 0)
+        return vor(low, bit_to(ld32(w, o + 16), g, 16)), ibcast(sc0, g)
+    if kind == Q6_K:  # half h = g//4, k = g%4: nibble k//2 of ql[64h + 32(k%2):], bits 2k of qh[32h:]; q - 32
+        low = field(ld32(w, o + 64 * (g // 4) + 32 * (g % 2)), 4 * ((g % 4) // 2), 15, 0)
+        wq = isub(vor(low, field(ld32(w, o + 128 + 32 * (g // 4)), 2 * (g % 4), 3, 4)), 32)
+        return wq, ipair(sc0 if g < 4 else sc1, g % 4)
+    if kind == Q3_K:  # bits 2(g%4) of qs[32*(g//4):], minus 4 unless bit g of hmask[l] is set
+        q = ld32(w, o + 32 + 32 * (g // 4))
+        wq = isub(vor(field(q, 2 * (g % 4), 3, 0), bit_to(ld32(w, o), g, 4)), 4)
+        return wq, ipair(sc0 if g < 4 else sc1, g % 4)
+    if kind == Q2_K:  # bits 2(g%4) of qs[32*(g//4):]
+        return field(ld32(w, o + 16 + 32 * (g // 4)), 2 * (g % 4), 3, 0), ipair(sc0 if g < 4 else sc1, g % 4)
+    # IQ4_XS: 16 bytes of nibbles per group at qs[16g:]
+    return iq4_lut(ld_nib(w, o + 8 + 16 * g)), ibcast(sc0, g)
+
+
+@njit(**FAST)
+def _d_k(kind, w, o):
+    """Super-block scale d."""
+    if kind == Q6_K:
+        return ld_f16(w, o + 208)
+    if kind == Q3_K:
+        return ld_f16(w, o + 108)
+    if kind == Q2_K:
+        return ld_f16(w, o + 80)
+    return ld_f16(w, o)
+
+
+@njit(**FAST)
+def _mins_k(kind, w, o):
+    """(dmin, mins of values 0-127, mins of values 128-255) for the types with mins, as int32 lanes that
+    line up with bsums32 (Q4_K, Q5_K: 8 mins of 32 values) or bsums16 (Q2_K: 16 mins of 16 values)."""
+    if kind == Q4_K or kind == Q5_K:
+        a = ivec8(_k4_min(w, o + 4, 0), _k4_min(w, o + 4, 1), _k4_min(w, o + 4, 2), _k4_min(w, o + 4, 3),
+                  _k4_min(w, o + 4, 4), _k4_min(w, o + 4, 5), _k4_min(w, o + 4, 6), _k4_min(w, o + 4, 7))  # fmt: skip
+        return ld_f16(w, o + 2), a, izero()
+    if kind == Q2_K:
+        return ld_f16(w, o + 82), ishr(ld_u8x8(w, o), 4), ishr(ld_u8x8(w, o + 8), 4)
+    return np.float32(0.0), izero(), izero()
 
 
 @njit(inline="always", **FAST)
-def row_q2_k(w, wo, qs, m, d, bsums16, bsums32):
-    # Q2_K: 84-byte super-blocks (scales:16, qs:64, d:2, dmin:2). Group g of 32 values: bits 2(g%4)..+1 of
-    # qs[32*(g//4):][:32]; scale byte j = sc | min << 4 per 16 values; value = d*sc*q - dmin*min
-    nsb = d.shape[1]
-    xo = m * qs.shape[1]
+def _min_term(kind, mins0, mins1, m, b, bsums16, bsums32):
+    """sum over sub-blocks of min * (sum of the activation quants in it), for activation row m."""
+    if kind == Q4_K or kind == Q5_K:
+        return idot(mins0, ld_i32x8(bsums32, 4 * (m * bsums32.shape[1] + 8 * b)))
+    if kind == Q2_K:
+        o = 4 * (m * bsums16.shape[1] + 16 * b)
+        return idot(mins0, ld_i32x8(bsums16, o)) + idot(mins1, ld_i32x8(bsums16, o + 32))
+    return 0
+
+
+@njit(inline="always", **FAST)
+def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32):
+    """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes."""
+    K = qu.shape[1]
     acc = fzero()
     accm = np.float32(0.0)
-    for b in range(nsb):
-        o = wo + b * 84
+    for b in range(K // 256):
+        o = wo + b * bsize
         isum = izero()
-        summ = 0
+        sc0, sc1 = _scales_k(kind, w, o)
         for g in range(8):
-            q = ld32(w, o + 16 + 32 * (g // 4))
-            sb = b * 16 + 2 * g
-            p = dpbusd(izero(), field(q, 2 * (g % 4), 3, 0), ld32(qs, xo + 16 * sb))
-            sa = ld_u8(w, o + 2 * g)
-            sb_ = ld_u8(w, o + 2 * g + 1)
-            isum = imadd2(isum, p, sa & 0xF, sb_ & 0xF)
-            summ += (sa >> 4) * bsums16[m, sb] + (sb_ >> 4) * bsums16[m, sb + 1]
-        acc = fma_i(acc, isum, ld_f16(w, o + 80) * d[m, b])
-        accm += ld_f16(w, o + 82) * d[m, b] * np.float32(summ)
+            wq, sc = _group_k(kind, w, o, g, sc0, sc1)
+            isum = imadd_v(isum, dpbusd(corr128(wq), ld32(qu, m * K + 256 * b + 32 * g), wq), sc)
+        acc = fma_i(acc, isum, _d_k(kind, w, o) * d[m, b])
+        if kind == Q4_K or kind == Q5_K or kind == Q2_K:
+            dmin, mins0, mins1 = _mins_k(kind, w, o)
+            accm += dmin * d[m, b] * np.float32(_min_term(kind, mins0, mins1, m, b, bsums16, bsums32))
     return hsum(acc) - accm
 
 
 @njit(inline="always", **FAST)
-def row_iq4_xs(w, wo, qs, m, d, bsums16, bsums32):
-    # IQ4_XS: 136-byte super-blocks (d:2, scales_h:2, scales_l:4, qs:128); sub-block g of 32 has 16 bytes of
-    # nibbles at qs[16g:] (low nibbles first) and a 6-bit scale; value = d * (scale - 32) * kvalues[nibble]
-    nsb = d.shape[1]
-    xo = m * qs.shape[1]
-    acc = fzero()
-    for b in range(nsb):
-        o = wo + b * 136
-        sh = ld_u16(w, o + 2)
-        isum = izero()
+def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32):
+    """rowk for activation rows m .. m+3, decoding each weight group once."""
+    K = qu.shape[1]
+    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
+    m0 = m1 = m2 = m3 = np.float32(0.0)
+    for b in range(K // 256):
+        o = wo + b * bsize
+        i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+        sc0, sc1 = _scales_k(kind, w, o)
         for g in range(8):
-            ls = ((ld_u8(w, o + 4 + g // 2) >> (4 * (g % 2))) & 0xF) | (((sh >> (2 * g)) & 3) << 4)
-            u = iq4_lut(ld_nib(w, o + 8 + 16 * g))
-            p = dpbusd(ilane0(-128 * bsums32[m, b * 8 + g]), u, ld32(qs, xo + b * 256 + 32 * g))
-            isum = imadd(isum, p, ls - 32)
-        acc = fma_i(acc, isum, ld_f16(w, o) * d[m, b])
-    return hsum(acc)
+            wq, sc = _group_k(kind, w, o, g, sc0, sc1)
+            c = corr128(wq)
+            xo = m * K + 256 * b + 32 * g
+            i0 = imadd_v(i0, dpbusd(c, ld32(qu, xo), wq), sc)
+            i1 = imadd_v(i1, dpbusd(c, ld32(qu, xo + K), wq), sc)
+            i2 = imadd_v(i2, dpbusd(c, ld32(qu, xo + 2 * K), wq), sc)
+            i3 = imadd_v(i3, dpbusd(c, ld32(qu, xo + 3 * K), wq), sc)
+        dw = _d_k(kind, w, o)
+        a0 = fma_i(a0, i0, dw * d[m, b])
+        a1 = fma_i(a1, i1, dw * d[m + 1, b])
+        a2 = fma_i(a2, i2, dw * d[m + 2, b])
+        a3 = fma_i(a3, i3, dw * d[m + 3, b])
+        if kind == Q4_K or kind == Q5_K or kind == Q2_K:
+            dmin, mins0, mins1 = _mins_k(kind, w, o)
+            m0 += dmin * d[m, b] * np.float32(_min_term(kind, mins0, mins1, m, b, bsums16, bsums32))
+            m1 += dmin * d[m + 1, b] * np.float32(_min_term(kind, mins0, mins1, m + 1, b, bsums16, bsums32))
+            m2 += dmin * d[m + 2, b] * np.float32(_min_term(kind, mins0, mins1, m + 2, b, bsums16, bsums32))
+            m3 += dmin * d[m + 3, b] * np.float32(_min_term(kind, mins0, mins1, m + 3, b, bsums16, bsums32))
+    return hsum(a0) - m0, hsum(a1) - m1, hsum(a2) - m2, hsum(a3) - m3
 
 
-# Float weights: w is the typed row (float32, or uint16 bits of F16 / BF16), x float32 already rounded to
+# Float weights: w is the typed matrix (float32, or uint16 bits of F16 / BF16), x float32 already rounded to
 # the weight's precision. Four accumulators hide the FMA latency; the tail (K % 32) is scalar.
 
 
@@ -949,125 +1037,270 @@ def row_bf16(w, wo, x, m):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernels: out[m, n] = row n of W . activation row m, parallel over the weight rows n.
+# Kernels: out[m, n] = row n of W . activation row m, parallel over chunks of weight rows.
 # w: [N, row_bytes] uint8 (or [N, K] float32 / uint16 for the float types), read-only; out float32 [M, N].
+# The parallel loop only calls a serial worker: Numba's parfor passes are slow on large loop bodies, and
+# the inlined row functions are large (this keeps a kernel's cold compile at ~1-2 s instead of ~5 s).
+
+CHUNK = 16  # weight rows per parallel work item
 
 
-@njit(**FAST_PARALLEL)
-def dot_q4_0(w, qs, d, a2, a3, out):
+@njit(**FAST)
+def _rows_q4_0(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q4_0(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_0, 18, w, n * rb, qu, m, d, s)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = row32(Q4_0, 18, w, n * rb, qu, m, d, s)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q4_1(w, qs, d, a2, a3, out):
+def dot_q4_0(w, qu, d, s, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q4_0(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_q4_1(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q4_1(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_1, 20, w, n * rb, qu, m, d, s)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = row32(Q4_1, 20, w, n * rb, qu, m, d, s)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q5_0(w, qs, d, a2, a3, out):
+def dot_q4_1(w, qu, d, s, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q4_1(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_q5_0(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q5_0(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_0, 22, w, n * rb, qu, m, d, s)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = row32(Q5_0, 22, w, n * rb, qu, m, d, s)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q5_1(w, qs, d, a2, a3, out):
+def dot_q5_0(w, qu, d, s, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q5_0(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_q5_1(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q5_1(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_1, 24, w, n * rb, qu, m, d, s)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = row32(Q5_1, 24, w, n * rb, qu, m, d, s)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q8_0(w, qs, d, a2, a3, out):
+def dot_q5_1(w, qu, d, s, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q5_1(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_q8_0(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q8_0(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q8_0, 34, w, n * rb, qu, m, d, s)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = row32(Q8_0, 34, w, n * rb, qu, m, d, s)
 
 
 @njit(**FAST_PARALLEL)
-def dot_iq4_nl(w, qs, d, a2, a3, out):
+def dot_q8_0(w, qu, d, s, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q8_0(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_iq4_nl(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_iq4_nl(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(IQ4_NL, 18, w, n * rb, qu, m, d, s)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = row32(IQ4_NL, 18, w, n * rb, qu, m, d, s)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q2_k(w, qs, d, a2, a3, out):
+def dot_iq4_nl(w, qu, d, s, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq4_nl(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_q2_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q2_k(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q2_K, 84, w, n * rb, qu, m, d, b16, b32)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = rowk(Q2_K, 84, w, n * rb, qu, m, d, b16, b32)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q3_k(w, qs, d, a2, a3, out):
+def dot_q2_k(w, qu, d, b16, b32, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q2_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_q3_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q3_k(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q3_K, 110, w, n * rb, qu, m, d, b16, b32)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = rowk(Q3_K, 110, w, n * rb, qu, m, d, b16, b32)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q4_k(w, qs, d, a2, a3, out):
+def dot_q3_k(w, qu, d, b16, b32, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q3_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_q4_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q4_k(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q4_K, 144, w, n * rb, qu, m, d, b16, b32)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = rowk(Q4_K, 144, w, n * rb, qu, m, d, b16, b32)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q5_k(w, qs, d, a2, a3, out):
+def dot_q4_k(w, qu, d, b16, b32, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q4_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_q5_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q5_k(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q5_K, 176, w, n * rb, qu, m, d, b16, b32)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = rowk(Q5_K, 176, w, n * rb, qu, m, d, b16, b32)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q6_k(w, qs, d, a2, a3, out):
+def dot_q5_k(w, qu, d, b16, b32, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q5_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_q6_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_q6_k(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q6_K, 210, w, n * rb, qu, m, d, b16, b32)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = rowk(Q6_K, 210, w, n * rb, qu, m, d, b16, b32)
 
 
 @njit(**FAST_PARALLEL)
-def dot_iq4_xs(w, qs, d, a2, a3, out):
+def dot_q6_k(w, qu, d, b16, b32, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_q6_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_iq4_xs(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
-    for n in prange(w.shape[0]):
-        for m in range(qs.shape[0]):
-            out[m, n] = row_iq4_xs(w, n * rb, qs, m, d, a2, a3)
+    M4 = qu.shape[0] // 4 * 4
+    for n in range(n0, n1):
+        for m in range(0, M4, 4):
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32)
+        for m in range(M4, qu.shape[0]):
+            out[m, n] = rowk(IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32)
 
 
 @njit(**FAST_PARALLEL)
-def dot_f32(w, x, out):
+def dot_iq4_xs(w, qu, d, b16, b32, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq4_xs(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_f32(w, x, out, n0, n1):
     rb = w.shape[1] * 4
-    for n in prange(w.shape[0]):
+    for n in range(n0, n1):
         for m in range(x.shape[0]):
             out[m, n] = row_f32(w, n * rb, x, m)
 
 
 @njit(**FAST_PARALLEL)
-def dot_f16(w, x, out):
+def dot_f32(w, x, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_f32(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_f16(w, x, out, n0, n1):
     rb = w.shape[1] * 2
-    for n in prange(w.shape[0]):
+    for n in range(n0, n1):
         for m in range(x.shape[0]):
             out[m, n] = row_f16(w, n * rb, x, m)
 
 
 @njit(**FAST_PARALLEL)
-def dot_bf16(w, x, out):
+def dot_f16(w, x, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_f16(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**FAST)
+def _rows_bf16(w, x, out, n0, n1):
     rb = w.shape[1] * 2
-    for n in prange(w.shape[0]):
+    for n in range(n0, n1):
         for m in range(x.shape[0]):
             out[m, n] = row_bf16(w, n * rb, x, m)
+
+
+@njit(**FAST_PARALLEL)
+def dot_bf16(w, x, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_bf16(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))

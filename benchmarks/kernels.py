@@ -1,0 +1,256 @@
+"""Kernel benchmark: matvec / matmul throughput per weight type and shape, read bandwidth, compile times.
+
+    python benchmarks/kernels.py                                  # all types and shapes, 1 and 2 threads
+    python benchmarks/kernels.py --types Q4_0,Q4_K --shapes 4096x4096 --threads 2
+    python benchmarks/kernels.py --compile --json kernels.json    # plus cold compile / cache-load per kernel
+
+Per (type, N x K shape, threads): matvec time, weight GB/s (bytes of W read per second) and GFLOP/s
+(2*N*K per call); 128-row matmul by integer dots (the `matmul` path) and by dequantized tiles + BLAS
+(`matmul_dequant`), GFLOP/s each. The machine's read bandwidth is measured by the same script (a parallel
+sum over a 1 GiB buffer) so the GB/s figures have a scale. Shapes are N x K (rows x row length), as GGUF
+stores them. Weights are random blocks with valid fp16 scales; speed does not depend on the values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gguf import GGMLQuantizationType as T  # noqa: E402
+
+import ggufrun.quants as Q  # noqa: E402
+
+SHAPES = [(576, 1536), (1536, 576), (2048, 2048), (4096, 4096), (49152, 576)]
+TYPES = [t.name for t in Q.REGISTRY]
+
+
+def _openblas_threads():
+    """numpy's OpenBLAS thread setter (so the BLAS path runs on the same thread count), or None."""
+    libs = glob.glob(os.path.join(os.path.dirname(np.__file__), "..", "numpy.libs", "libscipy_openblas*.so"))
+    for lib in libs:
+        dll = ctypes.CDLL(lib)
+        for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads"):
+            if hasattr(dll, name):
+                return getattr(dll, name)
+    return None
+
+
+_SET_BLAS_THREADS = _openblas_threads()
+
+
+def set_threads(n: int) -> None:
+    numba.set_num_threads(n)
+    if _SET_BLAS_THREADS is not None:
+        _SET_BLAS_THREADS(n)
+
+
+def random_weights(qtype: T, N: int, K: int, rng) -> np.ndarray:
+    """Random [N, row_bytes] blocks whose fp16 scale fields hold small normal values (typed for float types)."""
+    e = Q.REGISTRY[qtype]
+    if e.weight_dtype != np.uint8:
+        W = (rng.standard_normal((N, K), dtype=np.float32) * 0.05).astype(np.float32)
+        if qtype == T.F16:
+            return W.astype(np.float16)
+        if qtype == T.BF16:
+            return (W.view(np.uint32) >> 16).astype(np.uint16)
+        return W
+    nb = K // e.block_size
+    raw = rng.integers(0, 256, (N, nb, e.type_size), dtype=np.uint8)
+    for off in e.f16_fields:
+        h = (rng.standard_normal((N, nb), dtype=np.float32) * 0.01).astype(np.float16)
+        raw[:, :, off : off + 2] = h.view(np.uint8).reshape(N, nb, 2)
+    return raw.reshape(N, nb * e.type_size)
+
+
+def timeit(fn, min_time=0.05, batches=5) -> float:
+    """Median seconds per call over `batches` batches of calls lasting >= min_time each."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    reps = max(1, int(min_time / one))
+    times = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t0) / reps)
+    return float(np.median(times))
+
+
+@numba.njit(parallel=True, cache=True)
+def _sum_i64(a):
+    s = 0
+    for i in numba.prange(a.shape[0]):
+        s += a[i]
+    return s
+
+
+def read_bandwidth(threads: int, nbytes: int = 1 << 30) -> float:
+    """GB/s of a parallel read-only sum over `nbytes` (larger than the caches)."""
+    buf = np.ones(nbytes // 8, np.int64)
+    set_threads(threads)
+    t = timeit(lambda: _sum_i64(buf), min_time=0.3, batches=3)
+    return nbytes / t / 1e9
+
+
+def bench_one(qtype: T, N: int, K: int, threads: int, rng, M: int = 128, matmul=True) -> dict:
+    set_threads(threads)
+    w = random_weights(qtype, N, K, rng)
+    x = rng.standard_normal(K, dtype=np.float32)
+    X = rng.standard_normal((M, K), dtype=np.float32)
+    y = np.empty(N, np.float32)
+    Y = np.empty((M, N), np.float32)
+    qx = Q.quantize_activations(x, qtype)
+    res = {"type": qtype.name, "N": N, "K": K, "threads": threads, "weight_bytes": int(w.nbytes)}
+    w_ro = Q._weights(w, Q.REGISTRY[qtype])  # what the model passes: a read-only reader view
+    t = timeit(lambda: Q.matvec_q(w_ro, qtype, qx, y))
+    res["matvec_q_s"] = t
+    res["matvec_s"] = timeit(lambda: Q.matvec(w_ro, qtype, x, y))
+    res["matvec_GBps"] = w.nbytes / t / 1e9
+    res["matvec_GFLOPs"] = 2 * N * K / t / 1e9
+    if matmul:
+        t = timeit(lambda: Q.matmul(w_ro, qtype, X, Y), min_time=0.1, batches=3)
+        res["matmul_int_s"] = t
+        res["matmul_int_GFLOPs"] = 2 * M * N * K / t / 1e9
+        t = timeit(lambda: Q.matmul_dequant(w_ro, qtype, X, Y), min_time=0.1, batches=3)
+        res["matmul_blas_s"] = t
+        res["matmul_blas_GFLOPs"] = 2 * M * N * K / t / 1e9
+    return res
+
+
+# ---- compile times (each probe runs in a fresh interpreter) -----------------------------------------------
+
+
+def _probe(types: list[str]) -> dict:
+    """Time the first call of each kernel: compile when the cache is empty, load when it is warm."""
+    t0 = time.perf_counter()
+    import ggufrun.quants as q  # noqa: F811
+
+    out = {"import_s": time.perf_counter() - t0}
+    rng = np.random.default_rng(0)
+    for name in types:
+        qtype = T[name]
+        e = q.REGISTRY[qtype]
+        K = max(256, e.block_size)
+        w = q._weights(random_weights(qtype, 4, K, rng), e)
+        x = np.ones((1, K), np.float32)
+        r = {}
+        t = time.perf_counter()
+        e.dequant(w, np.zeros(1, np.int64), np.empty((1, K), np.float32))
+        r["dequant_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        qx = q.quantize_activations(x, qtype)
+        r["act_" + e.act + "_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        e.dot(w, *qx.arrays, np.empty((1, 4), np.float32))
+        r["dot_s"] = time.perf_counter() - t
+        out[name] = r
+    return out
+
+
+def compile_times(types: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        runs = {}
+        for label in ("cold", "cached"):
+            cmd = [sys.executable, __file__, "--probe", ",".join(types)]
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            runs[label] = json.loads(p.stdout.strip().splitlines()[-1])
+    return runs
+
+
+# ---- report -----------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--types", default=",".join(TYPES), help="comma-separated, e.g. Q4_0,Q4_K (default: all)")
+    ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="N x K list")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--no-matmul", action="store_true", help="matvec only (quick)")
+    ap.add_argument("--compile", action="store_true", help="also measure cold compile / cache-load times")
+    ap.add_argument("--json", help="write all results to this file")
+    ap.add_argument("--probe", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.probe:
+        print(json.dumps(_probe(args.probe.split(","))))
+        return
+
+    types = [T[t.strip().upper()] for t in args.types.split(",")]
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    rng = np.random.default_rng(0)
+    report = {"env": {"OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"), "numba": numba.__version__}}
+
+    print("compiling kernels ...", flush=True)
+    print(f"  warmup: {Q.warmup(types):.1f} s (compile, or load from the cache)")
+    _sum_i64(np.ones(8, np.int64))
+    bw = {t: read_bandwidth(t) for t in threads}
+    report["read_GBps"] = bw
+    print("read bandwidth (parallel sum over 1 GiB): " + ", ".join(f"{t} thr {g:.1f} GB/s" for t, g in bw.items()))
+
+    rows = []
+    hdr = (
+        f"{'type':7s} {'N x K':>11s} {'thr':>3s} | {'matvec us':>9s} {'GB/s':>6s} {'%bw':>4s} {'GFLOP/s':>7s}"
+        f" {'+quant us':>9s} | {'mm128 int ms':>12s} {'GFLOP/s':>7s} | {'mm128 blas ms':>13s} {'GFLOP/s':>7s}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for qtype in types:
+        for N, K in shapes:
+            if K % Q.REGISTRY[qtype].block_size or K % 256 and Q.REGISTRY[qtype].act == "Q8_K":
+                continue
+            for t in threads:
+                r = bench_one(qtype, N, K, t, rng, matmul=not args.no_matmul)
+                rows.append(r)
+                line = (
+                    f"{qtype.name:7s} {f'{N}x{K}':>11s} {t:3d} | {r['matvec_q_s'] * 1e6:9.1f} "
+                    f"{r['matvec_GBps']:6.1f} {100 * r['matvec_GBps'] / bw[t]:4.0f} {r['matvec_GFLOPs']:7.1f}"
+                    f" {r['matvec_s'] * 1e6:9.1f} |"
+                )
+                if "matmul_int_s" in r:
+                    line += (
+                        f" {r['matmul_int_s'] * 1e3:12.2f} {r['matmul_int_GFLOPs']:7.1f} |"
+                        f" {r['matmul_blas_s'] * 1e3:13.2f} {r['matmul_blas_GFLOPs']:7.1f}"
+                    )
+                print(line, flush=True)
+    report["results"] = rows
+    print("matvec us: matvec_q (activations already quantized); +quant us: matvec incl. quantizing x")
+
+    if args.compile:
+        ct = compile_times([t.name for t in types])
+        report["compile"] = ct
+        print(f"\nfirst-call times per kernel (s): cold = empty cache (compile), cached = load from cache")
+        print(f"import ggufrun.quants: cold {ct['cold']['import_s']:.2f}, cached {ct['cached']['import_s']:.2f}")
+        print(f"{'type':7s} | {'dequant':>15s} | {'activations':>15s} | {'dot':>15s}")
+        tot = {"cold": 0.0, "cached": 0.0}
+        for name in (t.name for t in types):
+            cells = []
+            for kind in ("dequant_s", None, "dot_s"):
+                key = kind or next(k for k in ct["cold"][name] if k.startswith("act_"))
+                cells.append(f"{ct['cold'][name][key]:6.2f} / {ct['cached'][name][key]:6.3f}")
+                for lab in tot:
+                    tot[lab] += ct[lab][name][key]
+            print(f"{name:7s} | " + " | ".join(f"{c:>15s}" for c in cells))
+        print(f"total: cold {tot['cold']:.1f} s, cached {tot['cached']:.2f} s")
+
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

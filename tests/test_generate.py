@@ -79,14 +79,17 @@ def _forced(target: list[int]):
     return proc
 
 
+# With the template's default system prompt SmolLM2-135M answers this question off the mark (so does llama.cpp on
+# the same ids); with a plain system prompt it answers "The capital of France is Paris."
+FRANCE = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
 @pytest.mark.real
 def test_chat_capital_of_france(model):
-    text = "".join(
-        c.text
-        for c in model.chat(
-            [{"role": "user", "content": "What is the capital of France?"}], max_tokens=32, temperature=0
-        )  # fmt: skip
-    )
+    text = "".join(c.text for c in model.chat(FRANCE, max_tokens=32, temperature=0))
     assert "Paris" in text
 
 
@@ -109,8 +112,8 @@ def test_streamed_multibyte_text_equals_whole(model):
 def test_stop_string_split_across_tokens_never_appears(model):
     target = model.tokenize("alpha beta STOP_HERE gamma", add_special=False)
     pieces = [model.detokenize([t]) for t in target]
-    # the stop string spans several tokens
-    assert sum("STOP_HERE"[:3] in p or "HERE" in p for p in pieces) >= 1 and len(target) > 4
+    # the stop string spans several tokens: no single token holds it
+    assert "STOP_HERE" in "".join(pieces) and not any("STOP_HERE" in p for p in pieces)
     chunks = list(model.generate("x", max_tokens=len(target), temperature=0, stop=["STOP_HERE"],
                                  logits_processors=[_forced(target)]))  # fmt: skip
     text = "".join(c.text for c in chunks)

@@ -67,7 +67,10 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
 
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 def test_chat_non_streaming_and_streaming_agree(client):
@@ -200,10 +203,12 @@ def test_queue_limit_answers_503(model):
     s = _Server(create_app(model, model_id="m", max_queue=0))
     try:
         with httpx.stream("POST", s.url + "/v1/completions",
-                          json={"prompt": "Once upon a time", "max_tokens": 200, "stream": True}) as r:  # fmt: skip
-            next(r.iter_lines())  # the first request holds the model
+                          json={"prompt": "Once upon a time", "max_tokens": 200, "stream": True,
+                                "logit_bias": {"0": -1e9, "2": -1e9}}) as r:  # fmt: skip
+            lines = r.iter_lines()  # keep a reference: a dropped iterator closes the connection
+            assert next(lines).startswith('data: {"id"')  # the first request now holds the model
             r2 = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1})
-            assert r2.status_code == 503 and r2.headers["retry-after"] == "1"
+            assert r2.status_code == 503 and r2.headers["retry-after"] == "1", r2.text
             assert json.loads(r2.text)["error"]["code"] == "queue_full"
     finally:
         s.stop()

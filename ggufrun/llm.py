@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -104,21 +103,28 @@ class Model:
     def _warmup(self, verbose: bool) -> None:
         """Compile (or load from Numba's on-disk cache) every kernel this model uses.
 
-        Prints a notice when this takes long, which only happens on the first run (empty JIT cache).
+        Numba announces real compilations (not cache loads) as "numba:compile" events; the first one prints a
+        notice, so a user waiting on the first run ever knows why.
         """
-        timer = threading.Timer(
-            0.5, lambda: print("ggufrun: compiling kernels (first run only)...", file=sys.stderr, flush=True)
-        )
-        timer.daemon = True
-        timer.start()
+        from numba.core import event
+
+        class Notice(event.Listener):
+            shown = False
+
+            def on_start(self, ev):
+                if not self.shown:
+                    self.shown = True
+                    print("ggufrun: compiling kernels (first run only)...", file=sys.stderr, flush=True)
+
+            def on_end(self, ev):
+                pass
+
         t0 = time.perf_counter()
-        try:
+        with event.install_listener("numba:compile", Notice()):
             tf = self.transformer
             tf.forward([0, 0])  # matmul (prefill) path
             tf.forward([0])  # matvec (decode) path
             tf.reset()
-        finally:
-            timer.cancel()
         if verbose:
             print(f"ggufrun: kernels ready in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
 

@@ -1,0 +1,443 @@
+"""ggufrun.quants against independent references.
+
+- dequantize: bit-exact against gguf-py's `gguf.quants.dequantize` on random blocks (hypothesis), hand-built
+  blocks, and every tensor of the golden small-*.gguf files.
+- activation quantizers: against gguf-py's Q8_0 quantizer (which rounds half away from zero where llama.cpp's
+  x86 build, our target, rounds half to even) and against NumPy transcriptions of llama.cpp's
+  quantize_row_q8_1 (x86) and quantize_row_q8_K_ref.
+- matvec / matmul: against float64 products of the dequantized weights, both with the activations as the
+  kernels quantized them (tight: only float32 accumulation differs) and with the original float activations
+  (within the bound 8-bit activation rounding explains, derived in `_activation_error_bound`).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ggufrun.quants as Q
+from ggufrun.errors import GGUFError
+from ggufrun.reader import GGUFFile
+
+ALL_TYPES = sorted(Q.SUPPORTED_TYPES, key=lambda t: t.value)
+QUANT_TYPES = [t for t in ALL_TYPES if Q.REGISTRY[t].weight_dtype == np.uint8]
+FLOAT_TYPES = [T.F32, T.F16, T.BF16]
+
+
+def _ids(types):
+    return [t.name for t in types]
+
+
+def random_weights(qtype: T, n_rows: int, K: int, rng, scale: float = 0.02) -> np.ndarray:
+    """Random blocks, fp16 scale fields set to normal values of size `scale` (typed arrays for float types)."""
+    e = Q.REGISTRY[qtype]
+    if e.weight_dtype != np.uint8:
+        W = rng.standard_normal((n_rows, K)).astype(np.float32)
+        if qtype == T.F16:
+            return W.astype(np.float16)
+        if qtype == T.BF16:
+            return gguf_quantize(W, T.BF16).view(np.uint16)
+        return W
+    nb = K // e.block_size
+    raw = rng.integers(0, 256, (n_rows, nb, e.type_size), dtype=np.uint8)
+    for off in e.f16_fields:
+        h = (rng.standard_normal((n_rows, nb)) * scale).astype(np.float16)
+        raw[:, :, off : off + 2] = h.view(np.uint8).reshape(n_rows, nb, 2)
+    return raw.reshape(n_rows, nb * e.type_size)
+
+
+def reference_dequantize(data: np.ndarray, qtype: T) -> np.ndarray:
+    """gguf-py's dequantize, given the raw bytes the way it expects them."""
+    if qtype == T.BF16:
+        data = data.view(np.uint8)
+    return gguf_dequantize(data, qtype).astype(np.float32)
+
+
+def assert_bit_exact(ours: np.ndarray, ref: np.ndarray) -> None:
+    assert ours.shape == ref.shape and ours.dtype == np.float32
+    bad = ours.view(np.uint32) != ref.view(np.uint32)
+    assert not bad.any(), (
+        f"{bad.sum()} values differ, first at {np.argwhere(bad)[0]}: {ours[bad][:4]} vs {ref[bad][:4]}"
+    )
+
+
+# ---- registry ---------------------------------------------------------------------------------------------
+
+
+def test_registry_matches_gguf_block_sizes():
+    assert Q.SUPPORTED_TYPES == frozenset(
+        {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
+        | {T.IQ4_NL, T.IQ4_XS}
+    )
+    for t, e in Q.REGISTRY.items():
+        assert (e.block_size, e.type_size) == GGML_QUANT_SIZES[t], t.name
+        assert e.act in ("Q8_1", "Q8_K", t.name)
+
+
+def test_unsupported_type_names_tensor_and_type():
+    with pytest.raises(GGUFError, match=r"tensor 'blk\.3\.ffn_up\.weight' has type IQ2_XXS.*supported: .*Q4_K"):
+        Q.check_supported("blk.3.ffn_up.weight", T.IQ2_XXS)
+    with pytest.raises(GGUFError, match="unknown ggml type 250"):
+        Q.check_supported("token_embd.weight", 250)
+    with pytest.raises(GGUFError, match="TQ1_0"):
+        Q.dequantize(np.zeros(54, np.uint8), T.TQ1_0)
+    for t in ALL_TYPES:
+        Q.check_supported("x", t)
+        Q.check_supported("x", int(t))
+
+
+# ---- dequantize -------------------------------------------------------------------------------------------
+
+
+@st.composite
+def _blocks(draw, qtype):
+    """1-3 blocks of random bytes whose fp16 fields hold any finite half (zero, subnormal, max, negative)."""
+    e = Q.REGISTRY[qtype]
+    nb = draw(st.integers(1, 3))
+    raw = np.frombuffer(draw(st.binary(min_size=nb * e.type_size, max_size=nb * e.type_size)), np.uint8)
+    raw = raw.copy().reshape(nb, e.type_size)
+    for off in e.f16_fields:
+        halves = draw(st.lists(st.floats(width=16, allow_nan=False, allow_infinity=False), min_size=nb, max_size=nb))
+        raw[:, off : off + 2] = np.array(halves, np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(-1)
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=_ids(QUANT_TYPES))
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_dequantize_random_blocks(qtype, data):
+    raw = data.draw(_blocks(qtype))
+    assert_bit_exact(Q.dequantize(raw, qtype), reference_dequantize(raw, qtype))
+
+
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=["F16", "BF16"])
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_dequantize_random_halves(qtype, data):
+    # every bit pattern, NaN and inf included (F16: the float16 view; BF16: uint16 bits)
+    bits = np.array(data.draw(st.lists(st.integers(0, 0xFFFF), min_size=1, max_size=64)), np.uint16)
+    ours = Q.dequantize(bits.view(np.float16) if qtype == T.F16 else bits, qtype)
+    assert_bit_exact(ours, reference_dequantize(bits.view(np.float16) if qtype == T.F16 else bits, qtype))
+
+
+def _hand_built(qtype: T) -> list[np.ndarray]:
+    """Zeros, all-0xFF payloads (max nibbles / codes), and extreme / subnormal / negative scales."""
+    e = Q.REGISTRY[qtype]
+    out = []
+    for fill in (0x00, 0xFF, 0x88, 0x0F, 0xF0):
+        for scale in (0.0, 1.0, -1.0, 65504.0, -65504.0, 2.0**-24, 6.1e-5):
+            b = np.full(e.type_size, fill, np.uint8)
+            for off in e.f16_fields:
+                b[off : off + 2] = np.array([scale], np.float16).view(np.uint8)
+            out.append(b)
+    return out
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=_ids(QUANT_TYPES))
+def test_dequantize_hand_built_blocks(qtype):
+    blocks = np.stack(_hand_built(qtype))  # [n, type_size]: each row one block
+    assert_bit_exact(Q.dequantize(blocks, qtype), reference_dequantize(blocks, qtype))
+
+
+def test_dequantize_float_types():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    assert Q.dequantize(x, T.F32) is x
+    h = x.astype(np.float16)
+    assert_bit_exact(Q.dequantize(h, T.F16), h.astype(np.float32))
+    b = gguf_quantize(x, T.BF16).view(np.uint16)
+    assert_bit_exact(Q.dequantize(b, T.BF16), reference_dequantize(b, T.BF16))
+    # raw bytes work too, as for gguf-py
+    assert_bit_exact(Q.dequantize(h.view(np.uint8), T.F16), h.astype(np.float32))
+
+
+def _golden_tensors(golden_dir):
+    for path in sorted(golden_dir.glob("small-*.gguf")):
+        f = GGUFFile(path)
+        for t in f.tensors.values():
+            yield path.name, t
+
+
+def test_dequantize_golden_files(golden_dir):
+    seen = set()
+    n = 0
+    for fname, t in _golden_tensors(golden_dir):
+        ours = Q.dequantize(t.data, t.type)
+        assert ours.shape == t.shape, (fname, t.name)
+        assert_bit_exact(ours, reference_dequantize(t.data, t.type).reshape(t.shape))
+        seen.add(t.type)
+        n += 1
+    assert n > 100
+    assert seen == Q.SUPPORTED_TYPES  # the golden files cover every type
+
+
+def test_dequantize_keeps_leading_shape_and_runs_of_blocks():
+    rng = np.random.default_rng(1)
+    w = random_weights(T.Q4_K, 6, 512, rng)
+    full = Q.dequantize(w.reshape(2, 3, -1), T.Q4_K)
+    assert full.shape == (2, 3, 512)
+    run = Q.dequantize(w[1, 144:288], T.Q4_K)  # one block from the middle of a row
+    assert_bit_exact(run, full.reshape(6, 512)[1, 256:512])
+
+
+# ---- get_rows ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=_ids(ALL_TYPES))
+def test_get_rows(qtype):
+    rng = np.random.default_rng(2)
+    w = random_weights(qtype, 11, 512, rng)
+    ids = np.array([3, 0, 10, 3, 7], np.int32)
+    ref = Q.dequantize(w, qtype)[ids]
+    assert_bit_exact(Q.get_rows(w, qtype, ids), ref)
+    out = np.full((5, 512), np.nan, np.float32)
+    assert Q.get_rows(w, qtype, ids, out=out) is out
+    assert_bit_exact(out, ref)
+    with pytest.raises(IndexError):
+        Q.get_rows(w, qtype, [11])
+
+
+# ---- activation quantization ------------------------------------------------------------------------------
+
+
+def _q8_x86_reference(x: np.ndarray):
+    """llama.cpp quantize_row_q8_1, x86 AVX2 path (ggml-cpu/arch/x86/quants.c), in NumPy float32."""
+    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    amax = np.abs(xb).max(-1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None]).astype(np.int32)  # _mm256_round_ps(_MM_ROUND_NEAREST): ties to even
+    s = (d * q.sum(-1).astype(np.float32)).astype(np.float16).astype(np.float32)
+    return q.reshape(x.shape), d.astype(np.float16).astype(np.float32), s
+
+
+def test_q8_1_activations_match_llamacpp_x86():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((5, 256)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
+    x[1, 32:64] = 0  # an all-zero block
+    x[2, :32] = np.arange(32) - 15.5  # many exact ties after scaling? (amax 15.5: 127/15.5 * k.5)
+    qx = Q.quantize_activations(x, T.Q4_1)
+    qu, d, s = qx.arrays
+    q_ref, d_ref, s_ref = _q8_x86_reference(x)
+    np.testing.assert_array_equal(qu.astype(np.int32) - 128, q_ref)
+    np.testing.assert_array_equal(d, d_ref)
+    np.testing.assert_array_equal(s, s_ref)
+
+
+def test_q8_0_activations_vs_gguf_quantize():
+    """gguf-py's Q8_0 is llama.cpp's reference quantizer: same scale, roundf (ties away from zero) on x * (1/d).
+    llama.cpp's x86 build, which made the golden logits, multiplies by 127/amax and rounds ties to even; the
+    quants may differ by one, and only where x * 127 / amax lands within rounding of a half-integer."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 1024)).astype(np.float32)
+    qx = Q.quantize_activations(x, T.Q8_0)
+    ref = gguf_quantize(x, T.Q8_0).reshape(4, -1, 34)
+    ref_d = ref[..., :2].copy().view(np.float16).astype(np.float32)[..., 0]
+    ref_q = ref[..., 2:].copy().view(np.int8).astype(np.int32).reshape(4, -1)
+    np.testing.assert_array_equal(qx.arrays[1], ref_d)
+    ours = qx.arrays[0].astype(np.int32) - 128
+    v = np.abs(x.reshape(4, -1, 32) * (np.float32(127) / np.abs(x.reshape(4, -1, 32)).max(-1, keepdims=True)))
+    near_tie = (np.abs(v - np.floor(v) - 0.5) < 1e-4).reshape(4, -1)
+    assert np.all(np.abs(ours - ref_q) <= 1)
+    assert np.all((ours == ref_q) | near_tie)
+    assert (ours == ref_q).mean() > 0.999
+    # an exact tie: 2.5 -> 2 (half to even, llama.cpp x86) where gguf-py gives 3
+    t = np.zeros((1, 32), np.float32)
+    t[0, 0], t[0, 1] = 127.0, 2.5
+    assert Q.quantize_activations(t, T.Q8_0).arrays[0][0, 1] - 128 == 2
+    assert gguf_quantize(t, T.Q8_0)[0, 3].view(np.int8) == 3
+
+
+def _q8_k_reference(x: np.ndarray):
+    """llama.cpp quantize_row_q8_K_ref (ggml-quants.c), in NumPy float32."""
+    xb = x.reshape(x.shape[0], -1, 256).astype(np.float32)
+    imax = np.abs(xb).argmax(-1)  # first element of largest magnitude, as the C loop's strict '>'
+    vmax = np.take_along_axis(xb, imax[..., None], -1)[..., 0]
+    with np.errstate(divide="ignore"):
+        iscale = np.where(vmax != 0, np.float32(-127) / vmax, np.float32(0)).astype(np.float32)
+        d = np.where(vmax != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+    q = np.minimum(127, np.rint(iscale[..., None] * xb)).astype(np.int32)  # nearest_int: ties to even
+    bsums16 = q.reshape(x.shape[0], -1, 16).sum(-1)
+    return q.reshape(x.shape), d, bsums16
+
+
+def test_q8_k_activations_match_llamacpp_ref():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 768)) * 3).astype(np.float32)
+    x[0, 256:512] = 0
+    x[1, 7], x[1, 9] = 40.0, -40.0  # tie in magnitude: the first one sets the sign
+    qx = Q.quantize_activations(x, T.Q6_K)
+    qu, d, b16, b32 = qx.arrays
+    q_ref, d_ref, b16_ref = _q8_k_reference(x)
+    np.testing.assert_array_equal(qu.astype(np.int32) - 128, q_ref)
+    np.testing.assert_array_equal(d, d_ref)
+    np.testing.assert_array_equal(b16, b16_ref)
+    np.testing.assert_array_equal(b32, b16_ref.reshape(3, -1, 2).sum(-1))
+
+
+def test_float_activations_rounded_like_llamacpp():
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((2, 100)) * 1e3).astype(np.float32)
+    x[0, :3] = [np.inf, -np.inf, 70000.0]
+    f16 = Q.quantize_activations(x, T.F16).arrays[0]
+    with np.errstate(over="ignore"):  # 70000 -> inf, as in llama.cpp
+        np.testing.assert_array_equal(f16, x.astype(np.float16).astype(np.float32))
+    bf16 = Q.quantize_activations(x, T.BF16).arrays[0]
+    np.testing.assert_array_equal(bf16, reference_dequantize(gguf_quantize(x, T.BF16), T.BF16))
+    assert Q.quantize_activations(x, T.F32).arrays[0] is x
+
+
+def test_quantize_activations_errors_and_reuse():
+    x = np.ones((2, 256), np.float32)
+    with pytest.raises(ValueError, match="K divisible by 256"):
+        Q.quantize_activations(np.ones(96, np.float32), T.Q4_K)
+    a = Q.quantize_activations(x, T.Q4_0)
+    b = Q.quantize_activations(x * 2, T.Q5_0, out=a)
+    assert b is a and a.format == "Q8_1"
+    with pytest.raises(ValueError, match="Q8_K"):
+        Q.quantize_activations(x, T.Q4_K, out=a)
+    with pytest.raises(ValueError, match="take Q8_K activations"):
+        Q.matmul_q(random_weights(T.Q4_K, 2, 256, np.random.default_rng(0)), T.Q4_K, a)
+
+
+# ---- matvec / matmul --------------------------------------------------------------------------------------
+
+
+def _dequantized_activations(qx: Q.QuantizedActivations) -> np.ndarray:
+    """The float64 values the kernels multiply: (quant) * d per block, or the rounded floats."""
+    if qx.format not in ("Q8_1", "Q8_K"):
+        return qx.arrays[0].astype(np.float64)
+    qu, d = qx.arrays[0], qx.arrays[1]
+    blk = qx.K // d.shape[1]
+    q = qu.astype(np.float64).reshape(qx.M, -1, blk) - 128
+    return (q * d.astype(np.float64)[..., None]).reshape(qx.M, qx.K)
+
+
+def _min_term_error(w: np.ndarray, qtype: T, qx: Q.QuantizedActivations) -> np.ndarray:
+    """Q4_1 / Q5_1: the min term uses Q8_1's s = fp16(d * sum q), off by up to 2^-11 relative per block.
+    Returns [M, N] bounds."""
+    if qtype not in (T.Q4_1, T.Q5_1):
+        return 0.0
+    e = Q.REGISTRY[qtype]
+    mins = w.reshape(w.shape[0], -1, e.type_size)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    s = np.abs(qx.arrays[2].astype(np.float64))  # [M, nb]
+    return 2.0**-11 * s @ np.abs(mins).T
+
+
+def _activation_error_bound(W: np.ndarray, x: np.ndarray, qtype: T) -> np.ndarray:
+    """Worst case |W @ x_quantized - W @ x| per output, [M, N].
+
+    8-bit blocks: a value of block b is rounded to a multiple of step = amax_b / 127, so it moves by at most
+    step / 2 = amax_b / 254; Q8_1 also stores the step as fp16 (relative error 2^-11, times |q| <= 127:
+    amax_b * 2^-11 more). Summed with |W|: bound_n = sum_k |W_nk| * amax_b(k) * (1/254 + 2^-11).
+    F16 / BF16 weights: x is rounded to f16 (2^-11 relative) / bf16 (2^-8). Plus float32 accumulation slack.
+    """
+    fmt = Q.REGISTRY[qtype].act
+    absW = np.abs(W)
+    if fmt in ("Q8_1", "Q8_K"):
+        blk = 32 if fmt == "Q8_1" else 256
+        amax = np.abs(x).reshape(x.shape[0], -1, blk).max(-1)
+        per_value = np.repeat(amax, blk, axis=1) * (1 / 254 + 2.0**-11)
+    else:
+        per_value = np.abs(x) * {"F32": 0.0, "F16": 2.0**-11, "BF16": 2.0**-8}[fmt]
+    slack = 1e-5 * (np.abs(x) @ absW.T) + 1e-6
+    return per_value @ absW.T + slack
+
+
+CASES = [
+    # (N, K, M): N not a multiple of the thread count or of the row chunk; M = 1, 3, 129 hit the 4-row
+    # microkernel and its 1-row tail; K = 512 is two super-blocks / sixteen 32-blocks
+    (37, 512, 1),
+    (37, 512, 3),
+    (21, 512, 129),
+]
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=_ids(ALL_TYPES))
+def test_matvec_matmul_against_float64(qtype):
+    rng = np.random.default_rng(7)
+    for N, K, M in CASES:
+        w = random_weights(qtype, N, K, rng)
+        W = Q.dequantize(w, qtype).astype(np.float64)
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        x[:, : K // 4] *= 10  # blocks of different magnitudes
+        qx = Q.quantize_activations(x, qtype)
+        Y = Q.matmul(w, qtype, x) if M > 1 else Q.matvec(w, qtype, x[0])[None, :]
+        scale = np.abs(_dequantized_activations(qx)) @ np.abs(W).T + 1e-30
+
+        # tight: the same quantized activations in float64; only float32 rounding (and Q4_1/Q5_1's fp16 s)
+        exact = _dequantized_activations(qx) @ W.T
+        err = np.abs(Y - exact)
+        assert np.all(err <= 2e-6 * scale + _min_term_error(w, qtype, qx) + 1e-30), (qtype.name, N, K, M, err.max())
+
+        # against the float activations: within what the activation rounding explains, and not trivially
+        ref = x.astype(np.float64) @ W.T
+        bound = _activation_error_bound(W, x.astype(np.float64), qtype)
+        assert np.all(np.abs(Y - ref) <= bound), (qtype.name, N, K, M)
+        assert np.abs(Y - ref).mean() < 0.05 * np.abs(ref).mean() + 1e-6
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=_ids(ALL_TYPES))
+def test_matvec_q_matmul_rows_and_threads_agree(qtype):
+    rng = np.random.default_rng(8)
+    N, K, M = 45, 512, 7
+    w = random_weights(qtype, N, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    Y = Q.matmul(w, qtype, x)
+    for m in range(M):
+        y = Q.matvec(w, qtype, x[m])
+        qx = Q.quantize_activations(x[m], qtype)
+        np.testing.assert_array_equal(Q.matvec_q(w, qtype, qx), y)
+        np.testing.assert_allclose(Y[m], y, rtol=1e-5, atol=1e-5 * np.abs(y).max())
+    old = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        y1 = Q.matvec(w, qtype, x[0])
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        np.testing.assert_array_equal(Q.matvec(w, qtype, x[0]), y1)
+    finally:
+        numba.set_num_threads(old)
+
+
+def test_matmul_q_shares_activations_across_types():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    qx = Q.quantize_activations(x, T.Q4_0)
+    for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL):
+        w = random_weights(t, 5, 256, rng)
+        np.testing.assert_array_equal(Q.matmul_q(w, t, qx), Q.matmul(w, t, x))
+
+
+def test_matmul_dequant_strategy_matches_float_product():
+    rng = np.random.default_rng(10)
+    w = random_weights(T.Q4_K, 300, 512, rng)
+    x = rng.standard_normal((9, 512)).astype(np.float32)
+    W = Q.dequantize(w, T.Q4_K).astype(np.float64)
+    ref = x.astype(np.float64) @ W.T
+    np.testing.assert_allclose(Q.matmul_dequant(w, T.Q4_K, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_out_arguments_and_shape_errors():
+    rng = np.random.default_rng(11)
+    w = random_weights(T.Q8_0, 8, 64, rng)
+    x = rng.standard_normal(64).astype(np.float32)
+    out = np.empty(8, np.float32)
+    assert Q.matvec(w, T.Q8_0, x, out) is out
+    with pytest.raises(ValueError, match="shape"):
+        Q.matvec(w, T.Q8_0, x, np.empty(9, np.float32))
+    with pytest.raises(ValueError, match="K=96"):
+        Q.matvec(w, T.Q8_0, np.ones(96, np.float32))
+    with pytest.raises(ValueError, match="whole 34-byte blocks"):
+        Q.matvec(w[:, :40], T.Q8_0, x)
+
+
+def test_warmup_reports_seconds():
+    assert Q.warmup([T.Q8_0, T.Q4_K, T.F32]) >= 0.0

@@ -223,7 +223,7 @@ def test_q8_1_activations_match_llamacpp_x86():
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((5, 256)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
     x[1, 32:64] = 0  # an all-zero block
-    x[2, :32] = np.arange(32) - 15.5  # many exact ties after scaling? (amax 15.5: 127/15.5 * k.5)
+    x[2, :32] = np.r_[127.0, np.arange(-15, 16) + 0.5]  # 127/amax = 1: exact half-integers, ties to even
     qx = Q.quantize_activations(x, T.Q4_1)
     qu, d, s = qx.arrays
     q_ref, d_ref, s_ref = _q8_x86_reference(x)

@@ -82,6 +82,9 @@ def check_supported(tensor_name: str, qtype) -> None:
 
 
 def _entry(qtype) -> QuantType:
+    e = REGISTRY.get(qtype)
+    if e is not None:
+        return e
     try:
         return REGISTRY[GGMLQuantizationType(qtype)]
     except (KeyError, ValueError):
@@ -91,6 +94,10 @@ def _entry(qtype) -> QuantType:
 
 def _weights(w: np.ndarray, e: QuantType) -> np.ndarray:
     """The 2-D, C-contiguous, read-only view the kernels are compiled for (no copy for reader views)."""
+    if type(w) is np.ndarray and w.dtype == e.weight_dtype and w.ndim == 2:
+        f = w.flags
+        if f.c_contiguous and not f.writeable and w.shape[1] % e.type_size == 0:
+            return w  # the common case, a quantized reader view: nothing to do (this runs ~200x per token)
     w = np.asarray(w)
     if w.dtype == np.float16 and e.weight_dtype == np.uint16:
         w = w.view(np.uint16)
@@ -233,12 +240,22 @@ def matvec_q(w: np.ndarray, qtype, qx: QuantizedActivations, out: np.ndarray | N
 
 
 def matmul_q(w: np.ndarray, qtype, qx: QuantizedActivations, out: np.ndarray | None = None) -> np.ndarray:
-    """Y = X @ W.T with X already quantized; out float32 [M, N]."""
+    """Y = X @ W.T with X already quantized; out float32 [M, N].
+
+    Quantized weights: the integer-dot kernels (4 activation rows per weight-block decode); they match
+    llama.cpp's 8-bit activations and beat dequantize + BLAS here (benchmarks/kernels.py). Float weights with
+    M > 1: BLAS on the (rounded) activations, F16 / BF16 weights dequantized tile by tile.
+    """
     e = _entry(qtype)
     w2 = _weights(w, e)
     _check_act(e, w2, qx)
     out = _out(out, (qx.M, w2.shape[0]), "out")
-    e.dot(w2, *qx.arrays, out)
+    if e.weight_dtype == np.uint8 or qx.M == 1:
+        e.dot(w2, *qx.arrays, out)
+    elif e.qtype == GGMLQuantizationType.F32:
+        np.matmul(qx.arrays[0], w2.T, out=out)
+    else:
+        _blas_tiles(w2, e, qx.arrays[0], out)
     return out
 
 
@@ -256,15 +273,20 @@ def matmul(w: np.ndarray, qtype, X: np.ndarray, out: np.ndarray | None = None) -
 
 
 def matmul_dequant(w: np.ndarray, qtype, X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Y = X @ W.T by dequantizing W in row tiles (~1 MB of float32, stays in L2) and calling BLAS.
+    """Y = X @ W.T by dequantizing W in row tiles and calling BLAS on float activations (no 8-bit rounding).
 
-    The alternative strategy to matmul's integer dots; float activations (no 8-bit rounding of X).
+    The alternative strategy to matmul's integer dots, kept for measurement (benchmarks/kernels.py).
     """
     e = _entry(qtype)
     w2 = _weights(w, e)
     X = np.ascontiguousarray(X, dtype=np.float32)
+    out = _out(out, (X.shape[0], w2.shape[0]), "out")
+    return _blas_tiles(w2, e, X, out)
+
+
+def _blas_tiles(w2: np.ndarray, e: QuantType, X: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = X @ W.T, W dequantized ~1 MB of rows at a time (a tile stays in L2 while BLAS reads it)."""
     N, K = w2.shape[0], _n_values(w2, e)
-    out = _out(out, (X.shape[0], N), "out")
     tn = max(16, min(N, (1 << 20) // (4 * K)))
     tile = np.empty((tn, K), np.float32)
     part = np.empty((X.shape[0], tn), np.float32)

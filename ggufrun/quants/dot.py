@@ -280,14 +280,21 @@ def hi4(typingctx, v):
 
 @intrinsic
 def field(typingctx, v, shift, mask, up):
-    """((v >> shift) & mask) << up per byte: a bit field of each byte, moved into place."""
+    """((v >> shift) & mask) << up per byte: a bit field of each byte, moved into place.
+
+    The shifts run on 16-bit lanes (x86 has no byte shifts, and LLVM's emulation of a variable byte shift is
+    slow); bits that cross into a neighbouring byte are masked off, which is exact while the field stays
+    within its byte (shift + bits(mask) <= 8, bits(mask) + up <= 8), as in every use here.
+    """
     if not all(isinstance(t, types.Integer) for t in (shift, mask, up)):
         return None
 
     def codegen(context, builder, sig, args):
-        s, k, u = (builder.trunc(_int_arg(context, builder, t, a), _i8) for t, a in zip(sig.args[1:], args[1:]))
-        v = builder.and_(builder.lshr(args[0], _bsplat(builder, _v32i8, s)), _bsplat(builder, _v32i8, k))
-        return builder.shl(v, _bsplat(builder, _v32i8, u))
+        v16 = ir.VectorType(_i16, 16)
+        s, k, u = (builder.trunc(_int_arg(context, builder, t, a), _i16) for t, a in zip(sig.args[1:], args[1:]))
+        x = builder.bitcast(builder.lshr(builder.bitcast(args[0], v16), _bsplat(builder, v16, s)), _v32i8)
+        x = builder.and_(x, _bsplat(builder, _v32i8, builder.trunc(k, _i8)))
+        return builder.bitcast(builder.shl(builder.bitcast(x, v16), _bsplat(builder, v16, u)), _v32i8)
 
     return I8x32(I8x32, shift, mask, up), codegen
 
@@ -879,7 +886,7 @@ def _group_k(kind, w, o, g, sc0, sc1):
     if kind == Q6_K:  # half h = g//4, k = g%4: nibble k//2 of ql[64h + 32(k%2):], bits 2k of qh[32h:]; q - 32
         low = field(ld32(w, o + 64 * (g // 4) + 32 * (g % 2)), 4 * ((g % 4) // 2), 15, 0)
         wq = isub(vor(low, field(ld32(w, o + 128 + 32 * (g // 4)), 2 * (g % 4), 3, 4)), 32)
-        return wq, ipair(sc0 if g < 4 else sc1, g % 4)
+        return wq, ipair(ld_i8x8(w, o + 192 + 8 * (g // 4)), g % 4)
     if kind == Q3_K:  # bits 2(g%4) of qs[32*(g//4):], minus 4 unless bit g of hmask[l] is set
         q = ld32(w, o + 32 + 32 * (g // 4))
         wq = isub(vor(field(q, 2 * (g % 4), 3, 0), bit_to(ld32(w, o), g, 4)), 4)
@@ -1046,12 +1053,22 @@ CHUNK = 16  # weight rows per parallel work item
 
 
 @njit(**FAST)
+def _m_tile(K):
+    """Activation rows per tile: the 4-row kernels sweep a tile (<= 32 KB of quants, L1-resident) over the
+    chunk's weight rows, so each weight row is decoded once per tile and the activations come from L1."""
+    return max(4, (32768 // K) // 4 * 4)
+
+
+@njit(**FAST)
 def _rows_q4_0(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_0, 18, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_0, 18, w, n * rb, qu, m, d, s)
         for m in range(M4, qu.shape[0]):
             out[m, n] = row32(Q4_0, 18, w, n * rb, qu, m, d, s)
 
@@ -1067,9 +1084,12 @@ def dot_q4_0(w, qu, d, s, out):
 def _rows_q4_1(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_1, 20, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_1, 20, w, n * rb, qu, m, d, s)
         for m in range(M4, qu.shape[0]):
             out[m, n] = row32(Q4_1, 20, w, n * rb, qu, m, d, s)
 
@@ -1085,9 +1105,12 @@ def dot_q4_1(w, qu, d, s, out):
 def _rows_q5_0(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_0, 22, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_0, 22, w, n * rb, qu, m, d, s)
         for m in range(M4, qu.shape[0]):
             out[m, n] = row32(Q5_0, 22, w, n * rb, qu, m, d, s)
 
@@ -1103,9 +1126,12 @@ def dot_q5_0(w, qu, d, s, out):
 def _rows_q5_1(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_1, 24, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_1, 24, w, n * rb, qu, m, d, s)
         for m in range(M4, qu.shape[0]):
             out[m, n] = row32(Q5_1, 24, w, n * rb, qu, m, d, s)
 
@@ -1121,9 +1147,12 @@ def dot_q5_1(w, qu, d, s, out):
 def _rows_q8_0(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q8_0, 34, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q8_0, 34, w, n * rb, qu, m, d, s)
         for m in range(M4, qu.shape[0]):
             out[m, n] = row32(Q8_0, 34, w, n * rb, qu, m, d, s)
 
@@ -1139,9 +1168,12 @@ def dot_q8_0(w, qu, d, s, out):
 def _rows_iq4_nl(w, qu, d, s, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(IQ4_NL, 18, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(IQ4_NL, 18, w, n * rb, qu, m, d, s)
         for m in range(M4, qu.shape[0]):
             out[m, n] = row32(IQ4_NL, 18, w, n * rb, qu, m, d, s)
 
@@ -1157,9 +1189,12 @@ def dot_iq4_nl(w, qu, d, s, out):
 def _rows_q2_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q2_K, 84, w, n * rb, qu, m, d, b16, b32)
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q2_K, 84, w, n * rb, qu, m, d, b16, b32)
         for m in range(M4, qu.shape[0]):
             out[m, n] = rowk(Q2_K, 84, w, n * rb, qu, m, d, b16, b32)
 
@@ -1175,9 +1210,14 @@ def dot_q2_k(w, qu, d, b16, b32, out):
 def _rows_q3_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
+                    Q3_K, 110, w, n * rb, qu, m, d, b16, b32
+                )
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q3_K, 110, w, n * rb, qu, m, d, b16, b32)
         for m in range(M4, qu.shape[0]):
             out[m, n] = rowk(Q3_K, 110, w, n * rb, qu, m, d, b16, b32)
 
@@ -1193,9 +1233,14 @@ def dot_q3_k(w, qu, d, b16, b32, out):
 def _rows_q4_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
+                    Q4_K, 144, w, n * rb, qu, m, d, b16, b32
+                )
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q4_K, 144, w, n * rb, qu, m, d, b16, b32)
         for m in range(M4, qu.shape[0]):
             out[m, n] = rowk(Q4_K, 144, w, n * rb, qu, m, d, b16, b32)
 
@@ -1211,9 +1256,14 @@ def dot_q4_k(w, qu, d, b16, b32, out):
 def _rows_q5_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
+                    Q5_K, 176, w, n * rb, qu, m, d, b16, b32
+                )
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q5_K, 176, w, n * rb, qu, m, d, b16, b32)
         for m in range(M4, qu.shape[0]):
             out[m, n] = rowk(Q5_K, 176, w, n * rb, qu, m, d, b16, b32)
 
@@ -1229,9 +1279,14 @@ def dot_q5_k(w, qu, d, b16, b32, out):
 def _rows_q6_k(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
+                    Q6_K, 210, w, n * rb, qu, m, d, b16, b32
+                )
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q6_K, 210, w, n * rb, qu, m, d, b16, b32)
         for m in range(M4, qu.shape[0]):
             out[m, n] = rowk(Q6_K, 210, w, n * rb, qu, m, d, b16, b32)
 
@@ -1247,9 +1302,14 @@ def dot_q6_k(w, qu, d, b16, b32, out):
 def _rows_iq4_xs(w, qu, d, b16, b32, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
+    MT = _m_tile(qu.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
+                    IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32
+                )
     for n in range(n0, n1):
-        for m in range(0, M4, 4):
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32)
         for m in range(M4, qu.shape[0]):
             out[m, n] = rowk(IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32)
 

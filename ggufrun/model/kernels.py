@@ -141,6 +141,26 @@ def _expf(x):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _inv_sum(total):
+    """float(1 / total) for a float64 sum, as ggml's softmax scales (no approximate reciprocal)."""
+    return np.float32(1.0 / total)
+
+
+@numba.njit(inline="always", **JIT)
+def _max_of(x):
+    """max of a non-empty float32 vector; eight running maxima, as one chain is bound by max's latency."""
+    n = x.shape[0]
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = x[0]
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        b0, b1, b2, b3 = max(b0, x[j]), max(b1, x[j + 1]), max(b2, x[j + 2]), max(b3, x[j + 3])
+        b4, b5, b6, b7 = max(b4, x[j + 4]), max(b5, x[j + 5]), max(b6, x[j + 6]), max(b7, x[j + 7])
+    for j in range(n8, n):
+        b0 = max(b0, x[j])
+    return max(max(max(b0, b1), max(b2, b3)), max(max(b4, b5), max(b6, b7)))
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _silu(x):
     """x / (1 + exp(-x)) with a true division, as ggml_v_silu."""
     return x / (np.float32(1.0) + _expf(np.float32(0.0) - x))
@@ -242,78 +262,150 @@ def qkv_rope_store(
                 v_cache[g, p, i] = _kv_store(v[m, g * hd_v + i], v_cache)
 
 
+@numba.njit(inline="always", **JIT)
+def _softmax_inplace(x):
+    """x = exp(x - max(x)) in place; returns float(1 / sum) (summed in double), as ggml's soft_max."""
+    best = _max_of(x)
+    total = 0.0
+    for j in range(x.shape[0]):
+        e = _expf(x[j] - best)
+        x[j] = e
+        total += e
+    return _inv_sum(total)
+
+
+@numba.njit(inline="always", **JIT)
+def _attend_head(qh, keys, values, s, o):
+    """o = softmax(keys @ qh) @ values for one head over n cached positions (keys [n, hd_k], values [n, hd_v],
+    s: float32 scratch [n]); probabilities rounded to the cache's precision as llama.cpp does."""
+    n, hd_k = keys.shape
+    for t in range(n):
+        acc = np.float32(0.0)
+        for i in range(hd_k):
+            acc += qh[i] * _kv_load(keys[t, i])
+        s[t] = acc
+    inv = _softmax_inplace(s)
+    o[:] = 0.0
+    for t in range(n):
+        pt = _kv_round(s[t] * inv, values)
+        for i in range(o.shape[0]):
+            o[i] += pt * _kv_load(values[t, i])
+
+
 @numba.njit(**JIT)
 def attend_one(q, k_cache, v_cache, t0, t1, scores, out):
     """Attention of one token over cached positions t0..t1-1, every head (decode).
 
     q [n_head*hd_k] (already scaled); k_cache [n_kv, n_ctx, hd_k]; v_cache [n_kv, n_ctx, hd_v];
-    scores: float32 scratch [>= t1 - t0]; out [n_head*hd_v]. Query head h reads K/V head h // (n_head / n_kv).
-    Loops run from 0 over slices: Numba then knows indices are non-negative and LLVM vectorises.
+    scores: float32 scratch [n_head, >= t1 - t0]; out [n_head*hd_v]. Query head h reads K/V head
+    h // (n_head / n_kv). Loops run from 0 over slices: Numba then knows indices are non-negative and vectorises.
     """
-    n_kv, _, hd_k = k_cache.shape
-    hd_v = v_cache.shape[2]
+    hd_k, hd_v = k_cache.shape[2], v_cache.shape[2]
     n_head = q.shape[0] // hd_k
-    group = n_head // n_kv
-    n = t1 - t0
-    s = scores[:n]
+    group = n_head // k_cache.shape[0]
     for h in range(n_head):
-        keys, values = k_cache[h // group, t0:t1], v_cache[h // group, t0:t1]
-        qh = q[h * hd_k : (h + 1) * hd_k]
-        best = np.float32(-np.inf)
-        for t in range(n):
-            acc = np.float32(0.0)
-            for i in range(hd_k):
-                acc += qh[i] * _kv_load(keys[t, i])
-            s[t] = acc
-            best = max(best, acc)
-        total = np.float32(0.0)
-        for t in range(n):
-            e = _expf(s[t] - best)
-            s[t] = e
-            total += e
-        inv = np.float32(1.0) / total
-        o = out[h * hd_v : (h + 1) * hd_v]
-        o[:] = 0.0
-        for t in range(n):
-            pt = _kv_round(s[t] * inv, values)
-            for i in range(hd_v):
-                o[i] += pt * _kv_load(values[t, i])
+        _attend_head(
+            q[h * hd_k : (h + 1) * hd_k], k_cache[h // group, t0:t1], v_cache[h // group, t0:t1],
+            scores[h, : t1 - t0], out[h * hd_v : (h + 1) * hd_v],
+        )  # fmt: skip
 
 
-@numba.njit(**JIT)
-def kv_to_f32(cache, t0, t1, out):
-    """out[g, :t1-t0] = cache[g, t0:t1] as float32.  cache [n_kv, n_ctx, hd] (uint16 half bits or float32)."""
-    for g in range(cache.shape[0]):
-        for t in range(t0, t1):
-            for i in range(cache.shape[2]):
-                out[g, t - t0, i] = _kv_load(cache[g, t, i])
+@numba.njit(parallel=True, **JIT)
+def attend_one_heads(q, k_cache, v_cache, t0, t1, scores, out):
+    """attend_one with the heads spread over threads (long contexts, where the work outweighs the start-up)."""
+    hd_k, hd_v = k_cache.shape[2], v_cache.shape[2]
+    n_head = q.shape[0] // hd_k
+    group = n_head // k_cache.shape[0]
+    for h in numba.prange(n_head):
+        _attend_head(
+            q[h * hd_k : (h + 1) * hd_k], k_cache[h // group, t0:t1], v_cache[h // group, t0:t1],
+            scores[h, : t1 - t0], out[h * hd_v : (h + 1) * hd_v],
+        )  # fmt: skip
 
 
-@numba.njit(**JIT)
-def causal_softmax(scores, pos0, t0, window, like):
-    """Row-wise softmax in place over keys a query may see. scores [M, n]: query m is at position pos0 + m,
-    column j is key position t0 + j; a key is visible when key <= query and (window == 0 or query - key < window).
+@numba.njit(parallel=True, **JIT)
+def kv_transpose(cache, t0, t1, out):
+    """out[g, i, :t1-t0] = cache[g, t0:t1, i] as float32 (prefill reads keys and values position-major).
+
+    cache [n_kv, n_ctx, hd] (uint16 half bits or float32); out float32 [n_kv, hd, >= t1 - t0].
     """
-    m_rows, n = scores.shape
-    for m in range(m_rows):
-        p = pos0 + m
-        lo = max(0, p - window + 1 - t0) if window > 0 else 0
-        hi = min(n, p - t0 + 1)
-        row = scores[m]
-        visible = row[lo:hi]
-        best = np.float32(-np.inf)
-        for j in range(hi - lo):
-            best = max(best, visible[j])
-        total = np.float32(0.0)
-        for j in range(hi - lo):
-            e = _expf(visible[j] - best)
-            visible[j] = e
-            total += e
-        inv = np.float32(1.0) / total
-        for j in range(hi - lo):
-            visible[j] = _kv_round(visible[j] * inv, like)
-        row[:lo] = 0.0
-        row[hi:] = 0.0
+    n_kv, _, hd = cache.shape
+    for gi in numba.prange(n_kv * hd):
+        g, i = gi // hd, gi % hd
+        src, dst = cache[g, t0:t1], out[g, i]
+        for t in range(t1 - t0):
+            dst[t] = _kv_load(src[t, i])
+
+
+QUERY_BLOCK = 4  # queries of one head processed together, sharing each loaded key and value
+
+
+@numba.njit(parallel=True, **JIT)
+def attend_rows(q, kt, vt, pos0, t0, n, window, scores, like, out):
+    """Causal attention of M queries (positions pos0..pos0+M-1) over keys t0..t0+n-1 (prefill).
+
+    q [M, n_head*hd_k] (scaled); kt [n_kv, hd_k, >= n] and vt [n_kv, hd_v, >= n]: keys and values transposed to
+    float32 by kv_transpose; scores: float32 scratch [n_slots, QUERY_BLOCK, >= n], one slot per concurrent task;
+    like: the V cache (probabilities are rounded to its precision); out [M, n_head*hd_v]. A query at position p
+    sees keys at p - window < key <= p (window 0: all keys <= p).
+    Work items are (head, block of 4 queries), dealt round-robin to the slots so causal rows balance out.
+    """
+    m_rows, n_kv, hd_k, hd_v = q.shape[0], kt.shape[0], kt.shape[1], vt.shape[1]
+    n_head = q.shape[1] // hd_k
+    group = n_head // n_kv
+    n_blocks = (m_rows + QUERY_BLOCK - 1) // QUERY_BLOCK
+    n_slots = scores.shape[0]
+    for slot in numba.prange(n_slots):
+        sc = scores[slot]
+        for item in range(slot, n_head * n_blocks, n_slots):
+            h, m0 = item // n_blocks, item % n_blocks * QUERY_BLOCK
+            g, nr = h // group, min(QUERY_BLOCK, m_rows - m0)
+            # columns [lo, hi) visible to some query of the block; missing rows repeat the last one
+            lo = max(0, pos0 + m0 - window + 1 - t0) if window > 0 else 0
+            hi = min(n, pos0 + m0 + nr - t0)
+            r1, r2, r3 = min(1, nr - 1), min(2, nr - 1), min(3, nr - 1)
+            q0, q1 = q[m0, h * hd_k : (h + 1) * hd_k], q[m0 + r1, h * hd_k : (h + 1) * hd_k]
+            q2, q3 = q[m0 + r2, h * hd_k : (h + 1) * hd_k], q[m0 + r3, h * hd_k : (h + 1) * hd_k]
+            s0, s1, s2, s3 = sc[0, lo:hi], sc[1, lo:hi], sc[2, lo:hi], sc[3, lo:hi]
+            w = hi - lo
+            sc[:, lo:hi] = 0.0
+            for i in range(hd_k):
+                keys = kt[g, i, lo:hi]
+                a0, a1, a2, a3 = q0[i], q1[i], q2[i], q3[i]
+                for t in range(w):
+                    k = keys[t]
+                    s0[t] += a0 * k
+                    s1[t] += a1 * k
+                    s2[t] += a2 * k
+                    s3[t] += a3 * k
+            for r in range(nr):
+                p = pos0 + m0 + r
+                rlo = max(0, p - window + 1 - t0) if window > 0 else 0
+                rhi = min(n, p - t0 + 1)
+                row = sc[r]
+                visible = row[rlo:rhi]
+                inv = _softmax_inplace(visible)
+                for j in range(rhi - rlo):
+                    visible[j] = _kv_round(visible[j] * inv, like)
+                row[lo:rlo] = 0.0
+                row[rhi:hi] = 0.0
+            for i in range(hd_v):
+                values = vt[g, i, lo:hi]
+                c0 = c1 = c2 = c3 = np.float32(0.0)
+                for t in range(w):
+                    v = values[t]
+                    c0 += s0[t] * v
+                    c1 += s1[t] * v
+                    c2 += s2[t] * v
+                    c3 += s3[t] * v
+                col = h * hd_v + i
+                out[m0, col] = c0
+                if nr > 1:
+                    out[m0 + 1, col] = c1
+                if nr > 2:
+                    out[m0 + 2, col] = c2
+                if nr > 3:
+                    out[m0 + 3, col] = c3
 
 
 # ---- feed-forward -----------------------------------------------------------------------------------------------
@@ -328,27 +420,51 @@ def gelu_table() -> np.ndarray:
     return y.astype(np.float16).astype(np.float32)
 
 
+@numba.njit(inline="always", **JIT)
+def _swiglu_row(g, u):
+    for i in range(g.shape[0]):
+        g[i] = _silu(g[i]) * u[i]
+
+
+@numba.njit(inline="always", **JIT)
+def _geglu_row(g, u, table):
+    for i in range(g.shape[0]):
+        x = g[i]
+        if x <= -10.0:
+            y = np.float32(0.0)
+        elif x >= 10.0:
+            y = x
+        else:
+            y = table[_f32_to_f16(x)]
+        g[i] = y * u[i]
+
+
 @numba.njit(**JIT)
 def swiglu(gate, up):
-    """gate = silu(gate) * up, in place.  gate, up: float32 [M, n_ff]."""
+    """gate = silu(gate) * up, in place (ggml_vec_swiglu_f32).  gate, up: float32 [M, n_ff]."""
     for m in range(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            gate[m, i] = _silu(gate[m, i]) * up[m, i]
+        _swiglu_row(gate[m], up[m])
+
+
+@numba.njit(parallel=True, **JIT)
+def swiglu_rows(gate, up):
+    """swiglu, parallel over rows (prefill)."""
+    for m in numba.prange(gate.shape[0]):
+        _swiglu_row(gate[m], up[m])
 
 
 @numba.njit(**JIT)
 def geglu(gate, up, table):
     """gate = gelu_tanh(gate) * up, in place, through the half-precision table as llama.cpp computes it."""
     for m in range(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            x = gate[m, i]
-            if x <= -10.0:
-                y = np.float32(0.0)
-            elif x >= 10.0:
-                y = x
-            else:
-                y = table[_f32_to_f16(x)]
-            gate[m, i] = y * up[m, i]
+        _geglu_row(gate[m], up[m], table)
+
+
+@numba.njit(parallel=True, **JIT)
+def geglu_rows(gate, up, table):
+    """geglu, parallel over rows (prefill)."""
+    for m in numba.prange(gate.shape[0]):
+        _geglu_row(gate[m], up[m], table)
 
 
 @numba.njit(**JIT)

@@ -8,8 +8,9 @@ Per block (src/models/{llama,qwen2,qwen3,gemma3}.cpp in llama.cpp):
 then logits = rmsnorm(x) @ output.T. What differs per architecture is data (config.ArchSpec) and optional
 tensors, not branches here.
 
-Prefill runs `n_batch` tokens at a time through the batched matmul and attention built on NumPy's BLAS; a single
-token (decode) goes through the matvec kernels and `kernels.attend_one` without allocating anything.
+Prefill runs `n_batch` tokens at a time through the batched kernels; a single token (decode) goes through the
+matvec kernels and `kernels.attend_one` without allocating anything. Everything runs on Numba's threads: no
+BLAS, whose own thread pool would fight Numba's for the same cores.
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ import math
 import warnings
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from .. import quants
 from . import kernels
 from .config import ModelConfig
+from .linear import Projector
 from .rope import rope_table
 from .weights import LayerWeights, Weights, load_weights
+
+# decode attention goes multi-threaded above this many multiply-adds (~ positions x heads x head dims)
+PARALLEL_ATTENTION_WORK = 300_000
 
 
 class ContextOverflowError(ValueError):
@@ -44,9 +50,10 @@ class RunState:
     o: np.ndarray  # [n_batch, n_embd] attention or FFN output, before the residual add
     gate: np.ndarray  # [n_batch, n_ff] (then act(gate) * up, in place)
     up: np.ndarray  # [n_batch, n_ff]
-    scores: np.ndarray  # [n_batch, n_ctx] attention probabilities of one head
-    k32: np.ndarray  # [n_head_kv, n_ctx, head_dim_k] float32 copy of one layer's keys (prefill)
-    v32: np.ndarray  # [n_head_kv, n_ctx, head_dim_v]
+    head_scores: np.ndarray  # [n_head, n_ctx] attention scores, then probabilities (decode)
+    block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx] the same for blocks of queries, one per thread (prefill)
+    kt: np.ndarray  # [n_head_kv, head_dim_k, n_ctx] one layer's keys, transposed to float32 (prefill)
+    vt: np.ndarray  # [n_head_kv, head_dim_v, n_ctx] one layer's values, the same
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
     # KV cache, contiguous per layer and per KV head so that decode reads each head's keys in one sweep.
     # float16 is stored as uint16 bit patterns (Numba has no float16 type); kernels convert with F16C.
@@ -67,22 +74,16 @@ class RunState:
             o=np.zeros((n_batch, c.n_embd), f32),
             gate=np.zeros((n_batch, c.n_ff), f32),
             up=np.zeros((n_batch, c.n_ff), f32),
-            scores=np.zeros((n_batch, n_ctx), f32),
-            k32=np.zeros((c.n_head_kv, n_ctx, c.head_dim_k), f32),
-            v32=np.zeros((c.n_head_kv, n_ctx, c.head_dim_v), f32),
+            head_scores=np.zeros((c.n_head, n_ctx), f32),
+            # one slot per thread Numba may ever run (the thread count can change between calls)
+            block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx), f32),
+            kt=np.zeros((c.n_head_kv, c.head_dim_k, n_ctx), f32),
+            vt=np.zeros((c.n_head_kv, c.head_dim_v, n_ctx), f32),
             logits=np.zeros((1, c.n_vocab), f32),
             # np.empty: pages of the cache cost memory only once written
             k_cache=np.empty((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_k), store),
             v_cache=np.empty((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), store),
         )
-
-
-def _project(w, x: np.ndarray, out: np.ndarray) -> None:
-    """out = x @ W.T for x [M, K] -> out [M, N]: matvec for one row (decode), matmul for a batch."""
-    if x.shape[0] == 1:
-        quants.matvec(w.data, w.type, x[0], out[0])
-    else:
-        quants.matmul(w.data, w.type, x, out)
 
 
 class Transformer:
@@ -124,6 +125,7 @@ class Transformer:
         self.kv_dtype = kv_dtype
         self.n_past = 0  # positions currently in the KV cache
         self.state = RunState.allocate(c, n_ctx, self.n_batch, kv_dtype)
+        self._project = Projector(self.n_batch)
 
         # rope tables per layer (gemma3's local layers use their own base); layers share equal tables
         tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
@@ -204,7 +206,7 @@ class Transformer:
         m, pos0 = ids.shape[0], self.n_past
         x, h = s.x[:m], s.h[:m]
 
-        quants.get_rows(w.token_embd.data, w.token_embd.type, ids, out=x)
+        quants.get_rows(w.token_embd.w, w.token_embd.qtype, ids, out=x)
         if self._embed_scale is not None:
             kernels.scale_rows(x, self._embed_scale)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
@@ -215,10 +217,10 @@ class Transformer:
         # h now holds output_norm(x)
 
         if out is not None:
-            _project(w.output, h, out)
+            self._project(h, (w.output, out))
             logits = out
         else:
-            _project(w.output, h[m - 1 : m], s.logits)
+            self._project(h[m - 1 : m], (w.output, s.logits))
             logits = s.logits
         if c.final_logit_softcap:
             kernels.softcap(logits, np.float32(c.final_logit_softcap))
@@ -228,9 +230,7 @@ class Transformer:
         """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x)."""
         c, s = self.config, self.state
         h, q, k, v, att, o = s.h[:m], s.q[:m], s.k[:m], s.v[:m], s.att[:m], s.o[:m]
-        _project(lw.attn_q, h, q)
-        _project(lw.attn_k, h, k)
-        _project(lw.attn_v, h, v)
+        self._project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
         cos, sin = self._rope[il]
         k_cache, v_cache = s.k_cache[il], s.v_cache[il]
         kernels.qkv_rope_store(
@@ -242,35 +242,25 @@ class Transformer:
         end = pos0 + m  # keys at positions [t0, end) can be visible to some query of this batch
         t0 = max(0, pos0 - window + 1) if window else 0
         if m == 1:
-            kernels.attend_one(q[0], k_cache, v_cache, t0, end, s.scores[0], att[0])
+            # spread heads over threads only when there is enough work to pay for starting them
+            work = (end - t0) * c.n_head * (c.head_dim_k + c.head_dim_v)
+            attend = kernels.attend_one_heads if work > PARALLEL_ATTENTION_WORK else kernels.attend_one
+            attend(q[0], k_cache, v_cache, t0, end, s.head_scores, att[0])
         else:
-            self._attend_batch(q, k_cache, v_cache, pos0, t0, end, window, att)
-        _project(lw.attn_output, att, o)
+            kernels.kv_transpose(k_cache, t0, end, s.kt)
+            kernels.kv_transpose(v_cache, t0, end, s.vt)
+            kernels.attend_rows(q, s.kt, s.vt, pos0, t0, end - t0, window, s.block_scores, v_cache, att)
+        self._project(att, (lw.attn_output, o))
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
-
-    def _attend_batch(self, q, k_cache, v_cache, pos0, t0, end, window, att) -> None:
-        """Causal attention of M queries (positions pos0..) over keys t0..end-1, one head at a time through BLAS."""
-        c, s = self.config, self.state
-        m, n = q.shape[0], end - t0
-        hk, hv, group = c.head_dim_k, c.head_dim_v, c.n_head // c.n_head_kv
-        kernels.kv_to_f32(k_cache, t0, end, s.k32)
-        kernels.kv_to_f32(v_cache, t0, end, s.v32)
-        scores = s.scores[:m, :n]  # [M, n]
-        for hd in range(c.n_head):
-            g = hd // group
-            np.matmul(q[:, hd * hk : (hd + 1) * hk], s.k32[g, :n].T, out=scores)
-            kernels.causal_softmax(scores, pos0, t0, window, v_cache)
-            np.matmul(scores, s.v32[g, :n], out=att[:, hd * hv : (hd + 1) * hv])
 
     def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray) -> None:
         """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))); then h = next_norm(x)."""
         c, s = self.config, self.state
         h, gate, up, o = s.h[:m], s.gate[:m], s.up[:m], s.o[:m]
-        _project(lw.ffn_gate, h, gate)
-        _project(lw.ffn_up, h, up)
+        self._project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
         if self._gelu_table is not None:
-            kernels.geglu(gate, up, self._gelu_table)
+            (kernels.geglu if m == 1 else kernels.geglu_rows)(gate, up, self._gelu_table)
         else:
-            kernels.swiglu(gate, up)
-        _project(lw.ffn_down, gate, o)
+            (kernels.swiglu if m == 1 else kernels.swiglu_rows)(gate, up)
+        self._project(gate, (lw.ffn_down, o))
         kernels.add_norm(s.x[:m], o, lw.post_ffw_norm, next_norm, c.rms_eps, h)

@@ -1,9 +1,9 @@
 """The model's tensors, looked up by their GGUF names and checked against the config.
 
-Matrices stay zero-copy views into the file (reader TensorInfo: `.data` is the raw block view that the
-ggufrun.quants kernels read, `.type` its GGML type); only 1-D vectors (norm weights, biases) become small
-float32 arrays. Attribute names are the GGUF names without `blk.N.` and `.weight` (`.bias` -> `_bias`).
-An absent optional vector is a zero-length array, which the kernels read as "not there".
+Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear); only 1-D vectors
+(norm weights, biases) become small float32 arrays. Attribute names are the GGUF names without `blk.N.` and
+`.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the kernels read as
+"not there".
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from gguf import GGMLQuantizationType
 
 from .. import quants
 from ..errors import GGUFError
-from ..reader import TensorInfo
 from .config import ModelConfig
+from .linear import Linear
 
 NONE = np.zeros(0, dtype=np.float32)  # an absent optional vector
 
@@ -26,14 +26,14 @@ class LayerWeights:
     """One transformer block (GGUF `blk.N.*`)."""
 
     attn_norm: np.ndarray  # [n_embd]
-    attn_q: TensorInfo  # [n_head * head_dim_k, n_embd]
-    attn_k: TensorInfo  # [n_head_kv * head_dim_k, n_embd]
-    attn_v: TensorInfo  # [n_head_kv * head_dim_v, n_embd]
-    attn_output: TensorInfo  # [n_embd, n_head * head_dim_v]
+    attn_q: Linear  # [n_head * head_dim_k, n_embd]
+    attn_k: Linear  # [n_head_kv * head_dim_k, n_embd]
+    attn_v: Linear  # [n_head_kv * head_dim_v, n_embd]
+    attn_output: Linear  # [n_embd, n_head * head_dim_v]
     ffn_norm: np.ndarray  # [n_embd]
-    ffn_gate: TensorInfo  # [n_ff, n_embd]
-    ffn_up: TensorInfo  # [n_ff, n_embd]
-    ffn_down: TensorInfo  # [n_embd, n_ff]
+    ffn_gate: Linear  # [n_ff, n_embd]
+    ffn_up: Linear  # [n_ff, n_embd]
+    ffn_down: Linear  # [n_embd, n_ff]
     attn_q_bias: np.ndarray  # [n_head * head_dim_k] or [0]
     attn_k_bias: np.ndarray  # [n_head_kv * head_dim_k] or [0]
     attn_v_bias: np.ndarray  # [n_head_kv * head_dim_v] or [0]
@@ -45,9 +45,9 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class Weights:
-    token_embd: TensorInfo  # [n_vocab, n_embd]
+    token_embd: Linear  # [n_vocab, n_embd]
     output_norm: np.ndarray  # [n_embd]
-    output: TensorInfo  # [n_vocab, n_embd]; token_embd itself when the file has no output.weight (tied)
+    output: Linear  # [n_vocab, n_embd]; token_embd itself when the file has no output.weight (tied)
     rope_freqs: np.ndarray | None  # [n_rot / 2]: llama3-style per-frequency divisors, or None
     layers: tuple[LayerWeights, ...]
 
@@ -60,7 +60,7 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
     tensors = gguf.tensors
     used: set[str] = set()
 
-    def get(name: str, shape: tuple[int, ...], required: bool = True) -> TensorInfo | None:
+    def get(name: str, shape: tuple[int, ...], required: bool = True):
         t = tensors.get(name)
         if t is None:
             if required:
@@ -71,11 +71,9 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
         used.add(name)
         return t
 
-    def matrix(name: str, rows: int, cols: int, required: bool = True) -> TensorInfo | None:
+    def matrix(name: str, rows: int, cols: int, required: bool = True) -> Linear | None:
         t = get(name, (rows, cols), required)
-        if t is not None:
-            quants.check_supported(name, t.type)
-        return t
+        return Linear.of(t) if t is not None else None
 
     def vector(name: str, n: int, required: bool = True) -> np.ndarray:
         t = get(name, (n,), required)

@@ -63,9 +63,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    from ggufrun.hub import resolve
-
     import ggufrun
+    from ggufrun.hub import resolve
 
     path = str(resolve(args.model))
     env = environment(args.threads)

@@ -20,6 +20,7 @@ import os
 import time
 
 import numpy as np
+
 from _common import env_line, environment, fmt, log, prompt_ids, summarize, write_json
 from bench import run_ggufrun
 
@@ -68,9 +69,8 @@ def main() -> int:
     args = ap.parse_args()
     lengths = [int(x) for x in args.prompt_tokens.split(",")]
 
-    from ggufrun.hub import resolve
-
     import ggufrun
+    from ggufrun.hub import resolve
 
     path = str(resolve(args.model))
     n_ctx = max(lengths) + args.gen_tokens + 16

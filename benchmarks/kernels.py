@@ -236,7 +236,7 @@ def main(argv=None) -> None:
     if args.compile:
         ct = compile_times([t.name for t in types])
         report["compile"] = ct
-        print(f"\nfirst-call times per kernel (s): cold = empty cache (compile), cached = load from cache")
+        print("\nfirst-call times per kernel (s): cold = empty cache (compile), cached = load from cache")
         print(f"import ggufrun.quants: cold {ct['cold']['import_s']:.2f}, cached {ct['cached']['import_s']:.2f}")
         print(f"{'type':7s} | {'dequant':>15s} | {'activations':>15s} | {'dot':>15s}")
         tot = {"cold": 0.0, "cached": 0.0}

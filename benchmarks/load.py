@@ -19,7 +19,6 @@ import sys
 import time
 
 from _common import env_line, environment, log, write_json
-
 from ggufrun.hub import KNOWN_MODELS, resolve
 from ggufrun.reader import GGUFFile
 

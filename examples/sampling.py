@@ -3,9 +3,8 @@
 python examples/sampling.py
 """
 
-from ggufrun.sampling import PRESETS
-
 import ggufrun
+from ggufrun.sampling import PRESETS
 
 model = ggufrun.load()
 messages = [{"role": "user", "content": "Give me a name for a friendly robot."}]

@@ -225,11 +225,13 @@ def test_q8_1_activations_match_llamacpp_x86():
     x[1, 32:64] = 0  # an all-zero block
     x[2, :32] = np.r_[127.0, np.arange(-15, 16) + 0.5]  # 127/amax = 1: exact half-integers, ties to even
     qx = Q.quantize_activations(x, T.Q4_1)
-    qu, d, s = qx.arrays
+    qu, d, s, qs, sums = qx.arrays
     q_ref, d_ref, s_ref = _q8_x86_reference(x)
     np.testing.assert_array_equal(qu.astype(np.int32) - 128, q_ref)
+    np.testing.assert_array_equal(qs, q_ref)
     np.testing.assert_array_equal(d, d_ref)
     np.testing.assert_array_equal(s, s_ref)
+    np.testing.assert_array_equal(sums, q_ref.reshape(5, -1, 32).sum(-1))
 
 
 def test_q8_0_activations_vs_gguf_quantize():
@@ -275,9 +277,10 @@ def test_q8_k_activations_match_llamacpp_ref():
     x[0, 256:512] = 0
     x[1, 7], x[1, 9] = 40.0, -40.0  # tie in magnitude: the first one sets the sign
     qx = Q.quantize_activations(x, T.Q6_K)
-    qu, d, b16, b32 = qx.arrays
+    qu, d, b16, b32, qs = qx.arrays
     q_ref, d_ref, b16_ref = _q8_k_reference(x)
     np.testing.assert_array_equal(qu.astype(np.int32) - 128, q_ref)
+    np.testing.assert_array_equal(qs, q_ref)
     np.testing.assert_array_equal(d, d_ref)
     np.testing.assert_array_equal(b16, b16_ref)
     np.testing.assert_array_equal(b32, b16_ref.reshape(3, -1, 2).sum(-1))

@@ -23,8 +23,9 @@ Any weight type with the same `REGISTRY[t].act` format can share one `qx`.
 Kernels compile lazily on first use (or load from Numba's on-disk cache); `warmup(qtypes)` does it up front.
 For Numba code that wants to skip Python dispatch: `REGISTRY[t].dot(w, *qx.arrays, out2d)` (parallel over
 rows), `REGISTRY[t].dequant(w, rows, out)`, the activation quantizers `ggufrun.quants.dot.quantize_q8_1 /
-quantize_q8_k`, and per output row `dot.row32(e.kind, e.type_size, w, row_byte_offset, *qx.arrays[:1], m,
-*qx.arrays[1:])` (32-value block types) / `dot.rowk(...)` (K-quants, IQ4_XS), e = REGISTRY[t].
+quantize_q8_k`, and per output row `dot.row32(e.kind, e.type_size, w, row_byte_offset, qu, m, d, s, qs, sums)`
+(32-value block types) / `dot.rowk(e.kind, e.type_size, w, row_byte_offset, qu, m, d, bsums16, bsums32, qs)`
+(K-quants, IQ4_XS), e = REGISTRY[t], the arrays those of qx.
 Threads: the caller's `numba.set_num_threads`.
 
 >>> from ggufrun.reader import GGUFFile
@@ -165,9 +166,10 @@ def _out(out, shape, what) -> np.ndarray:
 class QuantizedActivations:
     """M rows of K activations in the format a weight type's dot kernel takes (see ggufrun.quants.dot).
 
-    format "Q8_1": arrays = (qu uint8 [M, K] (quant + 128), d float32 [M, K/32], s float32 [M, K/32])
+    format "Q8_1": arrays = (qu uint8 [M, K] (quant + 128), d float32 [M, K/32], s float32 [M, K/32],
+                             qs int8 [M, K] (quant), sums int32 [M, K/32])
     format "Q8_K": arrays = (qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16 int32 [M, K/16],
-                             bsums32 int32 [M, K/32])
+                             bsums32 int32 [M, K/32], qs int8 [M, K] (quant))
     format "F32" / "F16" / "BF16": arrays = (x float32 [M, K],), rounded to the weight's precision
     """
 
@@ -201,9 +203,21 @@ def quantize_activations(x: np.ndarray, qtype, out: QuantizedActivations | None 
             qu = np.empty((M, K), np.uint8)
             d = np.empty((M, K // blk), np.float32)
             if fmt == "Q8_1":
-                arrays = (qu, d, np.empty((M, K // 32), np.float32))
+                arrays = (
+                    qu,
+                    d,
+                    np.empty((M, K // 32), np.float32),
+                    np.empty((M, K), np.int8),
+                    np.empty((M, K // 32), np.int32),
+                )
             else:
-                arrays = (qu, d, np.empty((M, K // 16), np.int32), np.empty((M, K // 32), np.int32))
+                arrays = (
+                    qu,
+                    d,
+                    np.empty((M, K // 16), np.int32),
+                    np.empty((M, K // 32), np.int32),
+                    np.empty((M, K), np.int8),
+                )
             out = QuantizedActivations(fmt, M, K, arrays)
         (_dot.quantize_q8_1 if fmt == "Q8_1" else _dot.quantize_q8_k)(x2, *out.arrays)
         return out

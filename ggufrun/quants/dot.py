@@ -11,11 +11,15 @@ with a portable LLVM IR fallback for CPUs without AVX2 / VNNI / F16C. Offsets in
 offsets.
 
 Activation layouts (structure of arrays, leading dimension M = number of activation rows):
-    Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): qu uint8 [M, K] (quant + 128),
-        d float32 [M, K/32] (fp16-rounded scale), s float32 [M, K/32] (fp16(d * sum of quants), Q8_1's s)
-    Q8_K (for Q2_K..Q6_K, IQ4_XS): qu uint8 [M, K] (quant + 128), d float32 [M, K/256],
-        bsums16 int32 [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values)
+    Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): qu uint8 [M, K] (quant + 128), d float32 [M, K/32]
+        (fp16-rounded scale), s float32 [M, K/32] (fp16(d * sum of quants), Q8_1's s), qs int8 [M, K]
+        (the quants), sums int32 [M, K/32]
+    Q8_K (for Q2_K..Q6_K, IQ4_XS): qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16 int32
+        [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values), qs int8 [M, K]
     F32 / F16 / BF16 weights: x float32 [M, K], rounded to f16 / bf16 first for F16 / BF16 weights
+Two forms of the same quants: the 4-row kernels (prefill) multiply x + 128 (unsigned) with signed weight
+codes and correct by -128 * sum(codes) once per weight block, shared by the 4 rows; the 1-row kernels
+(decode) multiply unsigned weight codes with the signed quants and correct through the activation sums.
 """
 
 from __future__ import annotations
@@ -356,21 +360,45 @@ def vor(typingctx, a, b):
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
+def _iq4_lut(builder, idx, add):
+    table = [(v + add) & 0xFF for v in IQ4_VALUES]
+    if HAS_AVX2:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.pshuf.b"
+        )
+        return builder.call(fn, [ir.Constant(_v32i8, table * 2), idx])
+    out = _splat(_v32i8, 0)
+    for k, t in enumerate(table):
+        out = builder.select(builder.icmp_unsigned("==", idx, _splat(_v32i8, k)), _splat(_v32i8, t), out)
+    return out
+
+
 @intrinsic
 def iq4_lut(typingctx, idx):
     """kvalues_iq4nl[idx] per byte (idx 0..15), as signed bytes."""
 
     def codegen(context, builder, sig, args):
-        table = [v & 0xFF for v in IQ4_VALUES]
-        if HAS_AVX2:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.pshuf.b"
-            )
-            return builder.call(fn, [ir.Constant(_v32i8, table * 2), args[0]])
-        out = _splat(_v32i8, 0)
-        for k, t in enumerate(table):
-            out = builder.select(builder.icmp_unsigned("==", args[0], _splat(_v32i8, k)), _splat(_v32i8, t), out)
-        return out
+        return _iq4_lut(builder, args[0], 0)
+
+    return I8x32(I8x32), codegen
+
+
+@intrinsic
+def iq4_lut_u(typingctx, idx):
+    """kvalues_iq4nl[idx] + 128 per byte: the code book as unsigned bytes."""
+
+    def codegen(context, builder, sig, args):
+        return _iq4_lut(builder, args[0], 128)
+
+    return I8x32(I8x32), codegen
+
+
+@intrinsic
+def flip(typingctx, v):
+    """v ^ 0x80: a signed byte q as the unsigned byte q + 128."""
+
+    def codegen(context, builder, sig, args):
+        return builder.xor(args[0], _splat(_v32i8, 0x80))
 
     return I8x32(I8x32), codegen
 
@@ -384,6 +412,19 @@ def izero(typingctx):
         return _splat(_v8i32, 0)
 
     return I32x8(), codegen
+
+
+@intrinsic
+def ilane0(typingctx, a):
+    """(a, 0, 0, 0, 0, 0, 0, 0): seeds a block's dot product with its offset correction."""
+    if not isinstance(a, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a = _int_arg(context, builder, sig.args[0], args[0])
+        return builder.insert_element(_splat(_v8i32, 0), a, ir.Constant(_i32, 0))
+
+    return I32x8(a), codegen
 
 
 def _dpbusd(builder, acc, u, s):
@@ -459,6 +500,40 @@ def ivec8(typingctx, a, b, c, d, e, f, g, h):
         return v
 
     return I32x8(a, b, c, d, e, f, g, h), codegen
+
+
+@intrinsic
+def k4_unpack(typingctx, a, off):
+    """The 12 packed bytes of Q4_K / Q5_K scales at byte `off` -> (8 scales, 8 mins) as int32 lanes.
+
+    llama.cpp's kmask trick (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_q4_K_q8_K): a dozen 32-bit operations
+    instead of sixteen scalar get_scale_min_k4 calls."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        u = [
+            builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 4 * k)]), _i32.as_pointer()), align=1)
+            for k in range(3)
+        ]
+        c = lambda v: ir.Constant(_i32, v)  # noqa: E731
+        m1, m2, m3 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+        u3 = builder.or_(
+            builder.and_(builder.lshr(u[2], c(4)), m2), builder.shl(builder.and_(builder.lshr(u[1], c(6)), m3), c(4))
+        )
+        u2 = builder.and_(u[1], m1)
+        u1 = builder.or_(builder.and_(u[2], m2), builder.shl(builder.and_(builder.lshr(u[0], c(6)), m3), c(4)))
+        u0 = builder.and_(u[0], m1)
+        v = ir.Constant(ir.VectorType(_i32, 4), [0, 0, 0, 0])
+        for i, x in enumerate((u0, u1, u2, u3)):
+            v = builder.insert_element(v, x, c(i))
+        b = builder.bitcast(v, ir.VectorType(_i8, 16))
+        lo = builder.shuffle_vector(b, b, ir.Constant(_v8i32, list(range(8))))
+        hi = builder.shuffle_vector(b, b, ir.Constant(_v8i32, list(range(8, 16))))
+        return context.make_tuple(builder, sig.return_type, [builder.zext(lo, _v8i32), builder.zext(hi, _v8i32)])
+
+    return types.UniTuple(I32x8, 2)(a, off), codegen
 
 
 @intrinsic
@@ -678,8 +753,9 @@ def ld_bf16x8(typingctx, a, off):
 
 
 @njit(**EXACT)
-def quantize_q8_1(x, qu, d, s):
-    """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d float32 [M, K/32] (fp16-rounded), s [M, K/32]."""
+def quantize_q8_1(x, qu, d, s, qs, sums):
+    """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d float32 [M, K/32] (fp16-rounded), s [M, K/32],
+    qs int8 [M, K] (q), sums int32 [M, K/32] (sum of q per block)."""
     M, K = x.shape
     for m in range(M):
         for b in range(K // 32):
@@ -692,13 +768,15 @@ def quantize_q8_1(x, qu, d, s):
             for j in range(b * 32, b * 32 + 32):
                 q = np.int32(np.rint(x[m, j] * inv))
                 qu[m, j] = q + 128
+                qs[m, j] = q
                 tot += q
             d[m, b] = round_f16(dm)
             s[m, b] = round_f16(dm * np.float32(tot))
+            sums[m, b] = tot
 
 
 @njit(**EXACT)
-def quantize_q8_k(x, qu, d, bsums16, bsums32):
+def quantize_q8_k(x, qu, d, bsums16, bsums32, qs):
     """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d [M, K/256], bsums16 [M, K/16], bsums32 [M, K/32]."""
     M, K = x.shape
     for m in range(M):
@@ -718,6 +796,7 @@ def quantize_q8_k(x, qu, d, bsums16, bsums32):
                 for j in range(o + 16 * g, o + 16 * g + 16):
                     q = min(127, np.int32(np.rint(iscale * x[m, j])))
                     qu[m, j] = q + 128
+                    qs[m, j] = q
                     t += q
                 bsums16[m, b * 16 + g] = t
             for g in range(8):
@@ -760,30 +839,51 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = range(6)
 
 
 @njit(**FAST)
-def _block32(kind, w, o):
-    """Block at byte o -> (signed codes I8x32, d, m), value j = d * codes[j] + m. Layouts: see registry."""
+def _block32(kind, w, o, unsigned):
+    """Block at byte o -> (codes I8x32, d, m): value j = d * (codes[j] - offset) + m, offset = _offset32(kind)
+    if `unsigned`, else the codes are the signed values themselves (offset 0). Layouts: see registry."""
     if kind == Q4_0:
-        return isub(ld_nib(w, o + 2), 8), ld_f16(w, o), np.float32(0.0)
+        q = ld_nib(w, o + 2)
+        return (q if unsigned else isub(q, 8)), ld_f16(w, o), np.float32(0.0)
     if kind == Q4_1:
         return ld_nib(w, o + 4), ld_f16(w, o), ld_f16(w, o + 2)
     if kind == Q5_0:
-        return isub(vor(ld_nib(w, o + 6), bits32_to(ld_u32(w, o + 2), 16)), 16), ld_f16(w, o), np.float32(0.0)
+        q = vor(ld_nib(w, o + 6), bits32_to(ld_u32(w, o + 2), 16))
+        return (q if unsigned else isub(q, 16)), ld_f16(w, o), np.float32(0.0)
     if kind == Q5_1:
         return vor(ld_nib(w, o + 8), bits32_to(ld_u32(w, o + 4), 16)), ld_f16(w, o), ld_f16(w, o + 2)
     if kind == Q8_0:
-        return ld32(w, o + 2), ld_f16(w, o), np.float32(0.0)
-    return iq4_lut(ld_nib(w, o + 2)), ld_f16(w, o), np.float32(0.0)  # IQ4_NL
+        q = ld32(w, o + 2)
+        return (flip(q) if unsigned else q), ld_f16(w, o), np.float32(0.0)
+    q = ld_nib(w, o + 2)  # IQ4_NL
+    return (iq4_lut_u(q) if unsigned else iq4_lut(q)), ld_f16(w, o), np.float32(0.0)
 
 
 @njit(inline="always", **FAST)
-def row32(kind, bsize, w, wo, qu, m, d, s):
-    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes."""
+def _offset32(kind):
+    """What the unsigned codes of `kind` exceed the signed values by."""
+    if kind == Q4_0:
+        return 8
+    if kind == Q5_0:
+        return 16
+    if kind == Q8_0 or kind == IQ4_NL:
+        return 128
+    return 0
+
+
+@njit(inline="always", **FAST)
+def row32(kind, bsize, w, wo, qu, m, d, s, qs, sums):
+    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes.
+
+    One activation row: unsigned codes times the signed quants, the code offset taken off through the block
+    sums (seeded into the dpbusd lanes), which is cheaper here than a correction per weight block."""
     K = qu.shape[1]
     acc = fzero()
     accm = np.float32(0.0)
     for b in range(K // 32):
-        wq, dw, mw = _block32(kind, w, wo + b * bsize)
-        acc = fma_i(acc, dpbusd(corr128(wq), ld32(qu, m * K + 32 * b), wq), dw * d[m, b])
+        u, dw, mw = _block32(kind, w, wo + b * bsize, True)
+        p = dpbusd(ilane0(-_offset32(kind) * sums[m, b]), u, ld32(qs, m * K + 32 * b))
+        acc = fma_i(acc, p, dw * d[m, b])
         if kind == Q4_1 or kind == Q5_1:
             accm += mw * s[m, b]  # the min term: m * d_x * sum(q_x), from Q8_1's s
     return hsum(acc) + accm
@@ -796,7 +896,7 @@ def row32x4(kind, bsize, w, wo, qu, m, d, s):
     a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
     m0 = m1 = m2 = m3 = np.float32(0.0)
     for b in range(K // 32):
-        wq, dw, mw = _block32(kind, w, wo + b * bsize)
+        wq, dw, mw = _block32(kind, w, wo + b * bsize, False)
         c = corr128(wq)
         xo = m * K + 32 * b
         a0 = fma_i(a0, dpbusd(c, ld32(qu, xo), wq), dw * d[m, b])
@@ -813,22 +913,6 @@ def row32x4(kind, bsize, w, wo, qu, m, d, s):
 
 # 256-value super-block types: 8 groups of 32 values, each with two integer scales (values 0-15, 16-31)
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = range(6)
-
-
-@njit(**FAST)
-def _k4_scale(w, o, g):
-    """6-bit scale of sub-block g from the 12 packed bytes at o (get_scale_min_k4 in ggml-quants.c)."""
-    if g < 4:
-        return ld_u8(w, o + g) & 63
-    return (ld_u8(w, o + g + 4) & 0xF) | ((ld_u8(w, o + g - 4) >> 6) << 4)
-
-
-@njit(**FAST)
-def _k4_min(w, o, g):
-    """6-bit min of sub-block g from the 12 packed bytes at o."""
-    if g < 4:
-        return ld_u8(w, o + g + 4) & 63
-    return (ld_u8(w, o + g + 4) >> 4) | ((ld_u8(w, o + g) >> 6) << 4)
 
 
 @njit(**FAST)
@@ -851,9 +935,7 @@ def _scales_k(kind, w, o):
     """The super-block's integer scales as two int32 vectors: 8 per-32-value scales in the first (Q4_K, Q5_K,
     IQ4_XS), or 16 per-16-value scales across both (Q2_K, Q3_K, Q6_K)."""
     if kind == Q4_K or kind == Q5_K:
-        s = o + 4
-        a = ivec8(_k4_scale(w, s, 0), _k4_scale(w, s, 1), _k4_scale(w, s, 2), _k4_scale(w, s, 3),
-                  _k4_scale(w, s, 4), _k4_scale(w, s, 5), _k4_scale(w, s, 6), _k4_scale(w, s, 7))  # fmt: skip
+        a = k4_unpack(w, o + 4)[0]
         return a, a
     if kind == Q6_K:  # int8 scales
         return ld_i8x8(w, o + 192), ld_i8x8(w, o + 200)
@@ -872,9 +954,10 @@ def _scales_k(kind, w, o):
 
 
 @njit(**FAST)
-def _group_k(kind, w, o, g, sc0, sc1):
-    """Group g (values 32g..32g+31) of the super-block at byte o -> (signed codes, scales in dpbusd lanes).
+def _group_k(kind, w, o, g, sc0, sc1, unsigned):
+    """Group g (values 32g..32g+31) of the super-block at byte o -> (codes, scales in dpbusd lanes).
 
+    Codes are unsigned (offset `_offset_k(kind)` above the signed values) if `unsigned`, else signed.
     Lanes 0-3 of a group's dpbusd cover values 0-15, lanes 4-7 values 16-31; the scale vector matches.
     Written without branches on g, so it is cheap whether or not LLVM unrolls the loop over g.
     """
@@ -885,16 +968,27 @@ def _group_k(kind, w, o, g, sc0, sc1):
         return vor(low, bit_to(ld32(w, o + 16), g, 16)), ibcast(sc0, g)
     if kind == Q6_K:  # half h = g//4, k = g%4: nibble k//2 of ql[64h + 32(k%2):], bits 2k of qh[32h:]; q - 32
         low = field(ld32(w, o + 64 * (g // 4) + 32 * (g % 2)), 4 * ((g % 4) // 2), 15, 0)
-        wq = isub(vor(low, field(ld32(w, o + 128 + 32 * (g // 4)), 2 * (g % 4), 3, 4)), 32)
-        return wq, ipair(ld_i8x8(w, o + 192 + 8 * (g // 4)), g % 4)
+        q = vor(low, field(ld32(w, o + 128 + 32 * (g // 4)), 2 * (g % 4), 3, 4))
+        return (q if unsigned else isub(q, 32)), ipair(ld_i8x8(w, o + 192 + 8 * (g // 4)), g % 4)
     if kind == Q3_K:  # bits 2(g%4) of qs[32*(g//4):], minus 4 unless bit g of hmask[l] is set
-        q = ld32(w, o + 32 + 32 * (g // 4))
-        wq = isub(vor(field(q, 2 * (g % 4), 3, 0), bit_to(ld32(w, o), g, 4)), 4)
-        return wq, ipair(sc0 if g < 4 else sc1, g % 4)
+        q = vor(field(ld32(w, o + 32 + 32 * (g // 4)), 2 * (g % 4), 3, 0), bit_to(ld32(w, o), g, 4))
+        return (q if unsigned else isub(q, 4)), ipair(sc0 if g < 4 else sc1, g % 4)
     if kind == Q2_K:  # bits 2(g%4) of qs[32*(g//4):]
         return field(ld32(w, o + 16 + 32 * (g // 4)), 2 * (g % 4), 3, 0), ipair(sc0 if g < 4 else sc1, g % 4)
-    # IQ4_XS: 16 bytes of nibbles per group at qs[16g:]
-    return iq4_lut(ld_nib(w, o + 8 + 16 * g)), ibcast(sc0, g)
+    q = ld_nib(w, o + 8 + 16 * g)  # IQ4_XS: 16 bytes of nibbles per group at qs[16g:]
+    return (iq4_lut_u(q) if unsigned else iq4_lut(q)), ibcast(sc0, g)
+
+
+@njit(inline="always", **FAST)
+def _offset_k(kind, sc0, sc1, m, b, bsums16, bsums32):
+    """sum over sub-blocks of scale * offset * (sum of the activation quants in it): what unsigned codes add."""
+    if kind == Q6_K or kind == Q3_K:
+        o = 4 * (m * bsums16.shape[1] + 16 * b)
+        t = idot(sc0, ld_i32x8(bsums16, o)) + idot(sc1, ld_i32x8(bsums16, o + 32))
+        return (32 if kind == Q6_K else 4) * t
+    if kind == IQ4_XS:
+        return 128 * idot(sc0, ld_i32x8(bsums32, 4 * (m * bsums32.shape[1] + 8 * b)))
+    return 0
 
 
 @njit(**FAST)
@@ -914,9 +1008,7 @@ def _mins_k(kind, w, o):
     """(dmin, mins of values 0-127, mins of values 128-255) for the types with mins, as int32 lanes that
     line up with bsums32 (Q4_K, Q5_K: 8 mins of 32 values) or bsums16 (Q2_K: 16 mins of 16 values)."""
     if kind == Q4_K or kind == Q5_K:
-        a = ivec8(_k4_min(w, o + 4, 0), _k4_min(w, o + 4, 1), _k4_min(w, o + 4, 2), _k4_min(w, o + 4, 3),
-                  _k4_min(w, o + 4, 4), _k4_min(w, o + 4, 5), _k4_min(w, o + 4, 6), _k4_min(w, o + 4, 7))  # fmt: skip
-        return ld_f16(w, o + 2), a, izero()
+        return ld_f16(w, o + 2), k4_unpack(w, o + 4)[1], izero()
     if kind == Q2_K:
         return ld_f16(w, o + 82), ishr(ld_u8x8(w, o), 4), ishr(ld_u8x8(w, o + 8), 4)
     return np.float32(0.0), izero(), izero()
@@ -934,8 +1026,12 @@ def _min_term(kind, mins0, mins1, m, b, bsums16, bsums32):
 
 
 @njit(inline="always", **FAST)
-def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32):
-    """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes."""
+def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
+    """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes.
+
+    One activation row: unsigned codes times the signed quants; code offsets come off per super-block through
+    the activation sums (`_offset_k`), cheaper here than a correction per weight group (except for Q6_K and
+    IQ4_XS, measured)."""
     K = qu.shape[1]
     acc = fzero()
     accm = np.float32(0.0)
@@ -944,9 +1040,17 @@ def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32):
         isum = izero()
         sc0, sc1 = _scales_k(kind, w, o)
         for g in range(8):
-            wq, sc = _group_k(kind, w, o, g, sc0, sc1)
-            isum = imadd_v(isum, dpbusd(corr128(wq), ld32(qu, m * K + 256 * b + 32 * g), wq), sc)
-        acc = fma_i(acc, isum, _d_k(kind, w, o) * d[m, b])
+            if kind == Q6_K or kind == IQ4_XS:  # measured: the per-group correction is faster for these
+                wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
+                p = dpbusd(corr128(wq), ld32(qu, m * K + 256 * b + 32 * g), wq)
+            else:
+                u, sc = _group_k(kind, w, o, g, sc0, sc1, True)
+                p = dpbusd(izero(), u, ld32(qs, m * K + 256 * b + 32 * g))
+            isum = imadd_v(isum, p, sc)
+        dd = _d_k(kind, w, o) * d[m, b]
+        acc = fma_i(acc, isum, dd)
+        if kind != Q6_K and kind != IQ4_XS:
+            accm += dd * np.float32(_offset_k(kind, sc0, sc1, m, b, bsums16, bsums32))
         if kind == Q4_K or kind == Q5_K or kind == Q2_K:
             dmin, mins0, mins1 = _mins_k(kind, w, o)
             accm += dmin * d[m, b] * np.float32(_min_term(kind, mins0, mins1, m, b, bsums16, bsums32))
@@ -964,7 +1068,7 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32):
         i0, i1, i2, i3 = izero(), izero(), izero(), izero()
         sc0, sc1 = _scales_k(kind, w, o)
         for g in range(8):
-            wq, sc = _group_k(kind, w, o, g, sc0, sc1)
+            wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
             c = corr128(wq)
             xo = m * K + 256 * b + 32 * g
             i0 = imadd_v(i0, dpbusd(c, ld32(qu, xo), wq), sc)
@@ -1060,7 +1164,7 @@ def _m_tile(K):
 
 
 @njit(**FAST)
-def _rows_q4_0(w, qu, d, s, out, n0, n1):
+def _rows_q4_0(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1070,18 +1174,18 @@ def _rows_q4_0(w, qu, d, s, out, n0, n1):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_0, 18, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = row32(Q4_0, 18, w, n * rb, qu, m, d, s)
+            out[m, n] = row32(Q4_0, 18, w, n * rb, qu, m, d, s, qs, sums)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q4_0(w, qu, d, s, out):
+def dot_q4_0(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q4_0(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q4_0(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_q4_1(w, qu, d, s, out, n0, n1):
+def _rows_q4_1(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1091,18 +1195,18 @@ def _rows_q4_1(w, qu, d, s, out, n0, n1):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_1, 20, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = row32(Q4_1, 20, w, n * rb, qu, m, d, s)
+            out[m, n] = row32(Q4_1, 20, w, n * rb, qu, m, d, s, qs, sums)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q4_1(w, qu, d, s, out):
+def dot_q4_1(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q4_1(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q4_1(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_q5_0(w, qu, d, s, out, n0, n1):
+def _rows_q5_0(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1112,18 +1216,18 @@ def _rows_q5_0(w, qu, d, s, out, n0, n1):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_0, 22, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = row32(Q5_0, 22, w, n * rb, qu, m, d, s)
+            out[m, n] = row32(Q5_0, 22, w, n * rb, qu, m, d, s, qs, sums)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q5_0(w, qu, d, s, out):
+def dot_q5_0(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q5_0(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q5_0(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_q5_1(w, qu, d, s, out, n0, n1):
+def _rows_q5_1(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1133,18 +1237,18 @@ def _rows_q5_1(w, qu, d, s, out, n0, n1):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_1, 24, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = row32(Q5_1, 24, w, n * rb, qu, m, d, s)
+            out[m, n] = row32(Q5_1, 24, w, n * rb, qu, m, d, s, qs, sums)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q5_1(w, qu, d, s, out):
+def dot_q5_1(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q5_1(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q5_1(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_q8_0(w, qu, d, s, out, n0, n1):
+def _rows_q8_0(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1154,18 +1258,18 @@ def _rows_q8_0(w, qu, d, s, out, n0, n1):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q8_0, 34, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = row32(Q8_0, 34, w, n * rb, qu, m, d, s)
+            out[m, n] = row32(Q8_0, 34, w, n * rb, qu, m, d, s, qs, sums)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q8_0(w, qu, d, s, out):
+def dot_q8_0(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q8_0(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q8_0(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_iq4_nl(w, qu, d, s, out, n0, n1):
+def _rows_iq4_nl(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1175,18 +1279,18 @@ def _rows_iq4_nl(w, qu, d, s, out, n0, n1):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(IQ4_NL, 18, w, n * rb, qu, m, d, s)
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = row32(IQ4_NL, 18, w, n * rb, qu, m, d, s)
+            out[m, n] = row32(IQ4_NL, 18, w, n * rb, qu, m, d, s, qs, sums)
 
 
 @njit(**FAST_PARALLEL)
-def dot_iq4_nl(w, qu, d, s, out):
+def dot_iq4_nl(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq4_nl(w, qu, d, s, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_iq4_nl(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_q2_k(w, qu, d, b16, b32, out, n0, n1):
+def _rows_q2_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1196,18 +1300,18 @@ def _rows_q2_k(w, qu, d, b16, b32, out, n0, n1):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q2_K, 84, w, n * rb, qu, m, d, b16, b32)
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = rowk(Q2_K, 84, w, n * rb, qu, m, d, b16, b32)
+            out[m, n] = rowk(Q2_K, 84, w, n * rb, qu, m, d, b16, b32, qs)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q2_k(w, qu, d, b16, b32, out):
+def dot_q2_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q2_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q2_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_q3_k(w, qu, d, b16, b32, out, n0, n1):
+def _rows_q3_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1219,18 +1323,18 @@ def _rows_q3_k(w, qu, d, b16, b32, out, n0, n1):
                 )
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = rowk(Q3_K, 110, w, n * rb, qu, m, d, b16, b32)
+            out[m, n] = rowk(Q3_K, 110, w, n * rb, qu, m, d, b16, b32, qs)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q3_k(w, qu, d, b16, b32, out):
+def dot_q3_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q3_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q3_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_q4_k(w, qu, d, b16, b32, out, n0, n1):
+def _rows_q4_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1242,18 +1346,18 @@ def _rows_q4_k(w, qu, d, b16, b32, out, n0, n1):
                 )
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = rowk(Q4_K, 144, w, n * rb, qu, m, d, b16, b32)
+            out[m, n] = rowk(Q4_K, 144, w, n * rb, qu, m, d, b16, b32, qs)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q4_k(w, qu, d, b16, b32, out):
+def dot_q4_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q4_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q4_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_q5_k(w, qu, d, b16, b32, out, n0, n1):
+def _rows_q5_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1265,18 +1369,18 @@ def _rows_q5_k(w, qu, d, b16, b32, out, n0, n1):
                 )
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = rowk(Q5_K, 176, w, n * rb, qu, m, d, b16, b32)
+            out[m, n] = rowk(Q5_K, 176, w, n * rb, qu, m, d, b16, b32, qs)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q5_k(w, qu, d, b16, b32, out):
+def dot_q5_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q5_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q5_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_q6_k(w, qu, d, b16, b32, out, n0, n1):
+def _rows_q6_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1288,18 +1392,18 @@ def _rows_q6_k(w, qu, d, b16, b32, out, n0, n1):
                 )
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = rowk(Q6_K, 210, w, n * rb, qu, m, d, b16, b32)
+            out[m, n] = rowk(Q6_K, 210, w, n * rb, qu, m, d, b16, b32, qs)
 
 
 @njit(**FAST_PARALLEL)
-def dot_q6_k(w, qu, d, b16, b32, out):
+def dot_q6_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q6_k(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q6_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)
-def _rows_iq4_xs(w, qu, d, b16, b32, out, n0, n1):
+def _rows_iq4_xs(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
     M4 = qu.shape[0] // 4 * 4
     MT = _m_tile(qu.shape[1])
@@ -1311,14 +1415,14 @@ def _rows_iq4_xs(w, qu, d, b16, b32, out, n0, n1):
                 )
     for n in range(n0, n1):
         for m in range(M4, qu.shape[0]):
-            out[m, n] = rowk(IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32)
+            out[m, n] = rowk(IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32, qs)
 
 
 @njit(**FAST_PARALLEL)
-def dot_iq4_xs(w, qu, d, b16, b32, out):
+def dot_iq4_xs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq4_xs(w, qu, d, b16, b32, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_iq4_xs(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**FAST)

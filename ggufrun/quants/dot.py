@@ -263,26 +263,6 @@ def ld_nib(typingctx, a, off):
 
 
 @intrinsic
-def lo4(typingctx, v):
-    """v & 0x0F per byte."""
-
-    def codegen(context, builder, sig, args):
-        return builder.and_(args[0], _splat(_v32i8, 15))
-
-    return I8x32(I8x32), codegen
-
-
-@intrinsic
-def hi4(typingctx, v):
-    """v >> 4 per byte (logical)."""
-
-    def codegen(context, builder, sig, args):
-        return builder.lshr(args[0], _splat(_v32i8, 4))
-
-    return I8x32(I8x32), codegen
-
-
-@intrinsic
 def field(typingctx, v, shift, mask, up):
     """((v >> shift) & mask) << up per byte: a bit field of each byte, moved into place.
 
@@ -586,18 +566,6 @@ def iand(typingctx, v, c):
 
 
 @intrinsic
-def isplat(typingctx, s):
-    """(s, s, s, s, s, s, s, s)."""
-    if not isinstance(s, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[0], args[0]))
-
-    return I32x8(s), codegen
-
-
-@intrinsic
 def ipair(typingctx, v, k):
     """(v[2k] x 4, v[2k+1] x 4): the scales of a group's two 16-value sub-blocks, in dpbusd's lane order."""
     if not isinstance(k, types.Integer):
@@ -749,7 +717,8 @@ def ld_bf16x8(typingctx, a, off):
 # quantize_row_q8_K_ref (ggml-quants.c, also used on x86): iscale = -127/max (max = the first element of
 # largest magnitude, with its sign), q = min(127, nearest_int(iscale * x)), d = 1/iscale as float32,
 # plus sums of q over each 16 values (bsums; we also keep sums over 32).
-# The quants are stored as q + 128 (uint8, 1..255): vpdpbusd wants its first operand unsigned.
+# The quants are stored twice, as q + 128 (uint8, 1..255: vpdpbusd wants its first operand unsigned) for the
+# 4-row kernels and as q (int8) for the 1-row kernels (see the module docstring).
 
 
 @njit(**EXACT)
@@ -827,12 +796,13 @@ def round_bf16_rows(x, out):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Dot products. A weight block is decoded once into signed 8-bit codes `wq` (value = d * wq + m), then
+# Dot products. 4-row variants (prefill): a weight block is decoded once into signed 8-bit codes `wq`
+# (value = d * wq + m), then for each of 4 activation rows
 #     p = dpbusd(corr128(wq), x + 128, wq)    # = sum x * wq over the block, in int32 lanes
 #     acc += float(p) * (d * d_x)             # one float multiply-add per block and activation row
-# The 4-row variants decode each weight block once for 4 activation rows (prefill); the kernels below
-# call them for M // 4 row groups and the 1-row variant for the rest (and for decode, M = 1).
-# `kind` is a compile-time constant: the branches on it fold away.
+# 1-row variants (decode, and the M % 4 rest): unsigned codes u = wq + offset times the signed quants x,
+#     p = dpbusd(-offset * sum(x), u, x)      # the offset comes off through the activation block sums
+# `kind` is a compile-time constant: the branches on it fold away (LLVM inlines the small helpers).
 
 # 32-value block types
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = range(6)

@@ -274,3 +274,11 @@ def test_decode_allocates_nothing(tmp_path):
     assert logits.shape == (8192,)
     assert after - before < 1024, f"decode grew traced memory by {after - before} bytes over 50 steps"
     assert peak - before < 8192, f"a decode step allocated {peak - before} bytes at its peak"
+
+
+def test_warmup_leaves_an_empty_cache(model_dir):
+    tf = Transformer(open_variant(model_dir, "gemma3"))
+    tf.forward([1, 2, 3])
+    tf.warmup()
+    assert tf.n_past == 0
+    np.testing.assert_allclose(tf.forward([4, 5], all_logits=True), Transformer(tf.gguf).logits([4, 5]), rtol=1e-6)

@@ -163,6 +163,19 @@ class Transformer:
             raise ValueError(f"truncate: n must be an integer in [0, n_past={self.n_past}], got {n!r}")
         self.n_past = n
 
+    def warmup(self) -> None:
+        """Compile (or load from Numba's on-disk cache) every kernel the forward pass can use, so that none
+        compiles in the middle of a generation. Leaves the cache empty."""
+        self.reset()
+        if self.n_ctx >= 2:
+            self.forward([0, 0])  # prefill kernels
+            self.reset()
+        self.forward([0])  # decode kernels
+        # the multi-threaded decode attention only runs once the context is long: compile it on a short one
+        s = self.state
+        kernels.attend_one_heads(s.q[0], s.k_cache[0], s.v_cache[0], 0, 1, s.head_scores, s.att[0])
+        self.reset()
+
     # ---- forward ----
 
     def logits(self, ids) -> np.ndarray:

@@ -12,9 +12,9 @@ ggufrun.quants.registry.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from .jit import EXACT, EXACT_PARALLEL
+from .jit import EXACT
 
 # kvalues_iq4nl (llama.cpp ggml-common.h)
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
@@ -34,9 +34,9 @@ def f16(w, r, o):
     return -f if h & 0x8000 else f
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q4_0(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 18):
             o = b * 18
@@ -47,9 +47,9 @@ def deq_q4_0(w, rows, out):
                 out[i, b * 32 + 16 + j] = d * np.float32((v >> 4) - 8)
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q4_1(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 20):
             o = b * 20
@@ -61,9 +61,9 @@ def deq_q4_1(w, rows, out):
                 out[i, b * 32 + 16 + j] = d * np.float32(v >> 4) + mn
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q5_0(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 22):
             o = b * 22
@@ -82,9 +82,9 @@ def deq_q5_0(w, rows, out):
                 out[i, b * 32 + 16 + j] = d * np.float32(hi - 16)
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q5_1(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 24):
             o = b * 24
@@ -104,9 +104,9 @@ def deq_q5_1(w, rows, out):
                 out[i, b * 32 + 16 + j] = d * np.float32(hi) + mn
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q8_0(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 34):
             o = b * 34
@@ -115,9 +115,9 @@ def deq_q8_0(w, rows, out):
                 out[i, b * 32 + j] = np.float32(np.int8(w[r, o + 2 + j])) * d
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_iq4_nl(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 18):
             o = b * 18
@@ -128,9 +128,9 @@ def deq_iq4_nl(w, rows, out):
                 out[i, b * 32 + 16 + j] = d * IQ4_VALUES[v >> 4]
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q2_k(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 84):
             o = b * 84
@@ -153,9 +153,9 @@ def _k3_scale(w, r, o, j):
     return (low | (high << 4)) - 32
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q3_k(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 110):
             o = b * 110
@@ -180,9 +180,9 @@ def _k4_scale_min(w, r, o, g):
     return sc, mn
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q4_k(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 144):
             o = b * 144
@@ -198,9 +198,9 @@ def deq_q4_k(w, rows, out):
                     out[i, b * 256 + 32 * g + l] = dl * np.float32(q) - ml
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q5_k(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 176):
             o = b * 176
@@ -217,9 +217,9 @@ def deq_q5_k(w, rows, out):
                     out[i, b * 256 + 32 * g + l] = dl * np.float32(q) - ml
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_q6_k(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 210):
             o = b * 210
@@ -236,9 +236,9 @@ def deq_q6_k(w, rows, out):
                             out[i, b * 256 + 128 * h + 32 * k + l] = dl * np.float32((ql | (qh << 4)) - 32)
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_iq4_xs(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for b in range(w.shape[1] // 136):
             o = b * 136
@@ -253,18 +253,18 @@ def deq_iq4_xs(w, rows, out):
                     out[i, b * 256 + 32 * g + 16 + j] = dl * IQ4_VALUES[v >> 4]
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_f32(w, rows, out):
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for k in range(w.shape[1]):
             out[i, k] = w[r, k]
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_f16(w, rows, out):
     # w: uint16 bits of IEEE halves
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for k in range(w.shape[1]):
             h = np.int32(w[r, k])
@@ -278,10 +278,10 @@ def deq_f16(w, rows, out):
             out[i, k] = -f if h & 0x8000 else f
 
 
-@njit(**EXACT_PARALLEL)
+@njit(**EXACT)
 def deq_bf16(w, rows, out):
     # w: uint16, the high halves of float32
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for k in range(w.shape[1]):
             out[i, k] = np.uint32(np.int64(w[r, k]) << 16).view(np.float32)

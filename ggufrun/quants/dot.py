@@ -517,6 +517,63 @@ def k4_unpack(typingctx, a, off):
 
 
 @intrinsic
+def k3_unpack(typingctx, a, off):
+    """The 12 packed bytes of Q3_K scales at byte `off` -> 16 scales minus 32, as two int32 vectors.
+
+    The 32-bit shuffles of llama.cpp's ggml_vec_dot_q3_K_q8_K (ggml-cpu/quants.c)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        u = [
+            builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 4 * k)]), _i32.as_pointer()), align=1)
+            for k in range(3)
+        ]
+        c = lambda v: ir.Constant(_i32, v)  # noqa: E731
+        m1, m2 = c(0x03030303), c(0x0F0F0F0F)
+
+        def part(lo, lo_shift, hi_shift):
+            low = builder.and_(builder.lshr(lo, c(lo_shift)), m2)
+            return builder.or_(low, builder.shl(builder.and_(builder.lshr(u[2], c(hi_shift)), m1), c(4)))
+
+        words = (part(u[0], 0, 0), part(u[1], 0, 2), part(u[0], 4, 4), part(u[1], 4, 6))
+        v = ir.Constant(ir.VectorType(_i32, 4), [0, 0, 0, 0])
+        for i, x in enumerate(words):
+            v = builder.insert_element(v, x, c(i))
+        b = builder.bitcast(v, ir.VectorType(_i8, 16))
+        halves = []
+        for h in (list(range(8)), list(range(8, 16))):
+            x = builder.zext(builder.shuffle_vector(b, b, ir.Constant(_v8i32, h)), _v8i32)
+            halves.append(builder.sub(x, _splat(_v8i32, 32)))
+        return context.make_tuple(builder, sig.return_type, halves)
+
+    return types.UniTuple(I32x8, 2)(a, off), codegen
+
+
+@intrinsic
+def xs_unpack(typingctx, a, off):
+    """IQ4_XS scales (scales_h:2, scales_l:4 at byte `off`) -> 8 scales minus 32, as int32 lanes."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        sh = builder.zext(builder.load(builder.bitcast(p, _i16.as_pointer()), align=1), _i32)
+        sl = builder.load(
+            builder.bitcast(builder.gep(p, [ir.Constant(_i64, 2)]), ir.VectorType(_i8, 4).as_pointer()), align=1
+        )
+        sl = builder.zext(builder.shuffle_vector(sl, sl, ir.Constant(_v8i32, [0, 0, 1, 1, 2, 2, 3, 3])), _v8i32)
+        low = builder.and_(builder.lshr(sl, ir.Constant(_v8i32, [0, 4] * 4)), _splat(_v8i32, 15))
+        high = builder.and_(
+            builder.lshr(_bsplat(builder, _v8i32, sh), ir.Constant(_v8i32, list(range(0, 16, 2)))), _splat(_v8i32, 3)
+        )
+        return builder.sub(builder.or_(low, builder.shl(high, _splat(_v8i32, 4))), _splat(_v8i32, 32))
+
+    return I32x8(a, off), codegen
+
+
+@intrinsic
 def ishr(typingctx, v, s):
     """v >> s per int32 lane (logical)."""
     if not isinstance(s, types.Integer):
@@ -886,21 +943,6 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = range(6)
 
 
 @njit(**FAST)
-def _k3_scale(w, o, j):
-    """Scale (6 bits, minus 32) of 16-value sub-block j from the 12 packed bytes at o (Q3_K)."""
-    low = ld_u8(w, o + j) & 0xF if j < 8 else ld_u8(w, o + j - 8) >> 4
-    high = (ld_u8(w, o + 8 + j % 4) >> (2 * (j // 4))) & 3
-    return (low | (high << 4)) - 32
-
-
-@njit(**FAST)
-def _xs_scale(w, o, g):
-    """IQ4_XS scale of group g: 4 bits from scales_l, 2 from scales_h, minus 32."""
-    low = (ld_u8(w, o + 4 + g // 2) >> (4 * (g % 2))) & 0xF
-    return (low | (((ld_u16(w, o + 2) >> (2 * g)) & 3) << 4)) - 32
-
-
-@njit(**FAST)
 def _scales_k(kind, w, o):
     """The super-block's integer scales as two int32 vectors: 8 per-32-value scales in the first (Q4_K, Q5_K,
     IQ4_XS), or 16 per-16-value scales across both (Q2_K, Q3_K, Q6_K)."""
@@ -910,17 +952,11 @@ def _scales_k(kind, w, o):
     if kind == Q6_K:  # int8 scales
         return ld_i8x8(w, o + 192), ld_i8x8(w, o + 200)
     if kind == Q3_K:
-        s = o + 96
-        a = ivec8(_k3_scale(w, s, 0), _k3_scale(w, s, 1), _k3_scale(w, s, 2), _k3_scale(w, s, 3),
-                  _k3_scale(w, s, 4), _k3_scale(w, s, 5), _k3_scale(w, s, 6), _k3_scale(w, s, 7))  # fmt: skip
-        b = ivec8(_k3_scale(w, s, 8), _k3_scale(w, s, 9), _k3_scale(w, s, 10), _k3_scale(w, s, 11),
-                  _k3_scale(w, s, 12), _k3_scale(w, s, 13), _k3_scale(w, s, 14), _k3_scale(w, s, 15))  # fmt: skip
-        return a, b
+        return k3_unpack(w, o + 96)
     if kind == Q2_K:  # low nibbles of the 16 scale bytes
         return iand(ld_u8x8(w, o), 15), iand(ld_u8x8(w, o + 8), 15)
-    a = ivec8(_xs_scale(w, o, 0), _xs_scale(w, o, 1), _xs_scale(w, o, 2), _xs_scale(w, o, 3),
-              _xs_scale(w, o, 4), _xs_scale(w, o, 5), _xs_scale(w, o, 6), _xs_scale(w, o, 7))  # fmt: skip
-    return a, a  # IQ4_XS
+    a = xs_unpack(w, o + 2)  # IQ4_XS
+    return a, a
 
 
 @njit(**FAST)

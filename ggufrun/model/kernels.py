@@ -292,27 +292,14 @@ def _attend_head(qh, keys, values, s, o):
             o[i] += pt * _kv_load(values[t, i])
 
 
-@numba.njit(**JIT)
+@numba.njit(parallel=True, **JIT)
 def attend_one(q, k_cache, v_cache, t0, t1, scores, out):
-    """Attention of one token over cached positions t0..t1-1, every head (decode).
+    """Attention of one token over cached positions t0..t1-1, every head (decode), heads spread over threads.
 
     q [n_head*hd_k] (already scaled); k_cache [n_kv, n_ctx, hd_k]; v_cache [n_kv, n_ctx, hd_v];
     scores: float32 scratch [n_head, >= t1 - t0]; out [n_head*hd_v]. Query head h reads K/V head
     h // (n_head / n_kv). Loops run from 0 over slices: Numba then knows indices are non-negative and vectorises.
     """
-    hd_k, hd_v = k_cache.shape[2], v_cache.shape[2]
-    n_head = q.shape[0] // hd_k
-    group = n_head // k_cache.shape[0]
-    for h in range(n_head):
-        _attend_head(
-            q[h * hd_k : (h + 1) * hd_k], k_cache[h // group, t0:t1], v_cache[h // group, t0:t1],
-            scores[h, : t1 - t0], out[h * hd_v : (h + 1) * hd_v],
-        )  # fmt: skip
-
-
-@numba.njit(parallel=True, **JIT)
-def attend_one_heads(q, k_cache, v_cache, t0, t1, scores, out):
-    """attend_one with the heads spread over threads (long contexts, where the work outweighs the start-up)."""
     hd_k, hd_v = k_cache.shape[2], v_cache.shape[2]
     n_head = q.shape[0] // hd_k
     group = n_head // k_cache.shape[0]
@@ -323,18 +310,18 @@ def attend_one_heads(q, k_cache, v_cache, t0, t1, scores, out):
         )  # fmt: skip
 
 
-@numba.njit(parallel=True, **JIT)
+@numba.njit(**JIT)
 def kv_transpose(cache, t0, t1, out):
     """out[g, i, :t1-t0] = cache[g, t0:t1, i] as float32 (prefill reads keys and values position-major).
 
     cache [n_kv, n_ctx, hd] (uint16 half bits or float32); out float32 [n_kv, hd, >= t1 - t0].
     """
-    n_kv, _, hd = cache.shape
-    for gi in numba.prange(n_kv * hd):
-        g, i = gi // hd, gi % hd
-        src, dst = cache[g, t0:t1], out[g, i]
-        for t in range(t1 - t0):
-            dst[t] = _kv_load(src[t, i])
+    for g in range(cache.shape[0]):
+        src = cache[g, t0:t1]
+        for i in range(cache.shape[2]):
+            dst = out[g, i]
+            for t in range(t1 - t0):
+                dst[t] = _kv_load(src[t, i])
 
 
 QUERY_BLOCK = 4  # queries of one head processed together, sharing each loaded key and value
@@ -446,24 +433,10 @@ def swiglu(gate, up):
         _swiglu_row(gate[m], up[m])
 
 
-@numba.njit(parallel=True, **JIT)
-def swiglu_rows(gate, up):
-    """swiglu, parallel over rows (prefill)."""
-    for m in numba.prange(gate.shape[0]):
-        _swiglu_row(gate[m], up[m])
-
-
 @numba.njit(**JIT)
 def geglu(gate, up, table):
     """gate = gelu_tanh(gate) * up, in place, through the half-precision table as llama.cpp computes it."""
     for m in range(gate.shape[0]):
-        _geglu_row(gate[m], up[m], table)
-
-
-@numba.njit(parallel=True, **JIT)
-def geglu_rows(gate, up, table):
-    """geglu, parallel over rows (prefill)."""
-    for m in numba.prange(gate.shape[0]):
         _geglu_row(gate[m], up[m], table)
 
 

@@ -29,9 +29,6 @@ from .linear import Projector
 from .rope import rope_table
 from .weights import LayerWeights, Weights, load_weights
 
-# decode attention goes multi-threaded above this many multiply-adds (~ positions x heads x head dims)
-PARALLEL_ATTENTION_WORK = 300_000
-
 
 class ContextOverflowError(ValueError):
     """More tokens than the KV cache holds (n_ctx). Raised before any state changes."""
@@ -171,9 +168,6 @@ class Transformer:
             self.forward([0, 0])  # prefill kernels
             self.reset()
         self.forward([0])  # decode kernels
-        # the multi-threaded decode attention only runs once the context is long: compile it on a short one
-        s = self.state
-        kernels.attend_one_heads(s.q[0], s.k_cache[0], s.v_cache[0], 0, 1, s.head_scores, s.att[0])
         self.reset()
 
     # ---- forward ----
@@ -255,10 +249,7 @@ class Transformer:
         end = pos0 + m  # keys at positions [t0, end) can be visible to some query of this batch
         t0 = max(0, pos0 - window + 1) if window else 0
         if m == 1:
-            # spread heads over threads only when there is enough work to pay for starting them
-            work = (end - t0) * c.n_head * (c.head_dim_k + c.head_dim_v)
-            attend = kernels.attend_one_heads if work > PARALLEL_ATTENTION_WORK else kernels.attend_one
-            attend(q[0], k_cache, v_cache, t0, end, s.head_scores, att[0])
+            kernels.attend_one(q[0], k_cache, v_cache, t0, end, s.head_scores, att[0])
         else:
             kernels.kv_transpose(k_cache, t0, end, s.kt)
             kernels.kv_transpose(v_cache, t0, end, s.vt)
@@ -272,8 +263,8 @@ class Transformer:
         h, gate, up, o = s.h[:m], s.gate[:m], s.up[:m], s.o[:m]
         self._project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
         if self._gelu_table is not None:
-            (kernels.geglu if m == 1 else kernels.geglu_rows)(gate, up, self._gelu_table)
+            kernels.geglu(gate, up, self._gelu_table)
         else:
-            (kernels.swiglu if m == 1 else kernels.swiglu_rows)(gate, up)
+            kernels.swiglu(gate, up)
         self._project(gate, (lw.ffn_down, o))
         kernels.add_norm(s.x[:m], o, lw.post_ffw_norm, next_norm, c.rms_eps, h)

@@ -35,6 +35,7 @@ def write_model(
     ctx=256,
     window=0,
     linear_scale=0.0,
+    yarn=None,
     rope_freqs=False,
     softcap=0.0,
     tied=False,
@@ -62,6 +63,10 @@ def write_model(
     if linear_scale:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(linear_scale)
+    if yarn:  # (factor, original context length)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(yarn[0])
+        w.add_rope_scaling_orig_ctx_len(yarn[1])
     if softcap:
         w.add_final_logit_softcapping(softcap)
 
@@ -168,6 +173,28 @@ def test_gemma3_config(model_dir):
     assert c.sliding_window == 5 and c.rope_freq_base_swa == 10000.0 and c.rope_freq_base == 1e6
     assert c.spec.embed_scale and c.spec.gelu and c.spec.post_norms and c.spec.rope_neox
     assert c.final_logit_softcap == 5.0 and c.attn_scale == pytest.approx(0.25)
+
+
+def test_yarn_rope_matches_transformers_formula(tmp_path):
+    """YaRN angles and magnitude against Hugging Face transformers' `_compute_yarn_parameters`, written out here:
+    fast dimensions keep their frequency, slow ones are divided by the factor, a linear ramp in between, and
+    cos/sin scaled by 0.1 ln(factor) + 1."""
+    factor, orig_ctx, head_dim, base = 4.0, 4096, 16, 10000.0
+    tf = Transformer(GGUFFile(write_model(tmp_path / "yarn.gguf", yarn=(factor, orig_ctx), head_dim=head_dim)))
+    cos, sin = tf._rope[0]
+
+    def correction_dim(n_rotations):
+        return head_dim * np.log(orig_ctx / (n_rotations * 2 * np.pi)) / (2 * np.log(base))
+
+    low, high = max(np.floor(correction_dim(32.0)), 0), min(np.ceil(correction_dim(1.0)), head_dim - 1)
+    extrapolate = 1 - np.clip((np.arange(head_dim // 2) - low) / (high - low), 0, 1)
+    inv_freq = base ** -(np.arange(0, head_dim, 2) / head_dim)
+    inv_freq = inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate
+    angles = np.arange(tf.n_ctx)[:, None] * inv_freq
+    mscale = 0.1 * np.log(factor) + 1.0
+    assert 0 < low < high < head_dim // 2  # the ramp is inside the rotated dims: all three regimes are tested
+    np.testing.assert_allclose(cos, np.cos(angles) * mscale, atol=2e-4)
+    np.testing.assert_allclose(sin, np.sin(angles) * mscale, atol=2e-4)
 
 
 def test_sliding_window_matters(model_dir):

@@ -126,7 +126,7 @@ _EXP_C = tuple(
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)  # explicit: callers' flags are inherited
 def _expf(x):
     """exp(x) for float32, bit for bit as ggml's AVX-512 `ggml_v_expf` (ggml/src/ggml-cpu/vec.h), which llama.cpp
-    uses in softmax and SiLU (about 1.5 ulp). Exact zero below 2^-126 (ggml goes through subnormals there)."""
+    uses in softmax and SiLU: about 1.5 ulp, subnormals below 2^-126, 0 / inf outside [-104, 89]."""
     c1, c2, c3, c4, c5 = _EXP_C
     x = min(max(x, np.float32(-104.0)), np.float32(89.0))  # beyond these ggml's result is 0 / inf as well
     z = _fma(x, _EXP_LOG2E, _EXP_SHIFT)

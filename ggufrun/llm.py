@@ -121,10 +121,7 @@ class Model:
 
         t0 = time.perf_counter()
         with event.install_listener("numba:compile", Notice()):
-            tf = self.transformer
-            tf.forward([0, 0])  # matmul (prefill) path
-            tf.forward([0])  # matvec (decode) path
-            tf.reset()
+            self.transformer.warmup()
         if verbose:
             print(f"ggufrun: kernels ready in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
 

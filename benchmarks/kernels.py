@@ -255,9 +255,9 @@ def main(argv=None) -> None:
     if args.compile:
         ct = compile_times([t.name for t in types])
         report["compile"] = ct
-        print("
-first-call CPU seconds per kernel: cold = empty cache (compile), cached = load from the cache")
-        print(f"process start-up incl. imports: cold {ct['cold']['startup_s']:.2f}, cached {ct['cached']['startup_s']:.2f}")
+        print("\nfirst-call CPU seconds per kernel: cold = empty cache (compile), cached = load from the cache")
+        su = ct["cold"]["startup_s"], ct["cached"]["startup_s"]
+        print(f"process start-up incl. imports: cold {su[0]:.2f}, cached {su[1]:.2f}")
         print(f"{'type':7s} | {'dequant':>15s} | {'activations':>15s} | {'dot':>15s}")
         tot = {"cold": 0.0, "cached": 0.0}
         for name in (t.name for t in types):

@@ -184,6 +184,13 @@ def _rms_scale(x, eps):
     return _rms_scale_of(s, x.shape[0], eps)
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _add_to(x, y):
+    """x += y without fast-math: as its own ggml op, the add must not fuse with the multiply before it (FMA)."""
+    for i in range(x.shape[0]):
+        x[i] += y[i]
+
+
 @numba.njit(**JIT)
 def rmsnorm(x, w, eps, out):
     """out[m] = x[m] / rms(x[m]) * w.  x, out: float32 [M, n]; w: float32 [n]."""
@@ -197,16 +204,14 @@ def rmsnorm(x, w, eps, out):
 def add_norm(x, y, post_w, w, eps, out):
     """Residual add, then the next RMSNorm: x[m] += post_norm(y[m]) (or y[m] when post_w is empty); out = norm(x) * w.
 
-    x (residual stream, updated in place), y, out: float32 [M, n]; post_w, w: float32 [n] or [0].
+    x (residual stream, updated in place), y (overwritten), out: float32 [M, n]; post_w, w: float32 [n] or [0].
     """
     for m in range(x.shape[0]):
         if post_w.shape[0]:
             scale = _rms_scale(y[m], eps)
             for i in range(x.shape[1]):
-                x[m, i] += y[m, i] * scale * post_w[i]
-        else:
-            for i in range(x.shape[1]):
-                x[m, i] += y[m, i]
+                y[m, i] = y[m, i] * scale * post_w[i]
+        _add_to(x[m], y[m])
         scale = _rms_scale(x[m], eps)
         for i in range(x.shape[1]):
             out[m, i] = x[m, i] * scale * w[i]
@@ -400,11 +405,17 @@ def attend_rows(q, kt, vt, pos0, t0, n, window, scores, like, out):
 
 def gelu_table() -> np.ndarray:
     """GELU (tanh form) of every half-precision value, rounded to half: ggml's `ggml_table_gelu_f16`
-    (ggml/src/ggml-cpu/vec.h, GGML_GELU_FP16), which llama.cpp's CPU backend uses for x in (-10, 10)."""
-    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    (ggml/src/ggml-cpu/vec.h, GGML_GELU_FP16), which llama.cpp's CPU backend uses for x in (-10, 10).
+
+    float32 operations in ggml_gelu_f32's order, tanh correctly rounded (NumPy's own float32 tanh is a few ulp
+    off, which changes a few table entries).
+    """
+    f32 = np.float32
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(f32)
     with np.errstate(all="ignore"):
-        y = 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
-    return y.astype(np.float16).astype(np.float32)
+        inner = (f32(SQRT_2_OVER_PI) * x) * (f32(1.0) + (f32(GELU_COEF_A) * x) * x)
+        y = (f32(0.5) * x) * (f32(1.0) + np.tanh(inner.astype(np.float64)).astype(f32))
+    return y.astype(np.float16).astype(f32)
 
 
 @numba.njit(inline="always", **JIT)

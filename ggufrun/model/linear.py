@@ -17,6 +17,9 @@ from gguf import GGMLQuantizationType
 from .. import quants
 from ..reader import TensorInfo
 
+# the activation quantizers quants documents for callers that skip its Python checks: format -> njit(x, *arrays)
+_QUANTIZERS = {"Q8_1": quants.dot.quantize_q8_1, "Q8_K": quants.dot.quantize_q8_k}
+
 
 @dataclass(frozen=True)
 class Linear:
@@ -53,7 +56,11 @@ class Projector:
     def quantize(self, x: np.ndarray, lin: Linear) -> quants.QuantizedActivations:
         """x: float32 [M, K], C-contiguous."""
         key = (lin.act, x.shape[0], x.shape[1])
-        qx = quants.quantize_activations(x, lin.qtype, out=self._buffers.get(key))
+        qx = self._buffers.get(key)
+        if qx is not None and lin.act in _QUANTIZERS:  # reuse: straight to the kernel, skipping the checks
+            _QUANTIZERS[lin.act](x, *qx.arrays)
+            return qx
+        qx = quants.quantize_activations(x, lin.qtype, out=qx)
         if lin.act != "F32" and x.shape[0] in (1, self.max_rows):  # F32 "quantization" is x itself
             self._buffers[key] = qx
         return qx

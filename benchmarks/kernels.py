@@ -245,8 +245,9 @@ def merge(paths: list[str]) -> dict:
     """Best of several --json runs (each figure the fastest seen): on shared cores no single run is clean."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     out = {"env": runs[0]["env"], "merged_from": paths}
-    for key in ("read_GBps", "read_GBps_32MiB"):
-        out[key] = {t: max(float(r[key][t]) for r in runs if t in r.get(key, {})) for t in runs[0][key]}
+    for key in ("read_GBps", "read_GBps_32MiB"):  # JSON made the thread counts strings
+        seen = [{int(t): g for t, g in r[key].items()} for r in runs if key in r]
+        out[key] = {t: max(b[t] for b in seen if t in b) for t in seen[0]}
     best: dict = {}
     for r in (r for run in runs for r in run["results"]):
         k = (r["type"], r["N"], r["K"], r["threads"])
@@ -264,7 +265,9 @@ def merge(paths: list[str]) -> dict:
             r["matmul_int_GFLOPs"] = 2 * M * N * K / r["matmul_int_s"] / 1e9
             r["matmul_blas_GFLOPs"] = 2 * M * N * K / r["matmul_blas_s"] / 1e9
     out["results"] = list(best.values())
-    out["compile"] = next((r["compile"] for r in runs if "compile" in r), None)
+    out["compile"] = next(
+        (r["compile"] for r in reversed(runs) if "startup_s" in r.get("compile", {}).get("cold", {})), None
+    )
     return out
 
 

@@ -34,11 +34,15 @@ class LlamaCpp:
         self.load_s = time.perf_counter() - t
         import llama_cpp
 
+        self.llama_cpp = llama_cpp
+        self.n_vocab = self.llm.n_vocab()
         vocab = self.llm._model.vocab
-        self.eog = [i for i in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
+        self.eog = [i for i in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i)]
 
     def _argmax(self) -> int:
-        logits = self.llm.scores[self.llm.n_tokens - 1]
+        # the binding keeps no logits unless logits_all: read the last row straight from the context
+        ptr = self.llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
         logits[self.eog] = -np.inf
         return int(np.argmax(logits))
 

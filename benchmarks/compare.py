@@ -61,6 +61,43 @@ class LlamaCpp:
         return {"ttft_s": t_first - t0, "prefill_tps": len(ids) / (t1 - t0), "decode_tps": (gen - 1) / (t2 - t_first)}
 
 
+class Transformers:
+    """transformers + torch on the same GGUF (dequantized to float32 by transformers' GGUF loader), greedy."""
+
+    def __init__(self, path: str, threads: int, eog: list[int]):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        t = time.perf_counter()
+        p = os.path.abspath(path)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(p), gguf_file=os.path.basename(p), dtype=torch.float32
+        ).eval()
+        self.load_s = time.perf_counter() - t
+        self.eog = eog
+
+    def _argmax(self, out) -> int:
+        logits = out.logits[0, -1].clone()
+        logits[self.eog] = -float("inf")
+        return int(logits.argmax())
+
+    def run(self, ids: list[int], gen: int) -> dict:
+        torch = self.torch
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = self.model(torch.tensor([ids]), use_cache=True)
+            t1 = time.perf_counter()
+            tok = self._argmax(out)
+            t_first = time.perf_counter()
+            for _ in range(gen - 1):
+                out = self.model(torch.tensor([[tok]]), past_key_values=out.past_key_values, use_cache=True)
+                tok = self._argmax(out)
+            t2 = time.perf_counter()
+        return {"ttft_s": t_first - t0, "prefill_tps": len(ids) / (t1 - t0), "decode_tps": (gen - 1) / (t2 - t_first)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="path or known name")
@@ -70,6 +107,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--png", default=None, help="bar chart of the ratios (needs matplotlib)")
+    ap.add_argument("--no-transformers", action="store_true", help="skip the transformers + torch row")
     args = ap.parse_args()
     lengths = [int(x) for x in args.prompt_tokens.split(",")]
 
@@ -91,7 +129,15 @@ def main() -> int:
         log("llama-cpp-python is not installed (pip install llama-cpp-python builds llama.cpp, ~10 min); "
             "running ggufrun alone")  # fmt: skip
 
+    hf = None
+    if not args.no_transformers:
+        try:
+            log("loading transformers + torch (weights dequantized to float32)")
+            hf = Transformers(path, args.threads, sorted(ours.tokenizer.eog_ids))
+        except ImportError:
+            log("transformers/torch not installed: no transformers row (pip install torch transformers accelerate)")
     rows = []  # (figure, ours summary, theirs summary or None, higher_is_better)
+    hf_rows = {}  # figure -> transformers summary
     results: dict = {"model": os.path.basename(path), "env": env, "args": vars(args), "figures": {}}
     cases = [(n, args.gen_tokens) for n in lengths] + [(20, 2)]  # the last one: warm TTFT of a 20-token prompt
     for n, gen in cases:
@@ -99,11 +145,15 @@ def main() -> int:
         run_ggufrun(ours, ids, gen)  # warm-up
         if theirs:
             theirs.run(ids, gen)
-        a, b = [], []
+        if hf:
+            hf.run(ids, gen)
+        a, b, c = [], [], []
         for i in range(args.repeat):
             a.append(run_ggufrun(ours, ids, gen))
             if theirs:
                 b.append(theirs.run(ids, gen))
+            if hf:
+                c.append(hf.run(ids, gen))
             log(f"prompt {n}: run {i + 1}/{args.repeat}")
         figs = ["ttft_s"] if n == 20 else ["prefill_tps", "decode_tps", "ttft_s"]
         for k in figs:
@@ -113,6 +163,8 @@ def main() -> int:
             sa = summarize([r[k] for r in a])
             sb = summarize([r[k] for r in b]) if b else None
             rows.append((label, sa, sb, k != "ttft_s"))
+            if c:
+                hf_rows[label] = summarize([r[k] for r in c])
             results["figures"][label] = {
                 "ggufrun": sa,
                 "llama.cpp": sb,
@@ -124,11 +176,16 @@ def main() -> int:
 
     print(f"\n### {results['model']}: ggufrun vs llama.cpp (llama-cpp-python), {args.threads} threads, greedy\n")
     print(f"{env_line(env)}; medians (min-max) of {args.repeat} interleaved runs\n")
-    print("| figure | ggufrun | llama.cpp | ggufrun / llama.cpp |\n|---|---|---|---|")
+    if hf:
+        hf_rows["load() to ready (s)"] = {"median": hf.load_s, "min": hf.load_s, "max": hf.load_s, "n": 1}
+        results["transformers"] = hf_rows
+    extra = " transformers (float32) |" if hf else ""
+    print(f"| figure | ggufrun | llama.cpp | ggufrun / llama.cpp |{extra}\n|---|---|---|---|{'---|' if hf else ''}")
     for label, sa, sb, _ in rows:
         digits = 3 if "(s)" in label else 1
         ratio = f"{sa['median'] / sb['median']:.2f}" if sb else "n/a"
-        print(f"| {label} | {fmt(sa, digits)} | {fmt(sb, digits) if sb else 'n/a'} | {ratio} |")
+        cell = f" {fmt(hf_rows[label], digits)} |" if hf and label in hf_rows else (" n/a |" if hf else "")
+        print(f"| {label} | {fmt(sa, digits)} | {fmt(sb, digits) if sb else 'n/a'} | {ratio} |{cell}")
     write_json(args.json, results)
     if args.png and theirs:
         try:

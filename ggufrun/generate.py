@@ -113,6 +113,17 @@ class StopMatcher:
         return out
 
 
+def check_prompt_fits(n_prompt: int, n_ctx: int) -> None:
+    """A prompt needs at least one token and one free KV slot beyond itself to generate from."""
+    if n_prompt == 0:
+        raise ValueError("prompt is empty: give at least one token (this model adds no BOS token)")
+    if n_prompt >= n_ctx:
+        raise ContextOverflowError(
+            f"prompt has {n_prompt} tokens but the context holds {n_ctx} (n_ctx) and at least one more is "
+            f"needed to generate; load the model with a larger n_ctx or shorten the prompt"
+        )
+
+
 def generate_tokens(
     model,
     prompt_ids: Sequence[int],
@@ -130,13 +141,7 @@ def generate_tokens(
     tf = model.transformer
     prompt_ids = list(prompt_ids)
     n_prompt = len(prompt_ids)
-    if n_prompt == 0:
-        raise ValueError("prompt is empty: give at least one token (this model adds no BOS token)")
-    if n_prompt >= tf.n_ctx:
-        raise ContextOverflowError(
-            f"prompt has {n_prompt} tokens but the context holds {tf.n_ctx} (n_ctx) and at least one more is "
-            f"needed to generate; load the model with a larger n_ctx or shorten the prompt"
-        )
+    check_prompt_fits(n_prompt, tf.n_ctx)
     t_start = time.perf_counter()
 
     # Prefix reuse: keep cached positions that match; always recompute at least the last prompt token so that

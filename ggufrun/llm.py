@@ -73,10 +73,6 @@ class Model:
 
         if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
             raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
-        if n_ctx is not None and (not isinstance(n_ctx, int) or n_ctx < 1):
-            raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
-        if not isinstance(n_batch, int) or n_batch < 1:
-            raise ValueError(f"n_batch must be a positive integer, got {n_batch!r}")
         kv_dtypes = {"f16": np.float16, "f32": np.float32}
         if kv_dtype not in kv_dtypes:
             raise ValueError(f"kv_dtype must be one of {sorted(kv_dtypes)}, got {kv_dtype!r}")
@@ -202,13 +198,7 @@ class Model:
             ids = self.tokenize(prompt, add_special=add_special, parse_special=True)
         else:
             ids = self._check_ids(prompt)
-        if len(ids) >= self.n_ctx:
-            from .model import ContextOverflowError
-
-            raise ContextOverflowError(
-                f"prompt has {len(ids)} tokens but the context holds {self.n_ctx} (n_ctx) and at least one more "
-                f"is needed to generate; load the model with a larger n_ctx or shorten the prompt"
-            )
+        _gen.check_prompt_fits(len(ids), self.n_ctx)  # raise now, not at the first next()
         return self._stream(ids, params, max_tokens, stop, cancel, skip_special)
 
     def _stream(self, ids, params, max_tokens, stop, cancel, skip_special):

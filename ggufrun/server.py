@@ -119,8 +119,7 @@ def _field(body: dict, name: str, types, default=None, check=None, what: str = "
 
 def parse_sampling(body: dict, n_vocab: int) -> tuple[dict, int | None, list[str]]:
     """(SamplingParams kwargs, max_tokens or None, stop strings) from an OpenAI request body."""
-    n = _field(body, "n", int, 1, lambda v: v == 1, "1 (only one choice per request is supported)")
-    del n
+    _field(body, "n", int, 1, lambda v: v == 1, "1 (only one choice per request is supported)")  # validated only
     max_tokens = _field(body, "max_completion_tokens", int, None, lambda v: v >= 0, "an integer >= 0")
     if max_tokens is None:
         max_tokens = _field(body, "max_tokens", int, None, lambda v: v >= 0, "an integer >= 0")

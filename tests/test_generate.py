@@ -208,6 +208,7 @@ def test_prefix_reuse(model):
     fresh = list(model.chat(msgs2, max_tokens=8, temperature=0))
     assert fresh[-1].stats.cached_tokens == 0
     assert [c.token for c in second] == [c.token for c in fresh]
+    assert [c.logprob for c in second] == [c.logprob for c in fresh]  # the same logits, bit for bit
 
 
 @pytest.mark.real

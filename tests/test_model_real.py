@@ -49,6 +49,22 @@ def test_teacher_forced_top1(request, fixture, golden):
     assert top1 >= 0.95 and near >= 0.99, f"{golden}: top-1 agreement {top1:.3f}, within 0.5 logit {near:.3f}"
 
 
+@pytest.mark.parametrize(
+    "fixture, golden",
+    [("smollm2_path", "smollm2-135m-instruct-q4_1"), ("gemma3_path", "gemma3-270m-q4_k_m")],
+)
+def test_batch_invariance(request, fixture, golden):
+    """Logits are the same bits whether a prompt runs in one batch, after a cached prefix, or token by token."""
+    tf = Transformer(GGUFFile(request.getfixturevalue(fixture)), n_ctx=128)
+    tokens = np.load(REAL / f"{golden}.golden.npz")["p0_tokens"][:24]
+    whole = tf.logits(tokens)
+    tf.truncate(9)  # prefix reuse: keep 9 positions, recompute the rest
+    np.testing.assert_array_equal(tf.forward(tokens[9:], all_logits=True), whole[9:])
+    tf.truncate(17)
+    for i in range(17, len(tokens)):
+        np.testing.assert_array_equal(tf.forward(tokens[i : i + 1]), whole[i])
+
+
 # "To make a cup of tea," (SmolLM2 tokenizer, no BOS) and the 64 tokens llama.cpp chooses greedily after it
 # (llama-cpp-python 0.3.36, prompt in one batch, then one token at a time, F16 KV cache): the two best logits
 # are at least 0.12 apart at every step, so an implementation within the golden tolerance reproduces it.

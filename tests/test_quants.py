@@ -389,23 +389,26 @@ def test_matvec_matmul_against_float64(qtype):
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=_ids(ALL_TYPES))
-def test_matvec_q_matmul_rows_and_threads_agree(qtype):
+def test_matmul_rows_equal_matvec_bit_for_bit(qtype):
+    """Batch invariance: a row's product is the same bits whatever M is and wherever the row falls (4-row
+    microkernel, its 1-row tail, another activation tile) and whatever the thread count."""
     rng = np.random.default_rng(8)
-    N, K, M = 45, 512, 7
+    N, K = 45, 512  # K = 512: two super-blocks; the activation tile is 64 rows
     w = random_weights(qtype, N, K, rng)
-    x = rng.standard_normal((M, K)).astype(np.float32)
-    Y = Q.matmul(w, qtype, x)
-    for m in range(M):
-        y = Q.matvec(w, qtype, x[m])
-        qx = Q.quantize_activations(x[m], qtype)
-        np.testing.assert_array_equal(Q.matvec_q(w, qtype, qx), y)
-        np.testing.assert_allclose(Y[m], y, rtol=1e-5, atol=1e-5 * np.abs(y).max())
+    x = rng.standard_normal((70, K)).astype(np.float32)
+    x[:, :100] *= 10
+    rows = np.stack([Q.matvec(w, qtype, x[m]) for m in range(70)])
+    for M in (1, 2, 3, 4, 5, 7, 8, 70):
+        assert_bit_exact(Q.matmul(w, qtype, x[:M]), rows[:M])
+    assert_bit_exact(Q.matmul(w, qtype, x[3:9]), rows[3:9])
+    qx = Q.quantize_activations(x[5], qtype)
+    assert_bit_exact(Q.matvec_q(w, qtype, qx), rows[5])
     old = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        y1 = Q.matvec(w, qtype, x[0])
+        y1 = Q.matmul(w, qtype, x[:9])
         numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
-        np.testing.assert_array_equal(Q.matvec(w, qtype, x[0]), y1)
+        assert_bit_exact(Q.matmul(w, qtype, x[:9]), y1)
     finally:
         numba.set_num_threads(old)
 

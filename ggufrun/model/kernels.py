@@ -22,6 +22,8 @@ from numba.extending import intrinsic, overload
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says.
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 JIT = {"cache": True, "nogil": True, "fastmath": FASTMATH, "error_model": "numpy"}
+# Attention: no fast-math at all, so that decode and prefill compute each query the same way (see attend_rows).
+ATT = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
 
 GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.7978845608028654
@@ -227,10 +229,10 @@ def qkv_rope_store(
     """Finish Q/K/V of M new tokens at positions pos0..pos0+M-1 and append K/V to this layer's cache.
 
     q [M, n_head*hd_k] (in place: + bias, per-head RMSNorm, rope, * q_scale); k [M, n_kv*hd_k], v [M, n_kv*hd_v]
-    (+ bias; K normed and roped) are written to k_cache [n_kv, n_ctx, hd_k] / v_cache [n_kv, n_ctx, hd_v] at the
+    (+ bias; K normed and roped) are written to k_cache [n_kv, hd_k, n_ctx] / v_cache [n_kv, n_ctx, hd_v] at the
     token's position. cos/sin: [n_ctx, n_rot/2]. neox: rotate (x[i], x[i + n_rot/2]) else (x[2i], x[2i+1]).
     """
-    n_kv, _, hd_k = k_cache.shape
+    n_kv, hd_k = k_cache.shape[0], k_cache.shape[1]
     hd_v = v_cache.shape[2]
     n_head = q.shape[1] // hd_k
     half = cos.shape[1]
@@ -261,94 +263,99 @@ def qkv_rope_store(
             else:
                 g = h - n_head
                 for i in range(hd_k):
-                    k_cache[g, p, i] = _kv_store(x[i], k_cache)
+                    k_cache[g, i, p] = _kv_store(x[i], k_cache)
         for g in range(n_kv):
             for i in range(hd_v):
                 v_cache[g, p, i] = _kv_store(v[m, g * hd_v + i], v_cache)
 
 
-@numba.njit(inline="always", **JIT)
+# Attention is written so that a query's result is the same bits whether it is computed alone (decode) or in a
+# block of prefill queries: the same operations in the same order, explicit FMAs and no fast-math (which would let
+# LLVM vectorise the reductions differently in each kernel). Scores accumulate over the head dimension one FMA at
+# a time, lane-wise over key positions, which is why keys are cached head-dimension-major ([hd_k, n_ctx]: a
+# score sweep reads contiguous positions); outputs accumulate over positions, lane-wise over the value dimension.
+
+
+@numba.njit(inline="always", **ATT)
 def _softmax_inplace(x):
-    """x = exp(x - max(x)) in place; returns float(1 / sum) (summed in double), as ggml's soft_max."""
+    """x = exp(x - max(x)) in place; returns float(1 / sum), the sum in double (as ggml's soft_max) over four
+    interleaved partial sums in a fixed order."""
     best = _max_of(x)
-    total = 0.0
-    for j in range(x.shape[0]):
+    n = x.shape[0]
+    n4 = n - n % 4
+    t0 = t1 = t2 = t3 = 0.0
+    for j in range(0, n4, 4):
+        e0, e1 = _expf(x[j] - best), _expf(x[j + 1] - best)
+        e2, e3 = _expf(x[j + 2] - best), _expf(x[j + 3] - best)
+        x[j], x[j + 1], x[j + 2], x[j + 3] = e0, e1, e2, e3
+        t0, t1, t2, t3 = t0 + e0, t1 + e1, t2 + e2, t3 + e3
+    for j in range(n4, n):
         e = _expf(x[j] - best)
         x[j] = e
-        total += e
-    return _inv_sum(total)
+        t0 += e
+    return _inv_sum((t0 + t1) + (t2 + t3))
 
 
-@numba.njit(inline="always", **JIT)
-def _attend_head(qh, keys, values, s, o):
-    """o = softmax(keys @ qh) @ values for one head over n cached positions (keys [n, hd_k], values [n, hd_v],
-    s: float32 scratch [n]); probabilities rounded to the cache's precision as llama.cpp does."""
-    n, hd_k = keys.shape
-    for t in range(n):
-        acc = np.float32(0.0)
-        for i in range(hd_k):
-            acc += qh[i] * _kv_load(keys[t, i])
-        s[t] = acc
+@numba.njit(inline="always", **ATT)
+def _attend_head(qh, keys, values, t0, t1, s, o):
+    """o = softmax(qh . keys[:, t0:t1]) @ values[t0:t1] for one head; keys [hd_k, n_ctx], values [n_ctx, hd_v],
+    s: float32 scratch [>= t1 - t0]. Probabilities are rounded to the cache's precision, as llama.cpp does."""
+    n = t1 - t0
+    s = s[:n]
+    s[:] = 0.0
+    for i in range(keys.shape[0]):
+        a = qh[i]
+        kr = keys[i, t0:t1]
+        for t in range(n):
+            s[t] = _fma(a, _kv_load(kr[t]), s[t])
     inv = _softmax_inplace(s)
     o[:] = 0.0
     for t in range(n):
-        pt = _kv_round(s[t] * inv, values)
+        p = _kv_round(s[t] * inv, values)
+        vr = values[t0 + t]
         for i in range(o.shape[0]):
-            o[i] += pt * _kv_load(values[t, i])
+            o[i] = _fma(p, _kv_load(vr[i]), o[i])
 
 
-@numba.njit(parallel=True, **JIT)
+@numba.njit(parallel=True, **ATT)
 def attend_one(q, k_cache, v_cache, t0, t1, scores, out):
     """Attention of one token over cached positions t0..t1-1, every head (decode), heads spread over threads.
 
-    q [n_head*hd_k] (already scaled); k_cache [n_kv, n_ctx, hd_k]; v_cache [n_kv, n_ctx, hd_v];
+    q [n_head*hd_k] (already scaled); k_cache [n_kv, hd_k, n_ctx]; v_cache [n_kv, n_ctx, hd_v];
     scores: float32 scratch [n_head, >= t1 - t0]; out [n_head*hd_v]. Query head h reads K/V head
-    h // (n_head / n_kv). Loops run from 0 over slices: Numba then knows indices are non-negative and vectorises.
+    h // (n_head / n_kv).
     """
-    hd_k, hd_v = k_cache.shape[2], v_cache.shape[2]
+    hd_k, hd_v = k_cache.shape[1], v_cache.shape[2]
     n_head = q.shape[0] // hd_k
     group = n_head // k_cache.shape[0]
     for h in numba.prange(n_head):
         _attend_head(
-            q[h * hd_k : (h + 1) * hd_k], k_cache[h // group, t0:t1], v_cache[h // group, t0:t1],
-            scores[h, : t1 - t0], out[h * hd_v : (h + 1) * hd_v],
+            q[h * hd_k : (h + 1) * hd_k], k_cache[h // group], v_cache[h // group], t0, t1,
+            scores[h], out[h * hd_v : (h + 1) * hd_v],
         )  # fmt: skip
-
-
-@numba.njit(**JIT)
-def kv_transpose(cache, t0, t1, out):
-    """out[g, i, :t1-t0] = cache[g, t0:t1, i] as float32 (prefill reads keys and values position-major).
-
-    cache [n_kv, n_ctx, hd] (uint16 half bits or float32); out float32 [n_kv, hd, >= t1 - t0].
-    """
-    for g in range(cache.shape[0]):
-        src = cache[g, t0:t1]
-        for i in range(cache.shape[2]):
-            dst = out[g, i]
-            for t in range(t1 - t0):
-                dst[t] = _kv_load(src[t, i])
 
 
 QUERY_BLOCK = 4  # queries of one head processed together, sharing each loaded key and value
 
 
-@numba.njit(parallel=True, **JIT)
-def attend_rows(q, kt, vt, pos0, t0, n, window, scores, like, out):
-    """Causal attention of M queries (positions pos0..pos0+M-1) over keys t0..t0+n-1 (prefill).
+@numba.njit(parallel=True, **ATT)
+def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, scores, acc, out):
+    """Causal attention of M queries (positions pos0..pos0+M-1) over cached keys t0..t0+n-1 (prefill).
 
-    q [M, n_head*hd_k] (scaled); kt [n_kv, hd_k, >= n] and vt [n_kv, hd_v, >= n]: keys and values transposed to
-    float32 by kv_transpose; scores: float32 scratch [n_slots, QUERY_BLOCK, >= n], one slot per concurrent task;
-    like: the V cache (probabilities are rounded to its precision); out [M, n_head*hd_v]. A query at position p
-    sees keys at p - window < key <= p (window 0: all keys <= p).
-    Work items are (head, block of 4 queries), dealt round-robin to the slots so causal rows balance out.
+    q [M, n_head*hd_k] (scaled); k_cache [n_kv, hd_k, n_ctx], v_cache [n_kv, n_ctx, hd_v]; scratch, one slot per
+    concurrent task: scores float32 [n_slots, QUERY_BLOCK, >= n], acc float32 [n_slots, QUERY_BLOCK, hd_v];
+    out [M, n_head*hd_v]. A query at position p sees keys at p - window < key <= p (window 0: all keys <= p).
+    Work items are (head, block of 4 queries), dealt round-robin to the slots so causal rows balance out. Each
+    query gets what attend_one computes for it, bit for bit: its scores over the block's columns are the same
+    lane-wise FMA chains, columns it cannot see get probability 0, and adding 0 * v leaves a sum unchanged.
     """
-    m_rows, n_kv, hd_k, hd_v = q.shape[0], kt.shape[0], kt.shape[1], vt.shape[1]
+    m_rows, n_kv, hd_k, hd_v = q.shape[0], k_cache.shape[0], k_cache.shape[1], v_cache.shape[2]
     n_head = q.shape[1] // hd_k
     group = n_head // n_kv
     n_blocks = (m_rows + QUERY_BLOCK - 1) // QUERY_BLOCK
     n_slots = scores.shape[0]
     for slot in numba.prange(n_slots):
-        sc = scores[slot]
+        sc, ob = scores[slot], acc[slot]
         for item in range(slot, n_head * n_blocks, n_slots):
             h, m0 = item // n_blocks, item % n_blocks * QUERY_BLOCK
             g, nr = h // group, min(QUERY_BLOCK, m_rows - m0)
@@ -362,14 +369,14 @@ def attend_rows(q, kt, vt, pos0, t0, n, window, scores, like, out):
             w = hi - lo
             sc[:, lo:hi] = 0.0
             for i in range(hd_k):
-                keys = kt[g, i, lo:hi]
+                keys = k_cache[g, i, t0 + lo : t0 + hi]
                 a0, a1, a2, a3 = q0[i], q1[i], q2[i], q3[i]
                 for t in range(w):
-                    k = keys[t]
-                    s0[t] += a0 * k
-                    s1[t] += a1 * k
-                    s2[t] += a2 * k
-                    s3[t] += a3 * k
+                    k = _kv_load(keys[t])
+                    s0[t] = _fma(a0, k, s0[t])
+                    s1[t] = _fma(a1, k, s1[t])
+                    s2[t] = _fma(a2, k, s2[t])
+                    s3[t] = _fma(a3, k, s3[t])
             for r in range(nr):
                 p = pos0 + m0 + r
                 rlo = max(0, p - window + 1 - t0) if window > 0 else 0
@@ -378,26 +385,22 @@ def attend_rows(q, kt, vt, pos0, t0, n, window, scores, like, out):
                 visible = row[rlo:rhi]
                 inv = _softmax_inplace(visible)
                 for j in range(rhi - rlo):
-                    visible[j] = _kv_round(visible[j] * inv, like)
+                    visible[j] = _kv_round(visible[j] * inv, v_cache)
                 row[lo:rlo] = 0.0
                 row[rhi:hi] = 0.0
-            for i in range(hd_v):
-                values = vt[g, i, lo:hi]
-                c0 = c1 = c2 = c3 = np.float32(0.0)
-                for t in range(w):
-                    v = values[t]
-                    c0 += s0[t] * v
-                    c1 += s1[t] * v
-                    c2 += s2[t] * v
-                    c3 += s3[t] * v
-                col = h * hd_v + i
-                out[m0, col] = c0
-                if nr > 1:
-                    out[m0 + 1, col] = c1
-                if nr > 2:
-                    out[m0 + 2, col] = c2
-                if nr > 3:
-                    out[m0 + 3, col] = c3
+            o0, o1, o2, o3 = ob[0], ob[1], ob[2], ob[3]
+            ob[:, :] = 0.0
+            for t in range(w):
+                values = v_cache[g, t0 + lo + t]
+                p0, p1, p2, p3 = s0[t], s1[t], s2[t], s3[t]
+                for i in range(hd_v):
+                    v = _kv_load(values[i])
+                    o0[i] = _fma(p0, v, o0[i])
+                    o1[i] = _fma(p1, v, o1[i])
+                    o2[i] = _fma(p2, v, o2[i])
+                    o3[i] = _fma(p3, v, o3[i])
+            for r in range(nr):
+                out[m0 + r, h * hd_v : (h + 1) * hd_v] = ob[r]
 
 
 # ---- feed-forward -----------------------------------------------------------------------------------------------

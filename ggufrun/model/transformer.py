@@ -9,8 +9,9 @@ then logits = rmsnorm(x) @ output.T. What differs per architecture is data (conf
 tensors, not branches here.
 
 Prefill runs `n_batch` tokens at a time through the batched kernels; a single token (decode) goes through the
-matvec kernels and `kernels.attend_one` without allocating anything. Everything runs on Numba's threads: no
-BLAS, whose own thread pool would fight Numba's for the same cores.
+matvec kernels and `kernels.attend_one` without allocating anything. Both give every token the same bits (batch
+invariance): logits do not depend on how a prompt is split into chunks, nor on a reused prefix. Everything runs
+on Numba's threads: no BLAS, whose own thread pool would fight Numba's for the same cores.
 """
 
 from __future__ import annotations
@@ -49,12 +50,12 @@ class RunState:
     up: np.ndarray  # [n_batch, n_ff]
     head_scores: np.ndarray  # [n_head, n_ctx] attention scores, then probabilities (decode)
     block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx] the same for blocks of queries, one per thread (prefill)
-    kt: np.ndarray  # [n_head_kv, head_dim_k, n_ctx] one layer's keys, transposed to float32 (prefill)
-    vt: np.ndarray  # [n_head_kv, head_dim_v, n_ctx] one layer's values, the same
+    block_out: np.ndarray  # [n_slots, QUERY_BLOCK, head_dim_v] their outputs while they accumulate (prefill)
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
-    # KV cache, contiguous per layer and per KV head so that decode reads each head's keys in one sweep.
+    # KV cache, contiguous per layer and per KV head. Keys are head-dimension-major: attention accumulates a
+    # query's scores one head dimension at a time over contiguous positions (kernels.attend_one / attend_rows).
     # float16 is stored as uint16 bit patterns (Numba has no float16 type); kernels convert with F16C.
-    k_cache: np.ndarray  # [n_layer, n_head_kv, n_ctx, head_dim_k]
+    k_cache: np.ndarray  # [n_layer, n_head_kv, head_dim_k, n_ctx]
     v_cache: np.ndarray  # [n_layer, n_head_kv, n_ctx, head_dim_v]
 
     @classmethod
@@ -74,11 +75,10 @@ class RunState:
             head_scores=np.zeros((c.n_head, n_ctx), f32),
             # one slot per thread Numba may ever run (the thread count can change between calls)
             block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx), f32),
-            kt=np.zeros((c.n_head_kv, c.head_dim_k, n_ctx), f32),
-            vt=np.zeros((c.n_head_kv, c.head_dim_v, n_ctx), f32),
+            block_out=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, c.head_dim_v), f32),
             logits=np.zeros((1, c.n_vocab), f32),
             # np.empty: pages of the cache cost memory only once written
-            k_cache=np.empty((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_k), store),
+            k_cache=np.empty((c.n_layer, c.n_head_kv, c.head_dim_k, n_ctx), store),
             v_cache=np.empty((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), store),
         )
 
@@ -251,9 +251,7 @@ class Transformer:
         if m == 1:
             kernels.attend_one(q[0], k_cache, v_cache, t0, end, s.head_scores, att[0])
         else:
-            kernels.kv_transpose(k_cache, t0, end, s.kt)
-            kernels.kv_transpose(v_cache, t0, end, s.vt)
-            kernels.attend_rows(q, s.kt, s.vt, pos0, t0, end - t0, window, s.block_scores, v_cache, att)
+            kernels.attend_rows(q, k_cache, v_cache, pos0, t0, end - t0, window, s.block_scores, s.block_out, att)
         self._project(att, (lw.attn_output, o))
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 

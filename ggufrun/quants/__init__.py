@@ -256,20 +256,15 @@ def matvec_q(w: np.ndarray, qtype, qx: QuantizedActivations, out: np.ndarray | N
 def matmul_q(w: np.ndarray, qtype, qx: QuantizedActivations, out: np.ndarray | None = None) -> np.ndarray:
     """Y = X @ W.T with X already quantized; out float32 [M, N].
 
-    Quantized weights: the integer-dot kernels (4 activation rows per weight-block decode); they match
-    llama.cpp's 8-bit activations and beat dequantize + BLAS here (benchmarks/kernels.py). Float weights with
-    M > 1: BLAS on the (rounded) activations, F16 / BF16 weights dequantized tile by tile.
+    The dot kernels decode each weight block once per 4 activation rows and compute every row exactly as
+    matvec_q would (bit for bit), so results never depend on M. For quantized weights they match llama.cpp's
+    8-bit activations and beat dequantize + BLAS here (benchmarks/kernels.py, `matmul_dequant`).
     """
     e = _entry(qtype)
     w2 = _weights(w, e)
     _check_act(e, w2, qx)
     out = _out(out, (qx.M, w2.shape[0]), "out")
-    if e.weight_dtype == np.uint8 or qx.M == 1:
-        e.dot(w2, *qx.arrays, out)
-    elif e.qtype == GGMLQuantizationType.F32:
-        np.matmul(qx.arrays[0], w2.T, out=out)
-    else:
-        _blas_tiles(w2, e, qx.arrays[0], out)
+    e.dot(w2, *qx.arrays, out)
     return out
 
 

@@ -31,7 +31,7 @@ from numba import njit, prange, types
 from numba.core import cgutils, config
 from numba.extending import intrinsic, models, register_model
 
-from .jit import EXACT, FAST, FAST_PARALLEL
+from .jit import DOT, DOT_PARALLEL, EXACT
 
 # ---------------------------------------------------------------------------------------------------------
 # Target features: x86 intrinsics only where the CPU Numba compiles for has them.
@@ -49,6 +49,7 @@ _FEATS = _target_features()
 HAS_VNNI = "avxvnni" in _FEATS or {"avx512vnni", "avx512vl"} <= _FEATS
 HAS_AVX2 = "avx2" in _FEATS
 HAS_F16C = "f16c" in _FEATS
+HAS_FMA = "fma" in _FEATS
 
 # ---------------------------------------------------------------------------------------------------------
 # Vector types: Numba values backed by LLVM vectors.
@@ -673,8 +674,18 @@ def imadd_v(typingctx, acc, p, s):
 
 
 # ---- 8 x float32 vectors ----------------------------------------------------------------------------------
+# No fast-math flags here: every float operation is spelled out (one llvm.fma per multiply-add where the CPU has
+# FMA), so LLVM can neither reassociate nor decide per call site whether to fuse. A row's result then depends
+# only on its own data, never on how many rows a kernel processes together (batch invariance: a prompt's
+# logits are the same whether it is evaluated in one chunk, in several, or token by token).
 
-_FM = ("fast",)
+
+def _vfma(builder, a, b, c):
+    """a * b + c lane-wise: one rounding with FMA, else two (either way the same at every call site)."""
+    if HAS_FMA:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8f32, [_v8f32] * 3), "llvm.fma.v8f32")
+        return builder.call(fn, [a, b, c])
+    return builder.fadd(builder.fmul(a, b), c)
 
 
 @intrinsic
@@ -693,8 +704,7 @@ def fma_i(typingctx, acc, iv, scale):
 
     def codegen(context, builder, sig, args):
         acc, iv, sc = args
-        prod = builder.fmul(builder.sitofp(iv, _v8f32), _bsplat(builder, _v8f32, sc), flags=_FM)
-        return builder.fadd(acc, prod, flags=_FM)
+        return _vfma(builder, builder.sitofp(iv, _v8f32), _bsplat(builder, _v8f32, sc), acc)
 
     return F32x8(F32x8, I32x8, types.float32), codegen
 
@@ -704,7 +714,7 @@ def fma_v(typingctx, acc, a, b):
     """acc + a * b, lane-wise."""
 
     def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], builder.fmul(args[1], args[2], flags=_FM), flags=_FM)
+        return _vfma(builder, args[1], args[2], args[0])
 
     return F32x8(F32x8, F32x8, F32x8), codegen
 
@@ -712,88 +722,28 @@ def fma_v(typingctx, acc, a, b):
 @intrinsic
 def fadd_v(typingctx, a, b):
     def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], args[1], flags=_FM)
+        return builder.fadd(args[0], args[1])
 
     return F32x8(F32x8, F32x8), codegen
 
 
 @intrinsic
-def fcvt(typingctx, v):
-    """int32 lanes -> float32 lanes."""
-
-    def codegen(context, builder, sig, args):
-        return builder.sitofp(args[0], _v8f32)
-
-    return F32x8(I32x8), codegen
-
-
-@intrinsic
-def fscale(typingctx, v, s):
-    """v * s (s a float32 scalar)."""
-    if s != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fmul(args[0], _bsplat(builder, _v8f32, args[1]), flags=_FM)
-
-    return F32x8(F32x8, types.float32), codegen
-
-
-@intrinsic
-def fperm(typingctx, v, idx):
-    """v[idx] lane-wise (vpermps): spreads per-sub-block scales over a group's dpbusd lanes."""
-
-    def codegen(context, builder, sig, args):
-        if HAS_AVX2:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_v8f32, [_v8f32, _v8i32]), "llvm.x86.avx2.permps"
-            )
-            return builder.call(fn, [args[0], args[1]])
-        out = _splat(_v8f32, 0.0)
-        for i in range(8):
-            j = builder.extract_element(args[1], ir.Constant(_i32, i))
-            out = builder.insert_element(out, builder.extract_element(args[0], j), ir.Constant(_i32, i))
-        return out
-
-    return F32x8(F32x8, I32x8), codegen
-
-
-@intrinsic
-def fma_iv(typingctx, acc, iv, sv):
-    """acc + float(iv) * sv, lane-wise."""
-
-    def codegen(context, builder, sig, args):
-        prod = builder.fmul(builder.sitofp(args[1], _v8f32), args[2], flags=_FM)
-        return builder.fadd(args[0], prod, flags=_FM)
-
-    return F32x8(F32x8, I32x8, F32x8), codegen
-
-
-@intrinsic
-def lane_idx(typingctx, g, per16):
-    """Lane-to-scale indices for group g: (g x 8) for one scale per 32 values, else (2g x 4, 2g+1 x 4) of
-    the half's 8 scales (g % 4)."""
-    if not isinstance(g, types.Integer) or not isinstance(per16, types.Boolean):
-        return None
-
-    def codegen(context, builder, sig, args):
-        g = _int_arg(context, builder, sig.args[0], args[0])
-        g2 = builder.shl(builder.and_(g, ir.Constant(_i32, 3)), ir.Constant(_i32, 1))
-        pair = builder.add(_bsplat(builder, _v8i32, g2), ir.Constant(_v8i32, [0, 0, 0, 0, 1, 1, 1, 1]))
-        return builder.select(args[1], pair, _bsplat(builder, _v8i32, g))
-
-    return I32x8(g, per16), codegen
-
-
-@intrinsic
 def hsum(typingctx, v):
-    """Sum of the 8 lanes."""
+    """Sum of the 8 lanes, always as ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))."""
 
     def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_f32, [_f32, _v8f32]), "llvm.vector.reduce.fadd.v8f32"
+        v = args[0]
+        a = builder.fadd(
+            builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 4), [0, 1, 2, 3])),
+            builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 4), [4, 5, 6, 7])),
         )
-        return builder.call(fn, [ir.Constant(_f32, 0.0), args[0]], fastmath=("reassoc",))
+        b = builder.fadd(
+            builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(_i32, 2), [0, 1])),
+            builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(_i32, 2), [2, 3])),
+        )
+        return builder.fadd(
+            builder.extract_element(b, ir.Constant(_i32, 0)), builder.extract_element(b, ir.Constant(_i32, 1))
+        )
 
     return types.float32(F32x8), codegen
 
@@ -921,19 +871,24 @@ def round_bf16_rows(x, out):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Dot products. 4-row variants (prefill): a weight block is decoded once into signed 8-bit codes `wq`
-# (value = d * wq + m), then for each of 4 activation rows
-#     p = dpbusd(corr128(wq), x + 128, wq)    # = sum x * wq over the block, in int32 lanes
-#     acc += float(p) * (d * d_x)             # one float multiply-add per block and activation row
-# 1-row variants (decode, and the M % 4 rest): unsigned codes u = wq + offset times the signed quants x,
-#     p = dpbusd(-offset * sum(x), u, x)      # the offset comes off through the activation block sums
-# `kind` is a compile-time constant: the branches on it fold away (LLVM inlines the small helpers).
+# Dot products. Each weight block is decoded to 8-bit codes in registers and multiplied with the 8-bit
+# activation quants in int32 lanes (exact), then one float multiply-add per block (32-value types) or per
+# super-block (K-quants) folds the lanes into a float accumulator:
+#     32-value types: p = dpbusd(ilane0(-offset * sum(x)), u, x)   unsigned codes u = value/d + offset, signed x,
+#                                                                  the offset taken off through the block sum
+#     K-quants:       p = sum over groups of dpbusd(., codes, x) * sub-block scale   (int32 lanes)
+#                     codes with an offset (Q3_K, Q6_K, IQ4_XS) stay signed and meet x + 128, corrected by corr128
+#     then            acc = fma(float(p), d * d_x, acc)   (+ the min terms, scalar)
+# The 4-row variants (prefill) decode a weight block once and then do for each of 4 activation rows exactly what
+# the 1-row variant (decode) does, in the same order. Integer lanes are exact and the float steps are the same
+# sequence, so a row's result never depends on the rows processed with it (tests/test_quants.py checks bit
+# equality). `kind` is a compile-time constant: the branches on it fold away (LLVM inlines the small helpers).
 
 # 32-value block types
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = range(6)
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _block32(kind, w, o, unsigned):
     """Block at byte o -> (codes I8x32, d, m): value j = d * (codes[j] - offset) + m, offset = _offset32(kind)
     if `unsigned`, else the codes are the signed values themselves (offset 0). Layouts: see registry."""
@@ -954,7 +909,7 @@ def _block32(kind, w, o, unsigned):
     return (iq4_lut_u(q) if unsigned else iq4_lut(q)), ld_f16(w, o), np.float32(0.0)
 
 
-@njit(inline="always", **FAST)
+@njit(inline="always", **DOT)
 def _offset32(kind):
     """What the unsigned codes of `kind` exceed the signed values by."""
     if kind == Q4_0:
@@ -966,38 +921,36 @@ def _offset32(kind):
     return 0
 
 
-@njit(inline="always", **FAST)
+@njit(inline="always", **DOT)
 def row32(kind, bsize, w, wo, qu, m, d, s, qs, sums):
-    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes.
-
-    One activation row: unsigned codes times the signed quants, the code offset taken off through the block
-    sums (seeded into the dpbusd lanes), which is cheaper here than a correction per weight block."""
-    K = qu.shape[1]
+    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes (qu unused: kept so
+    that every 32-value kernel takes the activation arrays in the order quantize_q8_1 fills them)."""
+    K = qs.shape[1]
+    off = _offset32(kind)
     acc = fzero()
     accm = np.float32(0.0)
     for b in range(K // 32):
         u, dw, mw = _block32(kind, w, wo + b * bsize, True)
-        p = dpbusd(ilane0(-_offset32(kind) * sums[m, b]), u, ld32(qs, m * K + 32 * b))
-        acc = fma_i(acc, p, dw * d[m, b])
+        acc = fma_i(acc, dpbusd(ilane0(-off * sums[m, b]), u, ld32(qs, m * K + 32 * b)), dw * d[m, b])
         if kind == Q4_1 or kind == Q5_1:
             accm += mw * s[m, b]  # the min term: m * d_x * sum(q_x), from Q8_1's s
     return hsum(acc) + accm
 
 
-@njit(inline="always", **FAST)
-def row32x4(kind, bsize, w, wo, qu, m, d, s):
+@njit(inline="always", **DOT)
+def row32x4(kind, bsize, w, wo, m, d, s, qs, sums):
     """row32 for activation rows m .. m+3, decoding each weight block once."""
-    K = qu.shape[1]
+    K = qs.shape[1]
+    off = _offset32(kind)
     a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
     m0 = m1 = m2 = m3 = np.float32(0.0)
     for b in range(K // 32):
-        wq, dw, mw = _block32(kind, w, wo + b * bsize, False)
-        c = corr128(wq)
+        u, dw, mw = _block32(kind, w, wo + b * bsize, True)
         xo = m * K + 32 * b
-        a0 = fma_i(a0, dpbusd(c, ld32(qu, xo), wq), dw * d[m, b])
-        a1 = fma_i(a1, dpbusd(c, ld32(qu, xo + K), wq), dw * d[m + 1, b])
-        a2 = fma_i(a2, dpbusd(c, ld32(qu, xo + 2 * K), wq), dw * d[m + 2, b])
-        a3 = fma_i(a3, dpbusd(c, ld32(qu, xo + 3 * K), wq), dw * d[m + 3, b])
+        a0 = fma_i(a0, dpbusd(ilane0(-off * sums[m, b]), u, ld32(qs, xo)), dw * d[m, b])
+        a1 = fma_i(a1, dpbusd(ilane0(-off * sums[m + 1, b]), u, ld32(qs, xo + K)), dw * d[m + 1, b])
+        a2 = fma_i(a2, dpbusd(ilane0(-off * sums[m + 2, b]), u, ld32(qs, xo + 2 * K)), dw * d[m + 2, b])
+        a3 = fma_i(a3, dpbusd(ilane0(-off * sums[m + 3, b]), u, ld32(qs, xo + 3 * K)), dw * d[m + 3, b])
         if kind == Q4_1 or kind == Q5_1:
             m0 += mw * s[m, b]
             m1 += mw * s[m + 1, b]
@@ -1010,7 +963,7 @@ def row32x4(kind, bsize, w, wo, qu, m, d, s):
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = range(6)
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _scales_k(kind, w, o):
     """The super-block's integer scales as two int32 vectors: 8 per-32-value scales in the first (Q4_K, Q5_K,
     IQ4_XS), or 16 per-16-value scales across both (Q2_K, Q3_K, Q6_K)."""
@@ -1027,7 +980,7 @@ def _scales_k(kind, w, o):
     return a, a
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _group_k(kind, w, o, g, sc0, sc1, unsigned):
     """Group g (values 32g..32g+31) of the super-block at byte o -> (codes, scales in dpbusd lanes).
 
@@ -1053,19 +1006,7 @@ def _group_k(kind, w, o, g, sc0, sc1, unsigned):
     return (iq4_lut_u(q) if unsigned else iq4_lut(q)), ibcast(sc0, g)
 
 
-@njit(inline="always", **FAST)
-def _offset_k(kind, sc0, sc1, m, b, bsums16, bsums32):
-    """sum over sub-blocks of scale * offset * (sum of the activation quants in it): what unsigned codes add."""
-    if kind == Q6_K or kind == Q3_K:
-        o = 4 * (m * bsums16.shape[1] + 16 * b)
-        t = idot(sc0, ld_i32x8(bsums16, o)) + idot(sc1, ld_i32x8(bsums16, o + 32))
-        return (32 if kind == Q6_K else 4) * t
-    if kind == IQ4_XS:
-        return 128 * idot(sc0, ld_i32x8(bsums32, 4 * (m * bsums32.shape[1] + 8 * b)))
-    return 0
-
-
-@njit(**FAST)
+@njit(**DOT)
 def _d_k(kind, w, o):
     """Super-block scale d."""
     if kind == Q6_K:
@@ -1077,7 +1018,7 @@ def _d_k(kind, w, o):
     return ld_f16(w, o)
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _mins_k(kind, w, o):
     """(dmin, mins of values 0-127, mins of values 128-255) for the types with mins, as int32 lanes that
     line up with bsums32 (Q4_K, Q5_K: 8 mins of 32 values) or bsums16 (Q2_K: 16 mins of 16 values)."""
@@ -1088,7 +1029,7 @@ def _mins_k(kind, w, o):
     return np.float32(0.0), izero(), izero()
 
 
-@njit(inline="always", **FAST)
+@njit(inline="always", **DOT)
 def _min_term(kind, mins0, mins1, m, b, bsums16, bsums32):
     """sum over sub-blocks of min * (sum of the activation quants in it), for activation row m."""
     if kind == Q4_K or kind == Q5_K:
@@ -1099,43 +1040,45 @@ def _min_term(kind, mins0, mins1, m, b, bsums16, bsums32):
     return 0
 
 
-@njit(inline="always", **FAST)
-def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
-    """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes.
+@njit(inline="always", **DOT)
+def _signed_k(kind):
+    """Whether the group codes carry an offset (then they stay signed and meet the x + 128 quants)."""
+    return kind == Q3_K or kind == Q6_K or kind == IQ4_XS
 
-    One activation row: unsigned codes times the signed quants; code offsets come off per super-block through
-    the activation sums (`_offset_k`), cheaper here than a correction per weight group (except for Q6_K and
-    IQ4_XS, measured). Each group's int32 lanes go straight into the float accumulator with their sub-block
-    scale x d x d_x (one vpermps + FMA instead of an integer multiply per group; Q5_K/Q2_K/IQ4_XS +10-15%)."""
-    K = qu.shape[1]
+
+@njit(inline="always", **DOT)
+def _gdot(kind, wq, c, qu, qs, xo):
+    """int32 lanes of one group's codes . activation quants at byte xo (c: corr128(wq) for signed codes)."""
+    if _signed_k(kind):
+        return dpbusd(c, ld32(qu, xo), wq)
+    return dpbusd(izero(), wq, ld32(qs, xo))  # codes >= 0: unsigned operand as they are
+
+
+@njit(inline="always", **DOT)
+def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
+    """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes."""
+    K = qs.shape[1]
     acc = fzero()
     accm = np.float32(0.0)
     for b in range(K // 256):
         o = wo + b * bsize
         sc0, sc1 = _scales_k(kind, w, o)
-        dd = _d_k(kind, w, o) * d[m, b]
-        per16 = kind == Q6_K or kind == Q3_K or kind == Q2_K
-        f0, f1 = fscale(fcvt(sc0), dd), fscale(fcvt(sc1), dd)  # scale x d x d_x, one float per sub-block
+        i0 = izero()
         for g in range(8):
-            if kind == Q6_K or kind == IQ4_XS:  # measured: the per-group correction is faster for these
-                wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
-                p = dpbusd(corr128(wq), ld32(qu, m * K + 256 * b + 32 * g), wq)
-            else:
-                u, sc = _group_k(kind, w, o, g, sc0, sc1, True)
-                p = dpbusd(izero(), u, ld32(qs, m * K + 256 * b + 32 * g))
-            acc = fma_iv(acc, p, fperm(f0 if (not per16 or g < 4) else f1, lane_idx(g, per16)))
-        if kind != Q6_K and kind != IQ4_XS:
-            accm += dd * np.float32(_offset_k(kind, sc0, sc1, m, b, bsums16, bsums32))
+            wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
+            c = corr128(wq) if _signed_k(kind) else izero()
+            i0 = imadd_v(i0, _gdot(kind, wq, c, qu, qs, m * K + 256 * b + 32 * g), sc)
+        acc = fma_i(acc, i0, _d_k(kind, w, o) * d[m, b])
         if kind == Q4_K or kind == Q5_K or kind == Q2_K:
             dmin, mins0, mins1 = _mins_k(kind, w, o)
             accm += dmin * d[m, b] * np.float32(_min_term(kind, mins0, mins1, m, b, bsums16, bsums32))
     return hsum(acc) - accm
 
 
-@njit(inline="always", **FAST)
-def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32):
+@njit(inline="always", **DOT)
+def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     """rowk for activation rows m .. m+3, decoding each weight group once."""
-    K = qu.shape[1]
+    K = qs.shape[1]
     a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
     m0 = m1 = m2 = m3 = np.float32(0.0)
     for b in range(K // 256):
@@ -1144,12 +1087,12 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32):
         sc0, sc1 = _scales_k(kind, w, o)
         for g in range(8):
             wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
-            c = corr128(wq)
+            c = corr128(wq) if _signed_k(kind) else izero()
             xo = m * K + 256 * b + 32 * g
-            i0 = imadd_v(i0, dpbusd(c, ld32(qu, xo), wq), sc)
-            i1 = imadd_v(i1, dpbusd(c, ld32(qu, xo + K), wq), sc)
-            i2 = imadd_v(i2, dpbusd(c, ld32(qu, xo + 2 * K), wq), sc)
-            i3 = imadd_v(i3, dpbusd(c, ld32(qu, xo + 3 * K), wq), sc)
+            i0 = imadd_v(i0, _gdot(kind, wq, c, qu, qs, xo), sc)
+            i1 = imadd_v(i1, _gdot(kind, wq, c, qu, qs, xo + K), sc)
+            i2 = imadd_v(i2, _gdot(kind, wq, c, qu, qs, xo + 2 * K), sc)
+            i3 = imadd_v(i3, _gdot(kind, wq, c, qu, qs, xo + 3 * K), sc)
         dw = _d_k(kind, w, o)
         a0 = fma_i(a0, i0, dw * d[m, b])
         a1 = fma_i(a1, i1, dw * d[m + 1, b])
@@ -1165,61 +1108,83 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32):
 
 
 # Float weights: w is the typed matrix (float32, or uint16 bits of F16 / BF16), x float32 already rounded to
-# the weight's precision. Four accumulators hide the FMA latency; the tail (K % 32) is scalar.
+# the weight's precision. Four accumulators per row hide the FMA latency; the tail (K % 32) is scalar.
+F32K, F16K, BF16K = range(3)
 
 
-@njit(inline="always", **FAST)
-def row_f32(w, wo, x, m):
-    K = x.shape[1]
-    xo = m * K * 4
-    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
-    k = 0
-    while k + 32 <= K:
-        a0 = fma_v(a0, ld_f32x8(w, wo + 4 * k), ld_f32x8(x, xo + 4 * k))
-        a1 = fma_v(a1, ld_f32x8(w, wo + 4 * k + 32), ld_f32x8(x, xo + 4 * k + 32))
-        a2 = fma_v(a2, ld_f32x8(w, wo + 4 * k + 64), ld_f32x8(x, xo + 4 * k + 64))
-        a3 = fma_v(a3, ld_f32x8(w, wo + 4 * k + 96), ld_f32x8(x, xo + 4 * k + 96))
-        k += 32
+@njit(inline="always", **DOT)
+def _ldw8(kind, w, off):
+    """8 weights from element `off` as float32."""
+    if kind == F32K:
+        return ld_f32x8(w, 4 * off)
+    if kind == F16K:
+        return ld_f16x8(w, 2 * off)
+    return ld_bf16x8(w, 2 * off)
+
+
+@njit(inline="always", **DOT)
+def _ldw1(kind, w, off):
+    if kind == F32K:
+        return ld_f32(w, 4 * off)
+    if kind == F16K:
+        return ld_f16(w, 2 * off)
+    return np.uint32(ld_u16(w, 2 * off) << 16).view(np.float32)
+
+
+@njit(inline="always", **DOT)
+def _fold(a0, a1, a2, a3, kind, w, wo, x, m, k):
+    """row_float's last steps for one row: the accumulators' sum, then the scalar tail from k."""
     total = hsum(fadd_v(fadd_v(a0, a1), fadd_v(a2, a3)))
-    for j in range(k, K):
-        total += ld_f32(w, wo + 4 * j) * x[m, j]
+    for j in range(k, x.shape[1]):
+        total += _ldw1(kind, w, wo + j) * x[m, j]
     return total
 
 
-@njit(inline="always", **FAST)
-def row_f16(w, wo, x, m):
+@njit(inline="always", **DOT)
+def row_float(kind, w, n, x, m):
+    """Weight row n . activation row m."""
     K = x.shape[1]
-    xo = m * K * 4
+    wo, xo = n * K, m * K * 4
     a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
     k = 0
     while k + 32 <= K:
-        a0 = fma_v(a0, ld_f16x8(w, wo + 2 * k), ld_f32x8(x, xo + 4 * k))
-        a1 = fma_v(a1, ld_f16x8(w, wo + 2 * k + 16), ld_f32x8(x, xo + 4 * k + 32))
-        a2 = fma_v(a2, ld_f16x8(w, wo + 2 * k + 32), ld_f32x8(x, xo + 4 * k + 64))
-        a3 = fma_v(a3, ld_f16x8(w, wo + 2 * k + 48), ld_f32x8(x, xo + 4 * k + 96))
+        a0 = fma_v(a0, _ldw8(kind, w, wo + k), ld_f32x8(x, xo + 4 * k))
+        a1 = fma_v(a1, _ldw8(kind, w, wo + k + 8), ld_f32x8(x, xo + 4 * k + 32))
+        a2 = fma_v(a2, _ldw8(kind, w, wo + k + 16), ld_f32x8(x, xo + 4 * k + 64))
+        a3 = fma_v(a3, _ldw8(kind, w, wo + k + 24), ld_f32x8(x, xo + 4 * k + 96))
         k += 32
-    total = hsum(fadd_v(fadd_v(a0, a1), fadd_v(a2, a3)))
-    for j in range(k, K):
-        total += ld_f16(w, wo + 2 * j) * x[m, j]
-    return total
+    return _fold(a0, a1, a2, a3, kind, w, wo, x, m, k)
 
 
-@njit(inline="always", **FAST)
-def row_bf16(w, wo, x, m):
+@njit(inline="always", **DOT)
+def row_floatx4(kind, w, n, x, m):
+    """row_float for activation rows m .. m+3, loading each 8 weights once."""
     K = x.shape[1]
-    xo = m * K * 4
+    wo, xo, r = n * K, m * K * 4, K * 4
     a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
+    b0, b1, b2, b3 = fzero(), fzero(), fzero(), fzero()
+    c0, c1, c2, c3 = fzero(), fzero(), fzero(), fzero()
+    e0, e1, e2, e3 = fzero(), fzero(), fzero(), fzero()
     k = 0
     while k + 32 <= K:
-        a0 = fma_v(a0, ld_bf16x8(w, wo + 2 * k), ld_f32x8(x, xo + 4 * k))
-        a1 = fma_v(a1, ld_bf16x8(w, wo + 2 * k + 16), ld_f32x8(x, xo + 4 * k + 32))
-        a2 = fma_v(a2, ld_bf16x8(w, wo + 2 * k + 32), ld_f32x8(x, xo + 4 * k + 64))
-        a3 = fma_v(a3, ld_bf16x8(w, wo + 2 * k + 48), ld_f32x8(x, xo + 4 * k + 96))
+        w0, w1 = _ldw8(kind, w, wo + k), _ldw8(kind, w, wo + k + 8)
+        w2, w3 = _ldw8(kind, w, wo + k + 16), _ldw8(kind, w, wo + k + 24)
+        o = xo + 4 * k
+        a0, a1 = fma_v(a0, w0, ld_f32x8(x, o)), fma_v(a1, w1, ld_f32x8(x, o + 32))
+        a2, a3 = fma_v(a2, w2, ld_f32x8(x, o + 64)), fma_v(a3, w3, ld_f32x8(x, o + 96))
+        b0, b1 = fma_v(b0, w0, ld_f32x8(x, o + r)), fma_v(b1, w1, ld_f32x8(x, o + r + 32))
+        b2, b3 = fma_v(b2, w2, ld_f32x8(x, o + r + 64)), fma_v(b3, w3, ld_f32x8(x, o + r + 96))
+        c0, c1 = fma_v(c0, w0, ld_f32x8(x, o + 2 * r)), fma_v(c1, w1, ld_f32x8(x, o + 2 * r + 32))
+        c2, c3 = fma_v(c2, w2, ld_f32x8(x, o + 2 * r + 64)), fma_v(c3, w3, ld_f32x8(x, o + 2 * r + 96))
+        e0, e1 = fma_v(e0, w0, ld_f32x8(x, o + 3 * r)), fma_v(e1, w1, ld_f32x8(x, o + 3 * r + 32))
+        e2, e3 = fma_v(e2, w2, ld_f32x8(x, o + 3 * r + 64)), fma_v(e3, w3, ld_f32x8(x, o + 3 * r + 96))
         k += 32
-    total = hsum(fadd_v(fadd_v(a0, a1), fadd_v(a2, a3)))
-    for j in range(k, K):
-        total += np.uint32(ld_u16(w, wo + 2 * j) << 16).view(np.float32) * x[m, j]
-    return total
+    return (
+        _fold(a0, a1, a2, a3, kind, w, wo, x, m, k),
+        _fold(b0, b1, b2, b3, kind, w, wo, x, m + 1, k),
+        _fold(c0, c1, c2, c3, kind, w, wo, x, m + 2, k),
+        _fold(e0, e1, e2, e3, kind, w, wo, x, m + 3, k),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1231,314 +1196,333 @@ def row_bf16(w, wo, x, m):
 CHUNK = 16  # weight rows per parallel work item
 
 
-@njit(**FAST)
-def _m_tile(K):
-    """Activation rows per tile: the 4-row kernels sweep a tile (<= 32 KB of quants, L1-resident) over the
+@njit(**DOT)
+def _m_tile(row_bytes):
+    """Activation rows per tile: the 4-row kernels sweep a tile (<= 32 KB of activations, L1-resident) over the
     chunk's weight rows, so each weight row is decoded once per tile and the activations come from L1."""
-    return max(4, (32768 // K) // 4 * 4)
+    return max(4, (32768 // row_bytes) // 4 * 4)
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q4_0(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_0, 18, w, n * rb, qu, m, d, s)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_0, 18, w, n * rb, m, d, s, qs, sums)
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = row32(Q4_0, 18, w, n * rb, qu, m, d, s, qs, sums)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q4_0(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q4_0(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q4_1(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_1, 20, w, n * rb, qu, m, d, s)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_1, 20, w, n * rb, m, d, s, qs, sums)
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = row32(Q4_1, 20, w, n * rb, qu, m, d, s, qs, sums)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q4_1(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q4_1(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q5_0(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_0, 22, w, n * rb, qu, m, d, s)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_0, 22, w, n * rb, m, d, s, qs, sums)
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = row32(Q5_0, 22, w, n * rb, qu, m, d, s, qs, sums)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q5_0(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q5_0(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q5_1(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_1, 24, w, n * rb, qu, m, d, s)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_1, 24, w, n * rb, m, d, s, qs, sums)
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = row32(Q5_1, 24, w, n * rb, qu, m, d, s, qs, sums)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q5_1(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q5_1(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q8_0(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q8_0, 34, w, n * rb, qu, m, d, s)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q8_0, 34, w, n * rb, m, d, s, qs, sums)
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = row32(Q8_0, 34, w, n * rb, qu, m, d, s, qs, sums)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q8_0(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q8_0(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_iq4_nl(w, qu, d, s, qs, sums, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(IQ4_NL, 18, w, n * rb, qu, m, d, s)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(
+                    IQ4_NL, 18, w, n * rb, m, d, s, qs, sums
+                )
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = row32(IQ4_NL, 18, w, n * rb, qu, m, d, s, qs, sums)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_iq4_nl(w, qu, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_iq4_nl(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q2_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(Q2_K, 84, w, n * rb, qu, m, d, b16, b32)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
+                    Q2_K, 84, w, n * rb, qu, m, d, b16, b32, qs
+                )
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = rowk(Q2_K, 84, w, n * rb, qu, m, d, b16, b32, qs)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q2_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q2_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q3_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    Q3_K, 110, w, n * rb, qu, m, d, b16, b32
+                    Q3_K, 110, w, n * rb, qu, m, d, b16, b32, qs
                 )
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = rowk(Q3_K, 110, w, n * rb, qu, m, d, b16, b32, qs)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q3_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q3_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q4_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    Q4_K, 144, w, n * rb, qu, m, d, b16, b32
+                    Q4_K, 144, w, n * rb, qu, m, d, b16, b32, qs
                 )
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = rowk(Q4_K, 144, w, n * rb, qu, m, d, b16, b32, qs)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q4_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q4_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q5_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    Q5_K, 176, w, n * rb, qu, m, d, b16, b32
+                    Q5_K, 176, w, n * rb, qu, m, d, b16, b32, qs
                 )
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = rowk(Q5_K, 176, w, n * rb, qu, m, d, b16, b32, qs)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q5_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q5_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_q6_k(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    Q6_K, 210, w, n * rb, qu, m, d, b16, b32
+                    Q6_K, 210, w, n * rb, qu, m, d, b16, b32, qs
                 )
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = rowk(Q6_K, 210, w, n * rb, qu, m, d, b16, b32, qs)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_q6_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_q6_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_iq4_xs(w, qu, d, b16, b32, qs, out, n0, n1):
     rb = w.shape[1]
-    M4 = qu.shape[0] // 4 * 4
-    MT = _m_tile(qu.shape[1])
+    M4 = qs.shape[0] // 4 * 4
+    MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             for m in range(t, min(M4, t + MT), 4):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32
+                    IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32, qs
                 )
     for n in range(n0, n1):
-        for m in range(M4, qu.shape[0]):
+        for m in range(M4, qs.shape[0]):
             out[m, n] = rowk(IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32, qs)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_iq4_xs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_iq4_xs(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_f32(w, x, out, n0, n1):
-    rb = w.shape[1] * 4
+    M4 = x.shape[0] // 4 * 4
+    MT = _m_tile(4 * x.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row_floatx4(F32K, w, n, x, m)
     for n in range(n0, n1):
-        for m in range(x.shape[0]):
-            out[m, n] = row_f32(w, n * rb, x, m)
+        for m in range(M4, x.shape[0]):
+            out[m, n] = row_float(F32K, w, n, x, m)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_f32(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_f32(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_f16(w, x, out, n0, n1):
-    rb = w.shape[1] * 2
+    M4 = x.shape[0] // 4 * 4
+    MT = _m_tile(4 * x.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row_floatx4(F16K, w, n, x, m)
     for n in range(n0, n1):
-        for m in range(x.shape[0]):
-            out[m, n] = row_f16(w, n * rb, x, m)
+        for m in range(M4, x.shape[0]):
+            out[m, n] = row_float(F16K, w, n, x, m)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_f16(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_f16(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**FAST)
+@njit(**DOT)
 def _rows_bf16(w, x, out, n0, n1):
-    rb = w.shape[1] * 2
+    M4 = x.shape[0] // 4 * 4
+    MT = _m_tile(4 * x.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row_floatx4(BF16K, w, n, x, m)
     for n in range(n0, n1):
-        for m in range(x.shape[0]):
-            out[m, n] = row_bf16(w, n * rb, x, m)
+        for m in range(M4, x.shape[0]):
+            out[m, n] = row_float(BF16K, w, n, x, m)
 
 
-@njit(**FAST_PARALLEL)
+@njit(**DOT_PARALLEL)
 def dot_bf16(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):

@@ -1,15 +1,17 @@
 """Numba options for every kernel in ggufrun.quants, in one place.
 
-FAST is for the dot-product kernels: reassociation and FMA contraction let LLVM keep several accumulators
-and fuse multiply-adds. It deliberately leaves out `nnan`/`ninf` (callers use -inf masks), so it is an
-explicit flag set rather than `fastmath=True`.
+DOT is for the dot-product kernels (ggufrun.quants.dot): their vector arithmetic is spelled out with explicit
+FMAs, and strict IEEE semantics everywhere else keep LLVM from reordering it differently in the 1-row and 4-row
+kernels, so a row's result does not depend on how many rows are computed together.
 EXACT is for dequantization and activation quantization, which must round exactly like gguf-py / llama.cpp:
 no contraction (`a*b + c` must round twice, as NumPy does) and no reciprocal tricks (`127/amax`).
+FAST (reassociation and FMA contraction, without `nnan`/`ninf`) is for experiments in dev/ that let LLVM
+vectorise reductions its own way.
 """
 
 FASTMATH = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
 
-FAST = dict(cache=True, nogil=True, fastmath=set(FASTMATH), error_model="numpy", boundscheck=False)
+DOT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
+DOT_PARALLEL = dict(DOT, parallel=True)
 EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
-FAST_PARALLEL = dict(FAST, parallel=True)
-EXACT_PARALLEL = dict(EXACT, parallel=True)
+FAST = dict(cache=True, nogil=True, fastmath=set(FASTMATH), error_model="numpy", boundscheck=False)

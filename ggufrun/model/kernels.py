@@ -279,20 +279,17 @@ def qkv_rope_store(
 @numba.njit(inline="always", **ATT)
 def _softmax_inplace(x):
     """x = exp(x - max(x)) in place; returns float(1 / sum), the sum in double (as ggml's soft_max) over four
-    interleaved partial sums in a fixed order."""
+    interleaved partial sums in a fixed order. The exp pass has no loop-carried value, so it vectorises."""
     best = _max_of(x)
     n = x.shape[0]
+    for j in range(n):
+        x[j] = _expf(x[j] - best)
     n4 = n - n % 4
     t0 = t1 = t2 = t3 = 0.0
     for j in range(0, n4, 4):
-        e0, e1 = _expf(x[j] - best), _expf(x[j + 1] - best)
-        e2, e3 = _expf(x[j + 2] - best), _expf(x[j + 3] - best)
-        x[j], x[j + 1], x[j + 2], x[j + 3] = e0, e1, e2, e3
-        t0, t1, t2, t3 = t0 + e0, t1 + e1, t2 + e2, t3 + e3
+        t0, t1, t2, t3 = t0 + x[j], t1 + x[j + 1], t2 + x[j + 2], t3 + x[j + 3]
     for j in range(n4, n):
-        e = _expf(x[j] - best)
-        x[j] = e
-        t0 += e
+        t0 += x[j]
     return _inv_sum((t0 + t1) + (t2 + t3))
 
 

@@ -5,7 +5,8 @@ out; a zero-length array stands for an absent optional tensor (bias, norm weight
 or IEEE half floats stored as uint16 (Numba has no float16): `_kv_load` / `_kv_store` convert one value with the
 CPU's F16C instructions (LLVM `fpext`/`fptrunc` on `half`), so the loops still vectorise.
 
-All helpers a kernel calls are in this module: Numba's on-disk cache does not notice edits to other files.
+All helpers a kernel calls are in this module (Numba's on-disk cache does not notice edits to other files); the one
+import is the F32x8 lane type of ggufrun.quants.dot, a type registration that generates no code.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
+
+from ..quants.dot import F32x8
 
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says.
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
@@ -63,6 +66,80 @@ def _i32_as_f32(typingctx, i):
         return builder.bitcast(args[0], ir.FloatType())
 
     return sig, codegen
+
+
+# ---- 8 x float32 vectors for attention (the lane type is ggufrun.quants.dot's F32x8) ------------------------------
+# Attention tiles keep their accumulators in registers through these. Multiply-adds are llvm.fma, as in the
+# scalar _fma, so a lane computes exactly what the scalar code would.
+
+_V8 = ir.VectorType(ir.FloatType(), 8)
+
+
+def _elem_ptr(context, builder, aryty, ary, idx, idxty):
+    data = context.make_array(aryty)(context, builder, ary).data
+    return builder.gep(data, [context.cast(builder, idx, idxty, types.intp)], inbounds=True)
+
+
+@intrinsic
+def _ld8(typingctx, a, i):
+    """a[i:i+8] (flat element index into a C-contiguous array) as float32 lanes; uint16 arrays hold IEEE halves."""
+    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype in (types.uint16, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        if sig.args[0].dtype == types.uint16:
+            h = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), 8).as_pointer()), align=2)
+            return builder.fpext(h, _V8)
+        return builder.load(builder.bitcast(ptr, _V8.as_pointer()), align=4)
+
+    return F32x8(a, i), codegen
+
+
+@intrinsic
+def _st8(typingctx, a, i, v):
+    """a[i:i+8] = v, a float32 C-contiguous."""
+    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        builder.store(args[2], builder.bitcast(ptr, _V8.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(a, i, F32x8), codegen
+
+
+@intrinsic
+def _bc8(typingctx, x):
+    """x in every lane."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = builder.insert_element(ir.Constant(_V8, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+
+    return F32x8(types.float32), codegen
+
+
+@intrinsic
+def _z8(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V8, [0.0] * 8)
+
+    return F32x8(), codegen
+
+
+@intrinsic
+def _fma8(typingctx, acc, a, b):
+    """a * b + acc, lane-wise, rounded once (llvm.fma, like the scalar _fma)."""
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V8] * 3), "llvm.fma.v8f32")
+        return builder.call(fn, [args[1], args[2], args[0]])
+
+    return F32x8(F32x8, F32x8, F32x8), codegen
 
 
 def _kv_load(v):  # pragma: no cover - replaced by the overload in compiled code
@@ -293,55 +370,157 @@ def _softmax_inplace(x):
     return _inv_sum((t0 + t1) + (t2 + t3))
 
 
+KV_PAD = 32  # extra positions at the end of every key row and score row: tiles of 16 or 32 positions read past
+# the last valid one instead of taking a scalar tail (those lanes are computed and never used)
+
+
 @numba.njit(inline="always", **ATT)
-def _attend_head(qh, keys, values, t0, t1, s, o):
-    """o = softmax(qh . keys[:, t0:t1]) @ values[t0:t1] for one head; keys [hd_k, n_ctx], values [n_ctx, hd_v],
-    s: float32 scratch [>= t1 - t0]. Probabilities are rounded to the cache's precision, as llama.cpp does."""
-    n = t1 - t0
-    s = s[:n]
-    s[:] = 0.0
-    for i in range(keys.shape[0]):
-        a = qh[i]
-        kr = keys[i, t0:t1]
+def _scores_one(q, qo, keys, t0, n, s):
+    """s[:n] = q[qo:qo+hd] . keys[:, t0:t0+n], keys [hd, n_ctx + KV_PAD]; 32 positions at a time, 4 chains."""
+    stride = keys.shape[1]
+    for t in range(0, n, 32):
+        a0, a1, a2, a3 = _z8(), _z8(), _z8(), _z8()
+        for i in range(keys.shape[0]):
+            qi = _bc8(q[qo + i])
+            o = i * stride + t0 + t
+            a0 = _fma8(a0, qi, _ld8(keys, o))
+            a1 = _fma8(a1, qi, _ld8(keys, o + 8))
+            a2 = _fma8(a2, qi, _ld8(keys, o + 16))
+            a3 = _fma8(a3, qi, _ld8(keys, o + 24))
+        _st8(s, t, a0)
+        _st8(s, t + 8, a1)
+        _st8(s, t + 16, a2)
+        _st8(s, t + 24, a3)
+
+
+@numba.njit(inline="always", **ATT)
+def _values_one(p, values, t0, n, out, oo):
+    """out[oo:oo+hd_v] = sum over t < n of p[t] * values[t0 + t] (values [n_ctx, hd_v]), each lane in t order."""
+    hd = values.shape[1]
+    i = 0
+    while i + 32 <= hd:
+        c0, c1, c2, c3 = _z8(), _z8(), _z8(), _z8()
         for t in range(n):
-            s[t] = _fma(a, _kv_load(kr[t]), s[t])
-    inv = _softmax_inplace(s)
-    o[:] = 0.0
-    for t in range(n):
-        p = _kv_round(s[t] * inv, values)
-        vr = values[t0 + t]
-        for i in range(o.shape[0]):
-            o[i] = _fma(p, _kv_load(vr[i]), o[i])
+            pt = _bc8(p[t])
+            o = (t0 + t) * hd + i
+            c0 = _fma8(c0, pt, _ld8(values, o))
+            c1 = _fma8(c1, pt, _ld8(values, o + 8))
+            c2 = _fma8(c2, pt, _ld8(values, o + 16))
+            c3 = _fma8(c3, pt, _ld8(values, o + 24))
+        _st8(out, oo + i, c0)
+        _st8(out, oo + i + 8, c1)
+        _st8(out, oo + i + 16, c2)
+        _st8(out, oo + i + 24, c3)
+        i += 32
+    for j in range(i, hd):
+        acc = np.float32(0.0)
+        for t in range(n):
+            acc = _fma(p[t], _kv_load(values[t0 + t, j]), acc)
+        out[oo + j] = acc
 
 
 @numba.njit(parallel=True, **ATT)
 def attend_one(q, k_cache, v_cache, t0, t1, scores, out):
     """Attention of one token over cached positions t0..t1-1, every head (decode), heads spread over threads.
 
-    q [n_head*hd_k] (already scaled); k_cache [n_kv, hd_k, n_ctx]; v_cache [n_kv, n_ctx, hd_v];
-    scores: float32 scratch [n_head, >= t1 - t0]; out [n_head*hd_v]. Query head h reads K/V head
-    h // (n_head / n_kv).
+    q [n_head*hd_k] (already scaled); k_cache [n_kv, hd_k, n_ctx + KV_PAD]; v_cache [n_kv, n_ctx, hd_v];
+    scores: float32 scratch [n_head, >= t1 - t0 + KV_PAD]; out [n_head*hd_v]. Query head h reads K/V head
+    h // (n_head / n_kv). Probabilities are rounded to the cache's precision, as llama.cpp does.
     """
     hd_k, hd_v = k_cache.shape[1], v_cache.shape[2]
     n_head = q.shape[0] // hd_k
     group = n_head // k_cache.shape[0]
+    n = t1 - t0
     for h in numba.prange(n_head):
-        _attend_head(
-            q[h * hd_k : (h + 1) * hd_k], k_cache[h // group], v_cache[h // group], t0, t1,
-            scores[h], out[h * hd_v : (h + 1) * hd_v],
-        )  # fmt: skip
+        s = scores[h]
+        _scores_one(q, h * hd_k, k_cache[h // group], t0, n, s)
+        p = s[:n]
+        inv = _softmax_inplace(p)
+        for t in range(n):
+            p[t] = _kv_round(p[t] * inv, v_cache)
+        _values_one(p, v_cache[h // group], t0, n, out, h * hd_v)
 
 
 QUERY_BLOCK = 4  # queries of one head processed together, sharing each loaded key and value
 
 
+@numba.njit(inline="always", **ATT)
+def _scores_block(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc):
+    """sc[r, lo:hi] = query row r's head slice . keys over positions t0+lo..t0+hi-1, for the 4 rows r0..r3 of q
+    (in sc's rows 0..3); tiles of 16 positions x 4 queries, each lane the chain _scores_one computes."""
+    stride = keys.shape[1]
+    for t in range(lo, hi, 16):
+        a0, a1, b0, b1 = _z8(), _z8(), _z8(), _z8()
+        c0, c1, e0, e1 = _z8(), _z8(), _z8(), _z8()
+        for i in range(keys.shape[0]):
+            o = i * stride + t0 + t
+            k0, k1 = _ld8(keys, o), _ld8(keys, o + 8)
+            x = _bc8(q[r0, qo + i])
+            a0, a1 = _fma8(a0, x, k0), _fma8(a1, x, k1)
+            x = _bc8(q[r1, qo + i])
+            b0, b1 = _fma8(b0, x, k0), _fma8(b1, x, k1)
+            x = _bc8(q[r2, qo + i])
+            c0, c1 = _fma8(c0, x, k0), _fma8(c1, x, k1)
+            x = _bc8(q[r3, qo + i])
+            e0, e1 = _fma8(e0, x, k0), _fma8(e1, x, k1)
+        _st8(sc[0], t, a0)
+        _st8(sc[0], t + 8, a1)
+        _st8(sc[1], t, b0)
+        _st8(sc[1], t + 8, b1)
+        _st8(sc[2], t, c0)
+        _st8(sc[2], t + 8, c1)
+        _st8(sc[3], t, e0)
+        _st8(sc[3], t + 8, e1)
+
+
+@numba.njit(inline="always", **ATT)
+def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo):
+    """out[r0 + r, oo:oo+hd_v] = sum over t in [lo, hi) of sc[r, t] * values[t0 + t] for r < nr; tiles of 16
+    dims x 4 queries, each lane the chain _values_one computes (probability-0 terms leave a sum unchanged)."""
+    hd = values.shape[1]
+    p0, p1, p2, p3 = sc[0], sc[1], sc[2], sc[3]
+    i = 0
+    while i + 16 <= hd:
+        a0, a1, b0, b1 = _z8(), _z8(), _z8(), _z8()
+        c0, c1, e0, e1 = _z8(), _z8(), _z8(), _z8()
+        for t in range(lo, hi):
+            o = (t0 + t) * hd + i
+            v0, v1 = _ld8(values, o), _ld8(values, o + 8)
+            x = _bc8(p0[t])
+            a0, a1 = _fma8(a0, x, v0), _fma8(a1, x, v1)
+            x = _bc8(p1[t])
+            b0, b1 = _fma8(b0, x, v0), _fma8(b1, x, v1)
+            x = _bc8(p2[t])
+            c0, c1 = _fma8(c0, x, v0), _fma8(c1, x, v1)
+            x = _bc8(p3[t])
+            e0, e1 = _fma8(e0, x, v0), _fma8(e1, x, v1)
+        _st8(out[r0], oo + i, a0)
+        _st8(out[r0], oo + i + 8, a1)
+        if nr > 1:
+            _st8(out[r0 + 1], oo + i, b0)
+            _st8(out[r0 + 1], oo + i + 8, b1)
+        if nr > 2:
+            _st8(out[r0 + 2], oo + i, c0)
+            _st8(out[r0 + 2], oo + i + 8, c1)
+        if nr > 3:
+            _st8(out[r0 + 3], oo + i, e0)
+            _st8(out[r0 + 3], oo + i + 8, e1)
+        i += 16
+    for r in range(nr):
+        for j in range(i, hd):
+            acc = np.float32(0.0)
+            for t in range(lo, hi):
+                acc = _fma(sc[r, t], _kv_load(values[t0 + t, j]), acc)
+            out[r0 + r, oo + j] = acc
+
+
 @numba.njit(parallel=True, **ATT)
-def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, scores, acc, out):
+def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, scores, out):
     """Causal attention of M queries (positions pos0..pos0+M-1) over cached keys t0..t0+n-1 (prefill).
 
-    q [M, n_head*hd_k] (scaled); k_cache [n_kv, hd_k, n_ctx], v_cache [n_kv, n_ctx, hd_v]; scratch, one slot per
-    concurrent task: scores float32 [n_slots, QUERY_BLOCK, >= n], acc float32 [n_slots, QUERY_BLOCK, hd_v];
-    out [M, n_head*hd_v]. A query at position p sees keys at p - window < key <= p (window 0: all keys <= p).
+    q [M, n_head*hd_k] (scaled); k_cache [n_kv, hd_k, n_ctx + KV_PAD], v_cache [n_kv, n_ctx, hd_v]; scores:
+    float32 scratch [n_slots, QUERY_BLOCK, >= n + KV_PAD], one slot per concurrent task; out [M, n_head*hd_v].
+    A query at position p sees keys at p - window < key <= p (window 0: all keys <= p).
     Work items are (head, block of 4 queries), dealt round-robin to the slots so causal rows balance out. Each
     query gets what attend_one computes for it, bit for bit: its scores over the block's columns are the same
     lane-wise FMA chains, columns it cannot see get probability 0, and adding 0 * v leaves a sum unchanged.
@@ -352,52 +531,30 @@ def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, scores, acc, out):
     n_blocks = (m_rows + QUERY_BLOCK - 1) // QUERY_BLOCK
     n_slots = scores.shape[0]
     for slot in numba.prange(n_slots):
-        sc, ob = scores[slot], acc[slot]
+        sc = scores[slot]
         for item in range(slot, n_head * n_blocks, n_slots):
             h, m0 = item // n_blocks, item % n_blocks * QUERY_BLOCK
             g, nr = h // group, min(QUERY_BLOCK, m_rows - m0)
             # columns [lo, hi) visible to some query of the block; missing rows repeat the last one
             lo = max(0, pos0 + m0 - window + 1 - t0) if window > 0 else 0
             hi = min(n, pos0 + m0 + nr - t0)
-            r1, r2, r3 = min(1, nr - 1), min(2, nr - 1), min(3, nr - 1)
-            q0, q1 = q[m0, h * hd_k : (h + 1) * hd_k], q[m0 + r1, h * hd_k : (h + 1) * hd_k]
-            q2, q3 = q[m0 + r2, h * hd_k : (h + 1) * hd_k], q[m0 + r3, h * hd_k : (h + 1) * hd_k]
-            s0, s1, s2, s3 = sc[0, lo:hi], sc[1, lo:hi], sc[2, lo:hi], sc[3, lo:hi]
-            w = hi - lo
-            sc[:, lo:hi] = 0.0
-            for i in range(hd_k):
-                keys = k_cache[g, i, t0 + lo : t0 + hi]
-                a0, a1, a2, a3 = q0[i], q1[i], q2[i], q3[i]
-                for t in range(w):
-                    k = _kv_load(keys[t])
-                    s0[t] = _fma(a0, k, s0[t])
-                    s1[t] = _fma(a1, k, s1[t])
-                    s2[t] = _fma(a2, k, s2[t])
-                    s3[t] = _fma(a3, k, s3[t])
-            for r in range(nr):
+            r1, r2, r3 = m0 + min(1, nr - 1), m0 + min(2, nr - 1), m0 + min(3, nr - 1)
+            _scores_block(q, m0, r1, r2, r3, h * hd_k, k_cache[g], t0, lo, hi, sc)
+            for r in range(QUERY_BLOCK):
+                row = sc[r]
+                if r >= nr:  # a repeated row: no output, but its probabilities must be finite zeros
+                    row[lo:hi] = 0.0
+                    continue
                 p = pos0 + m0 + r
                 rlo = max(0, p - window + 1 - t0) if window > 0 else 0
                 rhi = min(n, p - t0 + 1)
-                row = sc[r]
                 visible = row[rlo:rhi]
                 inv = _softmax_inplace(visible)
                 for j in range(rhi - rlo):
                     visible[j] = _kv_round(visible[j] * inv, v_cache)
                 row[lo:rlo] = 0.0
                 row[rhi:hi] = 0.0
-            o0, o1, o2, o3 = ob[0], ob[1], ob[2], ob[3]
-            ob[:, :] = 0.0
-            for t in range(w):
-                values = v_cache[g, t0 + lo + t]
-                p0, p1, p2, p3 = s0[t], s1[t], s2[t], s3[t]
-                for i in range(hd_v):
-                    v = _kv_load(values[i])
-                    o0[i] = _fma(p0, v, o0[i])
-                    o1[i] = _fma(p1, v, o1[i])
-                    o2[i] = _fma(p2, v, o2[i])
-                    o3[i] = _fma(p3, v, o3[i])
-            for r in range(nr):
-                out[m0 + r, h * hd_v : (h + 1) * hd_v] = ob[r]
+            _values_block(sc, lo, hi, v_cache[g], t0, out, m0, nr, h * hd_v)
 
 
 # ---- feed-forward -----------------------------------------------------------------------------------------------

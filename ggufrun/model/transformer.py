@@ -48,14 +48,13 @@ class RunState:
     o: np.ndarray  # [n_batch, n_embd] attention or FFN output, before the residual add
     gate: np.ndarray  # [n_batch, n_ff] (then act(gate) * up, in place)
     up: np.ndarray  # [n_batch, n_ff]
-    head_scores: np.ndarray  # [n_head, n_ctx] attention scores, then probabilities (decode)
-    block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx] the same for blocks of queries, one per thread (prefill)
-    block_out: np.ndarray  # [n_slots, QUERY_BLOCK, head_dim_v] their outputs while they accumulate (prefill)
+    head_scores: np.ndarray  # [n_head, n_ctx + KV_PAD] attention scores, then probabilities (decode)
+    block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx + KV_PAD] the same for blocks of queries (prefill)
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
     # KV cache, contiguous per layer and per KV head. Keys are head-dimension-major: attention accumulates a
     # query's scores one head dimension at a time over contiguous positions (kernels.attend_one / attend_rows).
     # float16 is stored as uint16 bit patterns (Numba has no float16 type); kernels convert with F16C.
-    k_cache: np.ndarray  # [n_layer, n_head_kv, head_dim_k, n_ctx]
+    k_cache: np.ndarray  # [n_layer, n_head_kv, head_dim_k, n_ctx + KV_PAD]
     v_cache: np.ndarray  # [n_layer, n_head_kv, n_ctx, head_dim_v]
 
     @classmethod
@@ -72,13 +71,13 @@ class RunState:
             o=np.zeros((n_batch, c.n_embd), f32),
             gate=np.zeros((n_batch, c.n_ff), f32),
             up=np.zeros((n_batch, c.n_ff), f32),
-            head_scores=np.zeros((c.n_head, n_ctx), f32),
+            head_scores=np.zeros((c.n_head, n_ctx + kernels.KV_PAD), f32),
             # one slot per thread Numba may ever run (the thread count can change between calls)
-            block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx), f32),
-            block_out=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, c.head_dim_v), f32),
+            block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx + kernels.KV_PAD), f32),
             logits=np.zeros((1, c.n_vocab), f32),
             # np.empty: pages of the cache cost memory only once written
-            k_cache=np.empty((c.n_layer, c.n_head_kv, c.head_dim_k, n_ctx), store),
+            # keys: KV_PAD spare positions per row, read (never used) by the attention tiles
+            k_cache=np.empty((c.n_layer, c.n_head_kv, c.head_dim_k, n_ctx + kernels.KV_PAD), store),
             v_cache=np.empty((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), store),
         )
 
@@ -251,7 +250,7 @@ class Transformer:
         if m == 1:
             kernels.attend_one(q[0], k_cache, v_cache, t0, end, s.head_scores, att[0])
         else:
-            kernels.attend_rows(q, k_cache, v_cache, pos0, t0, end - t0, window, s.block_scores, s.block_out, att)
+            kernels.attend_rows(q, k_cache, v_cache, pos0, t0, end - t0, window, s.block_scores, att)
         self._project(att, (lw.attn_output, o))
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 

@@ -817,16 +817,26 @@ def ld_bf16x8(typingctx, a, off):
 # 4-row kernels and as q (int8) for the 1-row kernels (see the module docstring).
 
 
+@njit(inline="always", **EXACT)
+def _amax(xi, m, o, n):
+    """max |x| over x[m, o:o+n], from the float bits xi (int32 view): for non-NaN floats the order of |x| is the
+    order of their bits without the sign, and an integer max reduction vectorises where a float one (without
+    fast-math) does not."""
+    best = 0
+    for j in range(o, o + n):
+        best = max(best, xi[m, j] & 0x7FFFFFFF)
+    return np.int32(best).view(np.float32)
+
+
 @njit(**EXACT)
 def quantize_q8_1(x, qu, d, s, qs, sums):
     """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d float32 [M, K/32] (fp16-rounded), s [M, K/32],
     qs int8 [M, K] (q), sums int32 [M, K/32] (sum of q per block)."""
     M, K = x.shape
+    xi = x.view(np.int32)
     for m in range(M):
         for b in range(K // 32):
-            amax = np.float32(0.0)
-            for j in range(b * 32, b * 32 + 32):
-                amax = max(amax, abs(x[m, j]))
+            amax = _amax(xi, m, b * 32, 32)
             dm = amax / np.float32(127.0)
             inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             tot = 0
@@ -844,16 +854,16 @@ def quantize_q8_1(x, qu, d, s, qs, sums):
 def quantize_q8_k(x, qu, d, bsums16, bsums32, qs):
     """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d [M, K/256], bsums16 [M, K/16], bsums32 [M, K/32]."""
     M, K = x.shape
+    xi = x.view(np.int32)
     for m in range(M):
         for b in range(K // 256):
             o = b * 256
-            amax = np.float32(0.0)
+            amax = _amax(xi, m, o, 256)
             vmax = np.float32(0.0)
-            for j in range(o, o + 256):
-                ax = abs(x[m, j])
-                if ax > amax:
-                    amax = ax
+            for j in range(o, o + 256):  # the first value of that magnitude, with its sign
+                if abs(x[m, j]) == amax:
                     vmax = x[m, j]
+                    break
             iscale = np.float32(-127.0) / vmax if amax != 0 else np.float32(0.0)
             d[m, b] = np.float32(1.0) / iscale if amax != 0 else np.float32(0.0)
             for g in range(16):

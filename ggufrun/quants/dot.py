@@ -866,13 +866,13 @@ def quantize_q8_k(x, qu, d, bsums16, bsums32, qs):
                     break
             iscale = np.float32(-127.0) / vmax if amax != 0 else np.float32(0.0)
             d[m, b] = np.float32(1.0) / iscale if amax != 0 else np.float32(0.0)
+            for j in range(o, o + 256):  # separate loops: each one vectorises
+                qs[m, j] = np.int8(min(np.float32(127.0), np.rint(iscale * x[m, j])))
             for g in range(16):
-                t = 0
+                t = np.int32(0)
                 for j in range(o + 16 * g, o + 16 * g + 16):
-                    q = min(127, np.int32(np.rint(iscale * x[m, j])))
-                    qu[m, j] = q + 128
-                    qs[m, j] = q
-                    t += q
+                    qu[m, j] = np.uint8(qs[m, j] + 128)
+                    t += np.int32(qs[m, j])
                 bsums16[m, b * 16 + g] = t
             for g in range(8):
                 bsums32[m, b * 8 + g] = bsums16[m, b * 16 + 2 * g] + bsums16[m, b * 16 + 2 * g + 1]
@@ -953,35 +953,62 @@ def _offset32(kind):
 
 
 @njit(inline="always", **DOT)
+def _dot32(kind, w, o, xq, xo, c):
+    """int32 lanes of one weight block's codes . activation quants at byte xo, and the block's (d, m).
+
+    Types without a code offset (Q4_1, Q5_1): unsigned codes times the signed quants xq = qs. The others: signed
+    codes times xq = qu (quants + 128), seeded with c = corr128(codes) (the caller's, shared between rows)."""
+    if kind == Q4_1 or kind == Q5_1:
+        u, dw, mw = _block32(kind, w, o, True)
+        return dpbusd(izero(), u, ld32(xq, xo)), dw, mw
+    wq, dw, mw = _block32(kind, w, o, False)
+    return dpbusd(c, ld32(xq, xo), wq), dw, mw
+
+
+@njit(inline="always", **DOT)
+def _corr32(kind, w, o):
+    """corr128 of the block's signed codes for the types with a code offset (else unused zeros)."""
+    if kind == Q4_1 or kind == Q5_1:
+        return izero()
+    return corr128(_block32(kind, w, o, False)[0])
+
+
+@njit(inline="always", **DOT)
 def row32(kind, bsize, w, wo, qu, m, d, s, qs, sums):
-    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes (qu unused: kept so
+    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes (sums unused: kept so
     that every 32-value kernel takes the activation arrays in the order quantize_q8_1 fills them)."""
     K = qs.shape[1]
-    off = _offset32(kind)
+    xq = qs if kind == Q4_1 or kind == Q5_1 else qu
     acc = fzero()
     accm = np.float32(0.0)
     for b in range(K // 32):
-        u, dw, mw = _block32(kind, w, wo + b * bsize, True)
-        acc = fma_i(acc, dpbusd(ilane0(-off * sums[m, b]), u, ld32(qs, m * K + 32 * b)), dw * d[m, b])
+        o = wo + b * bsize
+        p, dw, mw = _dot32(kind, w, o, xq, m * K + 32 * b, _corr32(kind, w, o))
+        acc = fma_i(acc, p, dw * d[m, b])
         if kind == Q4_1 or kind == Q5_1:
             accm += mw * s[m, b]  # the min term: m * d_x * sum(q_x), from Q8_1's s
     return hsum(acc) + accm
 
 
 @njit(inline="always", **DOT)
-def row32x4(kind, bsize, w, wo, m, d, s, qs, sums):
+def row32x4(kind, bsize, w, wo, qu, m, d, s, qs):
     """row32 for activation rows m .. m+3, decoding each weight block once."""
     K = qs.shape[1]
-    off = _offset32(kind)
+    xq = qs if kind == Q4_1 or kind == Q5_1 else qu
     a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
     m0 = m1 = m2 = m3 = np.float32(0.0)
     for b in range(K // 32):
-        u, dw, mw = _block32(kind, w, wo + b * bsize, True)
+        o = wo + b * bsize
+        c = _corr32(kind, w, o)
         xo = m * K + 32 * b
-        a0 = fma_i(a0, dpbusd(ilane0(-off * sums[m, b]), u, ld32(qs, xo)), dw * d[m, b])
-        a1 = fma_i(a1, dpbusd(ilane0(-off * sums[m + 1, b]), u, ld32(qs, xo + K)), dw * d[m + 1, b])
-        a2 = fma_i(a2, dpbusd(ilane0(-off * sums[m + 2, b]), u, ld32(qs, xo + 2 * K)), dw * d[m + 2, b])
-        a3 = fma_i(a3, dpbusd(ilane0(-off * sums[m + 3, b]), u, ld32(qs, xo + 3 * K)), dw * d[m + 3, b])
+        p, dw, mw = _dot32(kind, w, o, xq, xo, c)
+        a0 = fma_i(a0, p, dw * d[m, b])
+        p, dw, mw = _dot32(kind, w, o, xq, xo + K, c)
+        a1 = fma_i(a1, p, dw * d[m + 1, b])
+        p, dw, mw = _dot32(kind, w, o, xq, xo + 2 * K, c)
+        a2 = fma_i(a2, p, dw * d[m + 2, b])
+        p, dw, mw = _dot32(kind, w, o, xq, xo + 3 * K, c)
+        a3 = fma_i(a3, p, dw * d[m + 3, b])
         if kind == Q4_1 or kind == Q5_1:
             m0 += mw * s[m, b]
             m1 += mw * s[m + 1, b]
@@ -1254,7 +1281,7 @@ def _rows_q4_0(w, qu, d, s, qs, sums, out, n0, n1):
         for n in range(n0, n1):
             _prefetch_ahead(w, n * rb, rb)
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_0, 18, w, n * rb, m, d, s, qs, sums)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_0, 18, w, n * rb, qu, m, d, s, qs)
     for n in range(n0, n1):
         _prefetch_ahead(w, n * rb, rb)
         for m in range(M4, qs.shape[0]):
@@ -1277,7 +1304,7 @@ def _rows_q4_1(w, qu, d, s, qs, sums, out, n0, n1):
         for n in range(n0, n1):
             _prefetch_ahead(w, n * rb, rb)
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_1, 20, w, n * rb, m, d, s, qs, sums)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_1, 20, w, n * rb, qu, m, d, s, qs)
     for n in range(n0, n1):
         _prefetch_ahead(w, n * rb, rb)
         for m in range(M4, qs.shape[0]):
@@ -1300,7 +1327,7 @@ def _rows_q5_0(w, qu, d, s, qs, sums, out, n0, n1):
         for n in range(n0, n1):
             _prefetch_ahead(w, n * rb, rb)
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_0, 22, w, n * rb, m, d, s, qs, sums)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_0, 22, w, n * rb, qu, m, d, s, qs)
     for n in range(n0, n1):
         _prefetch_ahead(w, n * rb, rb)
         for m in range(M4, qs.shape[0]):
@@ -1323,7 +1350,7 @@ def _rows_q5_1(w, qu, d, s, qs, sums, out, n0, n1):
         for n in range(n0, n1):
             _prefetch_ahead(w, n * rb, rb)
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_1, 24, w, n * rb, m, d, s, qs, sums)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_1, 24, w, n * rb, qu, m, d, s, qs)
     for n in range(n0, n1):
         _prefetch_ahead(w, n * rb, rb)
         for m in range(M4, qs.shape[0]):
@@ -1346,7 +1373,7 @@ def _rows_q8_0(w, qu, d, s, qs, sums, out, n0, n1):
         for n in range(n0, n1):
             _prefetch_ahead(w, n * rb, rb)
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q8_0, 34, w, n * rb, m, d, s, qs, sums)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q8_0, 34, w, n * rb, qu, m, d, s, qs)
     for n in range(n0, n1):
         _prefetch_ahead(w, n * rb, rb)
         for m in range(M4, qs.shape[0]):
@@ -1369,9 +1396,7 @@ def _rows_iq4_nl(w, qu, d, s, qs, sums, out, n0, n1):
         for n in range(n0, n1):
             _prefetch_ahead(w, n * rb, rb)
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(
-                    IQ4_NL, 18, w, n * rb, m, d, s, qs, sums
-                )
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(IQ4_NL, 18, w, n * rb, qu, m, d, s, qs)
     for n in range(n0, n1):
         _prefetch_ahead(w, n * rb, rb)
         for m in range(M4, qs.shape[0]):

@@ -505,6 +505,90 @@ def ivec8(typingctx, a, b, c, d, e, f, g, h):
 
 
 @intrinsic
+def isum8(typingctx, p0, p1, p2, p3, p4, p5, p6, p7):
+    """(sum of p0's lanes, ..., sum of p7's lanes): eight dot products' int32 lanes folded into one vector."""
+    if not all(t == I32x8 for t in (p0, p1, p2, p3, p4, p5, p6, p7)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        def fold(a, b, lo, hi):
+            return builder.add(
+                builder.shuffle_vector(a, b, ir.Constant(_v8i32, lo)),
+                builder.shuffle_vector(a, b, ir.Constant(_v8i32, hi)),
+            )
+
+        # pairs: lanes 0-3 hold a's half sums, 4-7 b's; then quarters; then whole sums
+        q = [
+            fold(args[2 * k], args[2 * k + 1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+            for k in range(4)
+        ]
+        r = [fold(q[2 * k], q[2 * k + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]) for k in range(2)]
+        # r[k] lanes: (p4k, p4k, p4k+2, p4k+2, p4k+1, p4k+1, p4k+3, p4k+3) partial sums
+        return fold(r[0], r[1], [0, 4, 2, 6, 8, 12, 10, 14], [1, 5, 3, 7, 9, 13, 11, 15])
+
+    return I32x8(*([I32x8] * 8)), codegen
+
+
+@intrinsic
+def isum1(typingctx, p):
+    """Sum of the 8 int32 lanes (exact)."""
+    if p != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_i32, [_v8i32]), "llvm.vector.reduce.add.v8i32"
+        )
+        return builder.call(fn, [args[0]])
+
+    return types.int32(I32x8), codegen
+
+
+@intrinsic
+def isubs(typingctx, v, x):
+    """v - x in every lane (x an integer scalar)."""
+    if v != I32x8 or not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[1], args[1])))
+
+    return I32x8(I32x8, x), codegen
+
+
+@intrinsic
+def ld_f16_rows(typingctx, a, off, stride):
+    """8 IEEE halves at bytes off, off + stride, ..., off + 7 * stride, as float32 lanes (one field of 8 rows)."""
+    if not (_is_ptr_args(a, off) and isinstance(stride, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        base = context.cast(builder, args[1], sig.args[1], types.intp)
+        step = context.cast(builder, args[2], sig.args[2], types.intp)
+        h = ir.Constant(ir.VectorType(_i16, 8), [0] * 8)
+        for r in range(8):
+            o = builder.add(base, builder.mul(step, ir.Constant(_i64, r)))
+            x = builder.load(_ptr(context, builder, sig.args[0], args[0], types.intp, o, _i16), align=1)
+            h = builder.insert_element(h, x, ir.Constant(_i32, r))
+        return _h2f(builder, h)
+
+    return F32x8(a, off, stride), codegen
+
+
+@intrinsic
+def st_f32x8(typingctx, a, off, v):
+    """Store 8 float32 at byte `off` of `a`."""
+    if not _is_ptr_args(a, off) or v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _v8f32), align=4)
+        return context.get_dummy_value()
+
+    return types.none(a, off, F32x8), codegen
+
+
+@intrinsic
 def k4_unpack(typingctx, a, off):
     """The 12 packed bytes of Q4_K / Q5_K scales at byte `off` -> (8 scales, 8 mins) as int32 lanes.
 
@@ -749,6 +833,43 @@ def fadd_v(typingctx, a, b):
 
 
 @intrinsic
+def fcvt(typingctx, v):
+    """int32 lanes -> float32 lanes (exact below 2^24)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _v8f32)
+
+    return F32x8(I32x8), codegen
+
+
+@intrinsic
+def fscale(typingctx, v, x):
+    """v * x lane-wise, x a float32 scalar."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], _bsplat(builder, _v8f32, args[1]))
+
+    return F32x8(F32x8, types.float32), codegen
+
+
+@intrinsic
+def sfma(typingctx, a, b, c):
+    """a * b + c for float32 scalars, rounded as fma_v rounds one lane."""
+    if not (a == b == c == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if HAS_FMA:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_f32, [_f32] * 3), "llvm.fma.f32")
+            return builder.call(fn, list(args))
+        return builder.fadd(builder.fmul(args[0], args[1]), args[2])
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
 def hsum(typingctx, v):
     """Sum of the 8 lanes, always as ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))."""
 
@@ -953,68 +1074,85 @@ def _offset32(kind):
 
 
 @njit(inline="always", **DOT)
-def _dot32(kind, w, o, xq, xo, c):
-    """int32 lanes of one weight block's codes . activation quants at byte xo, and the block's (d, m).
-
-    Types without a code offset (Q4_1, Q5_1): unsigned codes times the signed quants xq = qs. The others: signed
-    codes times xq = qu (quants + 128), seeded with c = corr128(codes) (the caller's, shared between rows)."""
-    if kind == Q4_1 or kind == Q5_1:
-        u, dw, mw = _block32(kind, w, o, True)
-        return dpbusd(izero(), u, ld32(xq, xo)), dw, mw
-    wq, dw, mw = _block32(kind, w, o, False)
-    return dpbusd(c, ld32(xq, xo), wq), dw, mw
-
-
-@njit(inline="always", **DOT)
-def _corr32(kind, w, o):
-    """corr128 of the block's signed codes for the types with a code offset (else unused zeros)."""
-    if kind == Q4_1 or kind == Q5_1:
-        return izero()
-    return corr128(_block32(kind, w, o, False)[0])
-
-
-@njit(inline="always", **DOT)
 def row32(kind, bsize, w, wo, qu, m, d, s, qs, sums):
-    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes (sums unused: kept so
-    that every 32-value kernel takes the activation arrays in the order quantize_q8_1 fills them)."""
+    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes (qu unused: kept so
+    that every 32-value kernel takes the activation arrays in the order quantize_q8_1 fills them).
+
+    Per block: the exact integer dot (unsigned codes . signed quants, minus offset x the block's quant sum),
+    then acc = fma(float(isum), d_w * d_x, acc); rows8x1 / rows8x4 compute each of their lanes the same way."""
     K = qs.shape[1]
-    xq = qs if kind == Q4_1 or kind == Q5_1 else qu
-    acc = fzero()
+    off = _offset32(kind)
+    acc = np.float32(0.0)
     accm = np.float32(0.0)
     for b in range(K // 32):
-        o = wo + b * bsize
-        p, dw, mw = _dot32(kind, w, o, xq, m * K + 32 * b, _corr32(kind, w, o))
-        acc = fma_i(acc, p, dw * d[m, b])
+        u, dw, mw = _block32(kind, w, wo + b * bsize, True)
+        isum = isum1(dpbusd(izero(), u, ld32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
+        acc = sfma(np.float32(isum), dw * d[m, b], acc)
         if kind == Q4_1 or kind == Q5_1:
-            accm += mw * s[m, b]  # the min term: m * d_x * sum(q_x), from Q8_1's s
-    return hsum(acc) + accm
+            accm = accm + mw * s[m, b]  # the min term: m * d_x * sum(q_x), from Q8_1's s
+    return acc + accm
 
 
 @njit(inline="always", **DOT)
-def row32x4(kind, bsize, w, wo, qu, m, d, s, qs):
-    """row32 for activation rows m .. m+3, decoding each weight block once."""
+def _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo, corr):
+    """Exact integer dots of 8 weight blocks' unsigned codes with the quants at byte xo, one per lane."""
+    x = ld32(qs, xo)
+    p = isum8(
+        dpbusd(izero(), u0, x), dpbusd(izero(), u1, x), dpbusd(izero(), u2, x), dpbusd(izero(), u3, x),
+        dpbusd(izero(), u4, x), dpbusd(izero(), u5, x), dpbusd(izero(), u6, x), dpbusd(izero(), u7, x),
+    )  # fmt: skip
+    return isubs(p, corr)
+
+
+@njit(inline="always", **DOT)
+def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
+    """Weight rows at bytes wo, wo + rb, ..., wo + 7 rb . activation row m: lane r is row r, computed as row32."""
     K = qs.shape[1]
-    xq = qs if kind == Q4_1 or kind == Q5_1 else qu
-    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
-    m0 = m1 = m2 = m3 = np.float32(0.0)
+    off = _offset32(kind)
+    acc, accm = fzero(), fzero()
     for b in range(K // 32):
         o = wo + b * bsize
-        c = _corr32(kind, w, o)
-        xo = m * K + 32 * b
-        p, dw, mw = _dot32(kind, w, o, xq, xo, c)
-        a0 = fma_i(a0, p, dw * d[m, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + K, c)
-        a1 = fma_i(a1, p, dw * d[m + 1, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + 2 * K, c)
-        a2 = fma_i(a2, p, dw * d[m + 2, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + 3 * K, c)
-        a3 = fma_i(a3, p, dw * d[m + 3, b])
+        u0, u1 = _block32(kind, w, o, True)[0], _block32(kind, w, o + rb, True)[0]
+        u2, u3 = _block32(kind, w, o + 2 * rb, True)[0], _block32(kind, w, o + 3 * rb, True)[0]
+        u4, u5 = _block32(kind, w, o + 4 * rb, True)[0], _block32(kind, w, o + 5 * rb, True)[0]
+        u6, u7 = _block32(kind, w, o + 6 * rb, True)[0], _block32(kind, w, o + 7 * rb, True)[0]
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, m * K + 32 * b, off * sums[m, b])
+        acc = fma_v(acc, fcvt(p), fscale(ld_f16_rows(w, o, rb), d[m, b]))
         if kind == Q4_1 or kind == Q5_1:
-            m0 += mw * s[m, b]
-            m1 += mw * s[m + 1, b]
-            m2 += mw * s[m + 2, b]
-            m3 += mw * s[m + 3, b]
-    return hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3
+            accm = fadd_v(accm, fscale(ld_f16_rows(w, o + 2, rb), s[m, b]))
+    return fadd_v(acc, accm)
+
+
+@njit(inline="always", **DOT)
+def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
+    """rows8x1 for activation rows m .. m+3, decoding each weight block once."""
+    K = qs.shape[1]
+    off = _offset32(kind)
+    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
+    m0, m1, m2, m3 = fzero(), fzero(), fzero(), fzero()
+    for b in range(K // 32):
+        o = wo + b * bsize
+        u0, u1 = _block32(kind, w, o, True)[0], _block32(kind, w, o + rb, True)[0]
+        u2, u3 = _block32(kind, w, o + 2 * rb, True)[0], _block32(kind, w, o + 3 * rb, True)[0]
+        u4, u5 = _block32(kind, w, o + 4 * rb, True)[0], _block32(kind, w, o + 5 * rb, True)[0]
+        u6, u7 = _block32(kind, w, o + 6 * rb, True)[0], _block32(kind, w, o + 7 * rb, True)[0]
+        dw = ld_f16_rows(w, o, rb)
+        xo = m * K + 32 * b
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo, off * sums[m, b])
+        a0 = fma_v(a0, fcvt(p), fscale(dw, d[m, b]))
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo + K, off * sums[m + 1, b])
+        a1 = fma_v(a1, fcvt(p), fscale(dw, d[m + 1, b]))
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo + 2 * K, off * sums[m + 2, b])
+        a2 = fma_v(a2, fcvt(p), fscale(dw, d[m + 2, b]))
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo + 3 * K, off * sums[m + 3, b])
+        a3 = fma_v(a3, fcvt(p), fscale(dw, d[m + 3, b]))
+        if kind == Q4_1 or kind == Q5_1:
+            mw = ld_f16_rows(w, o + 2, rb)
+            m0 = fadd_v(m0, fscale(mw, s[m, b]))
+            m1 = fadd_v(m1, fscale(mw, s[m + 1, b]))
+            m2 = fadd_v(m2, fscale(mw, s[m + 2, b]))
+            m3 = fadd_v(m3, fscale(mw, s[m + 3, b]))
+    return fadd_v(a0, m0), fadd_v(a1, m1), fadd_v(a2, m2), fadd_v(a3, m3)
 
 
 # 256-value super-block types: 8 groups of 32 values, each with two integer scales (values 0-15, 16-31)
@@ -1272,20 +1410,36 @@ def _m_tile(row_bytes):
     return max(4, (32768 // row_bytes) // 4 * 4)
 
 
+@njit(inline="always", **DOT)
+def _rows32(kind, bsize, w, d, s, qs, sums, out, n0, n1):
+    """out[:, n0:n1] for a 32-value block type: groups of 8 weight rows (lanes) x tiles of 4 activation rows,
+    the M % 4 rest one activation row at a time, weight rows outside a group of 8 one at a time (row32)."""
+    rb = w.shape[1]
+    M, N = qs.shape[0], out.shape[1]
+    M4 = M // 4 * 4
+    MT = _m_tile(qs.shape[1])
+    n8 = n0 + (n1 - n0) // 8 * 8
+    for t in range(0, M4, MT):
+        for n in range(n0, n8, 8):
+            _prefetch_ahead(w, n * rb, 8 * rb)
+            for m in range(t, min(M4, t + MT), 4):
+                v0, v1, v2, v3 = rows8x4(kind, bsize, w, n * rb, rb, m, d, s, qs, sums)
+                st_f32x8(out, 4 * (m * N + n), v0)
+                st_f32x8(out, 4 * ((m + 1) * N + n), v1)
+                st_f32x8(out, 4 * ((m + 2) * N + n), v2)
+                st_f32x8(out, 4 * ((m + 3) * N + n), v3)
+    for n in range(n0, n8, 8):
+        _prefetch_ahead(w, n * rb, 8 * rb)
+        for m in range(M4, M):
+            st_f32x8(out, 4 * (m * N + n), rows8x1(kind, bsize, w, n * rb, rb, m, d, s, qs, sums))
+    for n in range(n8, n1):
+        for m in range(M):
+            out[m, n] = row32(kind, bsize, w, n * rb, qs, m, d, s, qs, sums)
+
+
 @njit(**DOT)
 def _rows_q4_0(w, qu, d, s, qs, sums, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_0, 18, w, n * rb, qu, m, d, s, qs)
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = row32(Q4_0, 18, w, n * rb, qu, m, d, s, qs, sums)
+    _rows32(Q4_0, 18, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1297,18 +1451,7 @@ def dot_q4_0(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q4_1(w, qu, d, s, qs, sums, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q4_1, 20, w, n * rb, qu, m, d, s, qs)
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = row32(Q4_1, 20, w, n * rb, qu, m, d, s, qs, sums)
+    _rows32(Q4_1, 20, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1320,18 +1463,7 @@ def dot_q4_1(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q5_0(w, qu, d, s, qs, sums, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_0, 22, w, n * rb, qu, m, d, s, qs)
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = row32(Q5_0, 22, w, n * rb, qu, m, d, s, qs, sums)
+    _rows32(Q5_0, 22, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1343,18 +1475,7 @@ def dot_q5_0(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q5_1(w, qu, d, s, qs, sums, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q5_1, 24, w, n * rb, qu, m, d, s, qs)
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = row32(Q5_1, 24, w, n * rb, qu, m, d, s, qs, sums)
+    _rows32(Q5_1, 24, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1366,18 +1487,7 @@ def dot_q5_1(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q8_0(w, qu, d, s, qs, sums, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(Q8_0, 34, w, n * rb, qu, m, d, s, qs)
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = row32(Q8_0, 34, w, n * rb, qu, m, d, s, qs, sums)
+    _rows32(Q8_0, 34, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1389,18 +1499,7 @@ def dot_q8_0(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_iq4_nl(w, qu, d, s, qs, sums, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row32x4(IQ4_NL, 18, w, n * rb, qu, m, d, s, qs)
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = row32(IQ4_NL, 18, w, n * rb, qu, m, d, s, qs, sums)
+    _rows32(IQ4_NL, 18, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)

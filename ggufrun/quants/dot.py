@@ -1,8 +1,12 @@
 """Fused quantized dot products: y = W @ x straight from the GGUF blocks, as llama.cpp computes them.
 
 The activations are quantized once per matmul (`quantize_q8_1`, `quantize_q8_k`), then every weight block
-is decoded to signed 8-bit codes in registers and multiplied with the 8-bit activations in 32-bit integer
-lanes (VNNI `vpdpbusd` where the CPU has it), with one float multiply-add per block.
+is decoded to 8-bit codes in registers and multiplied with the 8-bit activations in 32-bit integer lanes (VNNI
+`vpdpbusd` where the CPU has it), with one float multiply-add per block (per super-block for K-quants).
+
+Batch invariance: a row's result is the same bits whatever M is (decode, prefill chunks, prefix reuse). The
+integer part is exact whatever route it takes; the float part is the same sequence of explicit FMAs in every
+kernel, and the kernels compile without fast-math so LLVM cannot reorder it differently in each.
 
 Why hand-written vector IR: LLVM's auto-vectoriser, as Numba drives it, turns the per-block reductions into
 scalar code or gathers (~3 GMAC/s per core; dev/ has the experiments). So the hot loops use a small
@@ -17,9 +21,8 @@ Activation layouts (structure of arrays, leading dimension M = number of activat
     Q8_K (for Q2_K..Q6_K, IQ4_XS): qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16 int32
         [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values), qs int8 [M, K]
     F32 / F16 / BF16 weights: x float32 [M, K], rounded to f16 / bf16 first for F16 / BF16 weights
-Two forms of the same quants: the 4-row kernels (prefill) multiply x + 128 (unsigned) with signed weight
-codes and correct by -128 * sum(codes) once per weight block, shared by the 4 rows; the 1-row kernels
-(decode) multiply unsigned weight codes with the signed quants and correct through the activation sums.
+Two forms of the same quants: qs (signed) meets unsigned weight codes; qu (+128, unsigned) meets signed codes,
+corrected by -128 * sum(codes) (corr128). The 32-value types use qs only; K-quants with a code offset use qu.
 """
 
 from __future__ import annotations

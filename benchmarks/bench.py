@@ -32,7 +32,7 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - 
 
 
 _RSS_PROBE = r"""
-import json, resource, sys
+import json, sys
 sys.path.insert(0, sys.argv[5])
 import ggufrun
 from _common import prompt_ids
@@ -53,7 +53,11 @@ with open("/proc/self/smaps") as f:
             key = ("model file" if name.endswith(".gguf") else "llvmlite" if "llvmlite" in name
                    else "KV cache" if name == "/dev/zero" else "other")
             rss[key] = rss.get(key, 0) + int(head[1]) / 1024
-print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent (here, a process holding several
+# loaded models), while VmHWM belongs to this process's own memory
+with open("/proc/self/status") as f:
+    hwm = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+print(json.dumps({"peak_rss_mb": hwm,
                   "kv_cache_mb": (st.k_cache.nbytes + st.v_cache.nbytes) / 1e6, "rss_by_mapping_mb": rss}))
 """
 

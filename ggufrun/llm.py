@@ -67,8 +67,11 @@ def _start_compile_helpers(type_names: list[str], n: int) -> list:
     code = "import sys; from ggufrun.llm import _compile_products; _compile_products(sys.argv[1:])"
     procs = []
     for i in range(min(n, len(type_names))):
-        procs.append(subprocess.Popen([sys.executable, "-c", code, *type_names[i::n]], stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        try:
+            procs.append(subprocess.Popen([sys.executable, "-c", code, *type_names[i::n]], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        except OSError:  # no interpreter to start (embedded Python...): this process compiles everything
+            break
     return procs
 
 

@@ -1094,84 +1094,85 @@ def _offset32(kind):
 
 
 @njit(inline="always", **DOT)
-def _dot32(kind, w, o, xq, xo, c):
-    """int32 lanes of one weight block's codes . activation quants at byte xo, and the block's (d, m).
-
-    Types without a code offset (Q4_1, Q5_1): unsigned codes times the signed quants xq = qs. The others: signed
-    codes times xq = qu (quants + 128), seeded with c = corr128(codes) (the caller's, shared between rows)."""
-    if kind == Q4_1 or kind == Q5_1:
-        u, dw, mw = _block32(kind, w, o, True)
-        return dpbusd(izero(), u, ld32(xq, xo)), dw, mw
-    wq, dw, mw = _block32(kind, w, o, False)
-    return dpbusd(c, ld32(xq, xo), wq), dw, mw
-
-
-@njit(inline="always", **DOT)
-def _corr32(kind, w, o):
-    """corr128 of the block's signed codes for the types with a code offset (else unused zeros)."""
-    if kind == Q4_1 or kind == Q5_1:
-        return izero()
-    return corr128(_block32(kind, w, o, False)[0])
-
-
-@njit(inline="always", **DOT)
 def row32(kind, bsize, w, wo, qu, m, d, s, qs, sums):
-    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes (sums unused: kept so
-    that every 32-value kernel takes the activation arrays in the order quantize_q8_1 fills them)."""
+    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes (qu unused: kept so
+    that every 32-value kernel takes the activation arrays in the order quantize_q8_1 fills them).
+
+    Per block: the exact integer dot (unsigned codes . signed quants, minus offset x the block's quant sum),
+    then acc = fma(float(isum), d_w * d_x, acc); rows8x1 / rows8x4 compute each of their lanes the same way."""
     K = qs.shape[1]
-    xq = qs if kind == Q4_1 or kind == Q5_1 else qu
-    acc = fzero()
+    off = _offset32(kind)
+    acc = np.float32(0.0)
     accm = np.float32(0.0)
     for b in range(K // 32):
-        o = wo + b * bsize
-        p, dw, mw = _dot32(kind, w, o, xq, m * K + 32 * b, _corr32(kind, w, o))
-        acc = fma_i(acc, p, dw * d[m, b])
+        u, dw, mw = _block32(kind, w, wo + b * bsize, True)
+        isum = isum1(dpbusd(izero(), u, ld32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
+        acc = sfma(np.float32(isum), dw * d[m, b], acc)
         if kind == Q4_1 or kind == Q5_1:
-            accm = sfma(mw, s[m, b], accm)  # the min term m * d_x * sum(q_x) (Q8_1's s), fused as llama.cpp's
-    return hsum(acc) + accm
+            accm = accm + mw * s[m, b]  # the min term: m * d_x * sum(q_x), from Q8_1's s
+    return acc + accm
 
 
 @njit(inline="always", **DOT)
-def row32x8(kind, bsize, w, wo, qu, m, d, s, qs):
-    """row32 for activation rows m .. m+7, decoding each weight block once (LLVM folds the repeated decodes)."""
+def _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo, corr):
+    """Exact integer dots of 8 weight blocks' unsigned codes with the quants at byte xo, one per lane."""
+    x = ld32(qs, xo)
+    p = isum8(
+        dpbusd(izero(), u0, x), dpbusd(izero(), u1, x), dpbusd(izero(), u2, x), dpbusd(izero(), u3, x),
+        dpbusd(izero(), u4, x), dpbusd(izero(), u5, x), dpbusd(izero(), u6, x), dpbusd(izero(), u7, x),
+    )  # fmt: skip
+    return isubs(p, corr)
+
+
+@njit(inline="always", **DOT)
+def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
+    """Weight rows at bytes wo, wo + rb, ..., wo + 7 rb . activation row m: lane r is row r, computed as row32."""
     K = qs.shape[1]
-    xq = qs if kind == Q4_1 or kind == Q5_1 else qu
-    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
-    a4, a5, a6, a7 = fzero(), fzero(), fzero(), fzero()
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(0.0)
+    off = _offset32(kind)
+    acc, accm = fzero(), fzero()
     for b in range(K // 32):
         o = wo + b * bsize
-        c = _corr32(kind, w, o)
-        xo = m * K + 32 * b
-        p, dw, mw = _dot32(kind, w, o, xq, xo, c)
-        a0 = fma_i(a0, p, dw * d[m, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + K, c)
-        a1 = fma_i(a1, p, dw * d[m + 1, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + 2 * K, c)
-        a2 = fma_i(a2, p, dw * d[m + 2, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + 3 * K, c)
-        a3 = fma_i(a3, p, dw * d[m + 3, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + 4 * K, c)
-        a4 = fma_i(a4, p, dw * d[m + 4, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + 5 * K, c)
-        a5 = fma_i(a5, p, dw * d[m + 5, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + 6 * K, c)
-        a6 = fma_i(a6, p, dw * d[m + 6, b])
-        p, dw, mw = _dot32(kind, w, o, xq, xo + 7 * K, c)
-        a7 = fma_i(a7, p, dw * d[m + 7, b])
+        u0, u1 = _block32(kind, w, o, True)[0], _block32(kind, w, o + rb, True)[0]
+        u2, u3 = _block32(kind, w, o + 2 * rb, True)[0], _block32(kind, w, o + 3 * rb, True)[0]
+        u4, u5 = _block32(kind, w, o + 4 * rb, True)[0], _block32(kind, w, o + 5 * rb, True)[0]
+        u6, u7 = _block32(kind, w, o + 6 * rb, True)[0], _block32(kind, w, o + 7 * rb, True)[0]
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, m * K + 32 * b, off * sums[m, b])
+        acc = fma_v(acc, fcvt(p), fscale(ld_f16_rows(w, o, rb), d[m, b]))
         if kind == Q4_1 or kind == Q5_1:
-            m0 = sfma(mw, s[m, b], m0)
-            m1 = sfma(mw, s[m + 1, b], m1)
-            m2 = sfma(mw, s[m + 2, b], m2)
-            m3 = sfma(mw, s[m + 3, b], m3)
-            m4 = sfma(mw, s[m + 4, b], m4)
-            m5 = sfma(mw, s[m + 5, b], m5)
-            m6 = sfma(mw, s[m + 6, b], m6)
-            m7 = sfma(mw, s[m + 7, b], m7)
-    return (
-        hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3,
-        hsum(a4) + m4, hsum(a5) + m5, hsum(a6) + m6, hsum(a7) + m7,
-    )  # fmt: skip
+            accm = fadd_v(accm, fscale(ld_f16_rows(w, o + 2, rb), s[m, b]))
+    return fadd_v(acc, accm)
+
+
+@njit(inline="always", **DOT)
+def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
+    """rows8x1 for activation rows m .. m+3, decoding each weight block once."""
+    K = qs.shape[1]
+    off = _offset32(kind)
+    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
+    m0, m1, m2, m3 = fzero(), fzero(), fzero(), fzero()
+    for b in range(K // 32):
+        o = wo + b * bsize
+        u0, u1 = _block32(kind, w, o, True)[0], _block32(kind, w, o + rb, True)[0]
+        u2, u3 = _block32(kind, w, o + 2 * rb, True)[0], _block32(kind, w, o + 3 * rb, True)[0]
+        u4, u5 = _block32(kind, w, o + 4 * rb, True)[0], _block32(kind, w, o + 5 * rb, True)[0]
+        u6, u7 = _block32(kind, w, o + 6 * rb, True)[0], _block32(kind, w, o + 7 * rb, True)[0]
+        dw = ld_f16_rows(w, o, rb)
+        xo = m * K + 32 * b
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo, off * sums[m, b])
+        a0 = fma_v(a0, fcvt(p), fscale(dw, d[m, b]))
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo + K, off * sums[m + 1, b])
+        a1 = fma_v(a1, fcvt(p), fscale(dw, d[m + 1, b]))
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo + 2 * K, off * sums[m + 2, b])
+        a2 = fma_v(a2, fcvt(p), fscale(dw, d[m + 2, b]))
+        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo + 3 * K, off * sums[m + 3, b])
+        a3 = fma_v(a3, fcvt(p), fscale(dw, d[m + 3, b]))
+        if kind == Q4_1 or kind == Q5_1:
+            mw = ld_f16_rows(w, o + 2, rb)
+            m0 = fadd_v(m0, fscale(mw, s[m, b]))
+            m1 = fadd_v(m1, fscale(mw, s[m + 1, b]))
+            m2 = fadd_v(m2, fscale(mw, s[m + 2, b]))
+            m3 = fadd_v(m3, fscale(mw, s[m + 3, b]))
+    return fadd_v(a0, m0), fadd_v(a1, m1), fadd_v(a2, m2), fadd_v(a3, m3)
 
 
 # 256-value super-block types: 8 groups of 32 values, each with two integer scales (values 0-15, 16-31)
@@ -1448,30 +1449,35 @@ def _m_tile(row_bytes):
 
 
 @njit(inline="always", **DOT)
-def _rows32(kind, bsize, w, qu, d, s, qs, sums, out, n0, n1):
-    """out[:, n0:n1] for a 32-value block type: tiles of 8 activation rows sweep the chunk's weight rows (each
-    weight block decoded once per 8 rows), the M % 8 rest one activation row at a time."""
+def _rows32(kind, bsize, w, d, s, qs, sums, out, n0, n1):
+    """out[:, n0:n1] for a 32-value block type: groups of 8 weight rows (lanes) x tiles of 4 activation rows,
+    the M % 4 rest one activation row at a time, weight rows outside a group of 8 one at a time (row32)."""
     rb = w.shape[1]
-    M = qs.shape[0]
-    M8 = M // 8 * 8
-    MT = max(8, _m_tile(qs.shape[1]) // 8 * 8)
-    for t in range(0, M8, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M8, t + MT), 8):
-                (
-                    out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n],
-                    out[m + 4, n], out[m + 5, n], out[m + 6, n], out[m + 7, n],
-                ) = row32x8(kind, bsize, w, n * rb, qu, m, d, s, qs)  # fmt: skip
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M8, M):
-            out[m, n] = row32(kind, bsize, w, n * rb, qu, m, d, s, qs, sums)
+    M, N = qs.shape[0], out.shape[1]
+    M4 = M // 4 * 4
+    MT = _m_tile(qs.shape[1])
+    n8 = n0 + (n1 - n0) // 8 * 8
+    for t in range(0, M4, MT):
+        for n in range(n0, n8, 8):
+            _prefetch_ahead(w, n * rb, 8 * rb)
+            for m in range(t, min(M4, t + MT), 4):
+                v0, v1, v2, v3 = rows8x4(kind, bsize, w, n * rb, rb, m, d, s, qs, sums)
+                st_f32x8(out, 4 * (m * N + n), v0)
+                st_f32x8(out, 4 * ((m + 1) * N + n), v1)
+                st_f32x8(out, 4 * ((m + 2) * N + n), v2)
+                st_f32x8(out, 4 * ((m + 3) * N + n), v3)
+    for n in range(n0, n8, 8):
+        _prefetch_ahead(w, n * rb, 8 * rb)
+        for m in range(M4, M):
+            st_f32x8(out, 4 * (m * N + n), rows8x1(kind, bsize, w, n * rb, rb, m, d, s, qs, sums))
+    for n in range(n8, n1):
+        for m in range(M):
+            out[m, n] = row32(kind, bsize, w, n * rb, qs, m, d, s, qs, sums)
 
 
 @njit(**DOT)
 def _rows_q4_0(w, qu, d, s, qs, sums, out, n0, n1):
-    _rows32(Q4_0, 18, w, qu, d, s, qs, sums, out, n0, n1)
+    _rows32(Q4_0, 18, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1483,7 +1489,7 @@ def dot_q4_0(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q4_1(w, qu, d, s, qs, sums, out, n0, n1):
-    _rows32(Q4_1, 20, w, qu, d, s, qs, sums, out, n0, n1)
+    _rows32(Q4_1, 20, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1495,7 +1501,7 @@ def dot_q4_1(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q5_0(w, qu, d, s, qs, sums, out, n0, n1):
-    _rows32(Q5_0, 22, w, qu, d, s, qs, sums, out, n0, n1)
+    _rows32(Q5_0, 22, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1507,7 +1513,7 @@ def dot_q5_0(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q5_1(w, qu, d, s, qs, sums, out, n0, n1):
-    _rows32(Q5_1, 24, w, qu, d, s, qs, sums, out, n0, n1)
+    _rows32(Q5_1, 24, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1519,7 +1525,7 @@ def dot_q5_1(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q8_0(w, qu, d, s, qs, sums, out, n0, n1):
-    _rows32(Q8_0, 34, w, qu, d, s, qs, sums, out, n0, n1)
+    _rows32(Q8_0, 34, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1531,7 +1537,7 @@ def dot_q8_0(w, qu, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_iq4_nl(w, qu, d, s, qs, sums, out, n0, n1):
-    _rows32(IQ4_NL, 18, w, qu, d, s, qs, sums, out, n0, n1)
+    _rows32(IQ4_NL, 18, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)

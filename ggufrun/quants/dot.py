@@ -863,6 +863,18 @@ def fcvt(typingctx, v):
 
 
 @intrinsic
+def fbcast(typingctx, x):
+    """x in every lane."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _bsplat(builder, _v8f32, args[0])
+
+    return F32x8(types.float32), codegen
+
+
+@intrinsic
 def fscale(typingctx, v, x):
     """v * x lane-wise, x a float32 scalar."""
     if x != types.float32:
@@ -1109,7 +1121,7 @@ def row32(kind, bsize, w, wo, qu, m, d, s, qs, sums):
         isum = isum1(dpbusd(izero(), u, ld32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
         acc = sfma(np.float32(isum), dw * d[m, b], acc)
         if kind == Q4_1 or kind == Q5_1:
-            accm = accm + mw * s[m, b]  # the min term: m * d_x * sum(q_x), from Q8_1's s
+            accm = sfma(mw, s[m, b], accm)  # the min term m * d_x * sum(q_x) (Q8_1's s), fused as llama.cpp's
     return acc + accm
 
 
@@ -1139,7 +1151,7 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
         p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, m * K + 32 * b, off * sums[m, b])
         acc = fma_v(acc, fcvt(p), fscale(ld_f16_rows(w, o, rb), d[m, b]))
         if kind == Q4_1 or kind == Q5_1:
-            accm = fadd_v(accm, fscale(ld_f16_rows(w, o + 2, rb), s[m, b]))
+            accm = fma_v(accm, ld_f16_rows(w, o + 2, rb), fbcast(s[m, b]))
     return fadd_v(acc, accm)
 
 
@@ -1168,10 +1180,10 @@ def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
         a3 = fma_v(a3, fcvt(p), fscale(dw, d[m + 3, b]))
         if kind == Q4_1 or kind == Q5_1:
             mw = ld_f16_rows(w, o + 2, rb)
-            m0 = fadd_v(m0, fscale(mw, s[m, b]))
-            m1 = fadd_v(m1, fscale(mw, s[m + 1, b]))
-            m2 = fadd_v(m2, fscale(mw, s[m + 2, b]))
-            m3 = fadd_v(m3, fscale(mw, s[m + 3, b]))
+            m0 = fma_v(m0, mw, fbcast(s[m, b]))
+            m1 = fma_v(m1, mw, fbcast(s[m + 1, b]))
+            m2 = fma_v(m2, mw, fbcast(s[m + 2, b]))
+            m3 = fma_v(m3, mw, fbcast(s[m + 3, b]))
     return fadd_v(a0, m0), fadd_v(a1, m1), fadd_v(a2, m2), fadd_v(a3, m3)
 
 

@@ -370,11 +370,16 @@ class _BPEBackend:
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import models
 
-        pairs: dict[tuple[str, str], None] = {}
-        for m in merges:
-            p = m.find(" ", 1)  # llama.cpp splits a merge at the first space after position 0
-            pair = (m[:p], m[p + 1 :]) if p != -1 else ("", "")
-            pairs.setdefault(pair)  # the first rank of a repeated pair wins (std::map::emplace)
+        # llama.cpp splits a merge at the first space after position 0; the first rank of a repeated pair wins
+        # (std::map::emplace, like dict.fromkeys). Byte-level merges hold no other spaces, so str.split does it
+        # unless a merge starts with a space or has none.
+        if all(m[:1] != " " and " " in m for m in merges):
+            pairs: dict[tuple[str, str], None] = dict.fromkeys(tuple(m.split(" ", 1)) for m in merges)
+        else:
+            pairs = {}
+            for m in merges:
+                p = m.find(" ", 1)
+                pairs.setdefault((m[:p], m[p + 1 :]) if p != -1 else ("", ""))
         bad = [p for p in pairs if p[0] not in vocab or p[1] not in vocab or p[0] + p[1] not in vocab]
         if bad:
             warnings.warn(

@@ -144,18 +144,6 @@ def _h2f(builder, h):
 
 
 @intrinsic
-def ld_u8(typingctx, a, off):
-    """uint8 at byte `off` of `a`, as int32."""
-    if not _is_ptr_args(a, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.zext(_load(context, builder, sig, args, _i8), _i32)
-
-    return types.int32(a, off), codegen
-
-
-@intrinsic
 def ld_u16(typingctx, a, off):
     """Little-endian uint16 at byte `off`, as int32."""
     if not _is_ptr_args(a, off):
@@ -419,19 +407,6 @@ def izero(typingctx):
     return I32x8(), codegen
 
 
-@intrinsic
-def ilane0(typingctx, a):
-    """(a, 0, 0, 0, 0, 0, 0, 0): seeds a block's dot product with its offset correction."""
-    if not isinstance(a, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        a = _int_arg(context, builder, sig.args[0], args[0])
-        return builder.insert_element(_splat(_v8i32, 0), a, ir.Constant(_i32, 0))
-
-    return I32x8(a), codegen
-
-
 def _dpbusd(builder, acc, u, s):
     if HAS_VNNI:
         fn = cgutils.get_or_insert_function(
@@ -490,21 +465,6 @@ def ld_u8x8(typingctx, a, off):
         return builder.zext(_load(context, builder, sig, args, ir.VectorType(_i8, 8)), _v8i32)
 
     return I32x8(a, off), codegen
-
-
-@intrinsic
-def ivec8(typingctx, a, b, c, d, e, f, g, h):
-    """(a, b, c, d, e, f, g, h) as int32 lanes."""
-    if not all(isinstance(t, types.Integer) for t in (a, b, c, d, e, f, g, h)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = _splat(_v8i32, 0)
-        for i, (t, x) in enumerate(zip(sig.args, args)):
-            v = builder.insert_element(v, _int_arg(context, builder, t, x), ir.Constant(_i32, i))
-        return v
-
-    return I32x8(a, b, c, d, e, f, g, h), codegen
 
 
 @intrinsic
@@ -1056,15 +1016,16 @@ def round_bf16_rows(x, out):
 
 # ---------------------------------------------------------------------------------------------------------
 # Dot products. Each weight block is decoded to 8-bit codes in registers and multiplied with the 8-bit
-# activation quants in int32 lanes (exact), then one float multiply-add per block (32-value types) or per
-# super-block (K-quants) folds the lanes into a float accumulator:
-#     32-value types: p = dpbusd(ilane0(-offset * sum(x)), u, x)   unsigned codes u = value/d + offset, signed x,
-#                                                                  the offset taken off through the block sum
-#     K-quants:       p = sum over groups of dpbusd(., codes, x) * sub-block scale   (int32 lanes)
-#                     codes with an offset (Q3_K, Q6_K, IQ4_XS) stay signed and meet x + 128, corrected by corr128
-#     then            acc = fma(float(p), d * d_x, acc)   (+ the min terms, scalar)
-# The 4-row variants (prefill) decode a weight block once and then do for each of 4 activation rows exactly what
-# the 1-row variant (decode) does, in the same order. Integer lanes are exact and the float steps are the same
+# activation quants in int32 lanes (exact), then float multiply-adds fold the integers into the result:
+#   32-value types (row32, rows8x1, rows8x4): 8 weight rows at a time, lane r = output row r. Per block, the 8
+#     rows' exact integer dots (unsigned codes . signed quants, minus offset x the block's quant sum) are folded
+#     into one vector (isum8), then acc = fma(float(isum), d_w * d_x, acc) for 8 outputs at once; rows outside
+#     a group of 8 take the same steps one at a time (row32).
+#   K-quants (rowk, rowkx4): per super-block, int32 lanes of sum over groups of dpbusd(codes, x) * sub-block
+#     scale (codes with an offset, Q3_K / Q6_K / IQ4_XS, stay signed and meet x + 128, corrected by corr128),
+#     then acc = fma(float(lanes), d_w * d_x, acc) and an 8-lane hsum at the end.
+# The multi-row variants (prefill) decode a weight block once and then do for each activation row exactly what
+# the 1-row variant (decode) does, in the same order: integers are exact and the float steps are the same
 # sequence, so a row's result never depends on the rows processed with it (tests/test_quants.py checks bit
 # equality). `kind` is a compile-time constant: the branches on it fold away (LLVM inlines the small helpers).
 

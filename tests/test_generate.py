@@ -239,3 +239,16 @@ def test_bad_token_ids_and_unknown_argument(model):
         model.generate([1, 2, 10**7])
     with pytest.raises(TypeError, match="temprature"):
         model.generate("hi", temprature=0.5)
+
+
+def test_threading_layer_warning():
+    from ggufrun.llm import _check_threading_layer
+
+    with pytest.warns(RuntimeWarning, match="workqueue"):
+        _check_threading_layer("workqueue")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_threading_layer("omp")
+        _check_threading_layer("tbb")

@@ -9,6 +9,15 @@ FAST (reassociation and FMA contraction, without `nnan`/`ninf`) is for experimen
 vectorise reductions its own way.
 """
 
+import os
+
+from numba.core import config
+
+# Threading layer: OpenMP first. Measured on SmolLM2 decode (2 threads): omp 10.1 ms per token, tbb 10.8 ms,
+# workqueue 36.5 ms (Numba's own default order is tbb, omp, workqueue). Only when the user has not chosen.
+if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
+    config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+
 FASTMATH = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
 
 DOT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)

@@ -22,6 +22,7 @@ _PROBE = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import ggufrun
+import ggufrun.llm  # the runtime (NumPy, Numba): `import ggufrun` alone defers it
 t1 = time.perf_counter()
 m = ggufrun.load(sys.argv[1], n_threads=int(sys.argv[2]), n_ctx=512)
 t2 = time.perf_counter()

@@ -112,6 +112,7 @@ def main() -> int:
     lengths = [int(x) for x in args.prompt_tokens.split(",")]
 
     import ggufrun
+    import ggufrun.llm  # noqa: F401  the runtime (NumPy, Numba) is imported before timing load(), as llama_cpp is
     from ggufrun.hub import resolve
 
     path = str(resolve(args.model))

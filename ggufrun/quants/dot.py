@@ -1520,22 +1520,30 @@ def dot_iq4_nl(w, qu, d, s, qs, sums, out):
         _rows_iq4_nl(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**DOT)
-def _rows_q2_k(w, qu, d, b16, b32, qs, out, n0, n1):
+@njit(inline="always", **DOT)
+def _rowsk(kind, bsize, w, qu, d, b16, b32, qs, out, n0, n1):
+    """out[:, n0:n1] for a K-quant: tiles of 4 activation rows sweep the chunk's weight rows (each weight group
+    decoded once per 4 rows), the M % 4 rest one activation row at a time."""
     rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
+    M = qs.shape[0]
+    M4 = M // 4 * 4
     MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             _prefetch_ahead(w, n * rb, rb)
             for m in range(t, min(M4, t + MT), 4):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    Q2_K, 84, w, n * rb, qu, m, d, b16, b32, qs
+                    kind, bsize, w, n * rb, qu, m, d, b16, b32, qs
                 )
     for n in range(n0, n1):
         _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = rowk(Q2_K, 84, w, n * rb, qu, m, d, b16, b32, qs)
+        for m in range(M4, M):
+            out[m, n] = rowk(kind, bsize, w, n * rb, qu, m, d, b16, b32, qs)
+
+
+@njit(**DOT)
+def _rows_q2_k(w, qu, d, b16, b32, qs, out, n0, n1):
+    _rowsk(Q2_K, 84, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1547,20 +1555,7 @@ def dot_q2_k(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q3_k(w, qu, d, b16, b32, qs, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    Q3_K, 110, w, n * rb, qu, m, d, b16, b32, qs
-                )
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = rowk(Q3_K, 110, w, n * rb, qu, m, d, b16, b32, qs)
+    _rowsk(Q3_K, 110, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1572,20 +1567,7 @@ def dot_q3_k(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q4_k(w, qu, d, b16, b32, qs, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    Q4_K, 144, w, n * rb, qu, m, d, b16, b32, qs
-                )
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = rowk(Q4_K, 144, w, n * rb, qu, m, d, b16, b32, qs)
+    _rowsk(Q4_K, 144, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1597,20 +1579,7 @@ def dot_q4_k(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q5_k(w, qu, d, b16, b32, qs, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    Q5_K, 176, w, n * rb, qu, m, d, b16, b32, qs
-                )
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = rowk(Q5_K, 176, w, n * rb, qu, m, d, b16, b32, qs)
+    _rowsk(Q5_K, 176, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1622,20 +1591,7 @@ def dot_q5_k(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q6_k(w, qu, d, b16, b32, qs, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    Q6_K, 210, w, n * rb, qu, m, d, b16, b32, qs
-                )
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = rowk(Q6_K, 210, w, n * rb, qu, m, d, b16, b32, qs)
+    _rowsk(Q6_K, 210, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1647,20 +1603,7 @@ def dot_q6_k(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_iq4_xs(w, qu, d, b16, b32, qs, out, n0, n1):
-    rb = w.shape[1]
-    M4 = qs.shape[0] // 4 * 4
-    MT = _m_tile(qs.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
-                    IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32, qs
-                )
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, qs.shape[0]):
-            out[m, n] = rowk(IQ4_XS, 136, w, n * rb, qu, m, d, b16, b32, qs)
+    _rowsk(IQ4_XS, 136, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1670,20 +1613,26 @@ def dot_iq4_xs(w, qu, d, b16, b32, qs, out):
         _rows_iq4_xs(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
-@njit(**DOT)
-def _rows_f32(w, x, out, n0, n1):
-    rb = 4 * x.shape[1]
+@njit(inline="always", **DOT)
+def _rows_float(kind, width, w, x, out, n0, n1):
+    """out[:, n0:n1] for float weights of `width` bytes: 4-row tiles, then the M % 4 rest one row at a time."""
+    rb = width * x.shape[1]
     M4 = x.shape[0] // 4 * 4
     MT = _m_tile(4 * x.shape[1])
     for t in range(0, M4, MT):
         for n in range(n0, n1):
             _prefetch_ahead(w, n * rb, rb)
             for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row_floatx4(F32K, w, n, x, m)
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row_floatx4(kind, w, n, x, m)
     for n in range(n0, n1):
         _prefetch_ahead(w, n * rb, rb)
         for m in range(M4, x.shape[0]):
-            out[m, n] = row_float(F32K, w, n, x, m)
+            out[m, n] = row_float(kind, w, n, x, m)
+
+
+@njit(**DOT)
+def _rows_f32(w, x, out, n0, n1):
+    _rows_float(F32K, 4, w, x, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1695,18 +1644,7 @@ def dot_f32(w, x, out):
 
 @njit(**DOT)
 def _rows_f16(w, x, out, n0, n1):
-    rb = 2 * x.shape[1]
-    M4 = x.shape[0] // 4 * 4
-    MT = _m_tile(4 * x.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row_floatx4(F16K, w, n, x, m)
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, x.shape[0]):
-            out[m, n] = row_float(F16K, w, n, x, m)
+    _rows_float(F16K, 2, w, x, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1718,18 +1656,7 @@ def dot_f16(w, x, out):
 
 @njit(**DOT)
 def _rows_bf16(w, x, out, n0, n1):
-    rb = 2 * x.shape[1]
-    M4 = x.shape[0] // 4 * 4
-    MT = _m_tile(4 * x.shape[1])
-    for t in range(0, M4, MT):
-        for n in range(n0, n1):
-            _prefetch_ahead(w, n * rb, rb)
-            for m in range(t, min(M4, t + MT), 4):
-                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = row_floatx4(BF16K, w, n, x, m)
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, x.shape[0]):
-            out[m, n] = row_float(BF16K, w, n, x, m)
+    _rows_float(BF16K, 2, w, x, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)

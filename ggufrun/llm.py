@@ -50,48 +50,31 @@ def physical_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _qtypes_in_use_order(weights) -> list[str]:
+def _qtypes_in_use_order(weights) -> list:
     """The weight types of the model's matrix products, in the order a forward pass first uses them."""
-    order: dict[str, None] = {}
+    order: dict = {}
     for lw in weights.layers:
         for lin in (lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate, lw.ffn_up, lw.ffn_down):
-            order.setdefault(lin.qtype.name)
-    order.setdefault(weights.output.qtype.name)
+            order.setdefault(lin.qtype)
+    order.setdefault(weights.output.qtype)
     return list(order)
 
 
-def _start_compile_helpers(type_names: list[str], n: int) -> list:
-    """Start n processes that compile the product kernels of `type_names` (dealt round-robin) into Numba's cache."""
+def _start_compile_helpers(qtypes: list, n: int) -> list:
+    """Start n processes that compile the product kernels of `qtypes` (dealt round-robin) into Numba's cache,
+    through quants.warmup, whose read-only weights give the argument types the forward pass uses."""
     import subprocess
 
-    code = "import sys; from ggufrun.llm import _compile_products; _compile_products(sys.argv[1:])"
+    code = "import sys; from ggufrun import quants; quants.warmup([int(t) for t in sys.argv[1:]], dequant=False)"
     procs = []
-    for i in range(min(n, len(type_names))):
+    for i in range(min(n, len(qtypes))):
         try:
-            procs.append(subprocess.Popen([sys.executable, "-c", code, *type_names[i::n]], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+            procs.append(subprocess.Popen([sys.executable, "-c", code, *(str(int(t)) for t in qtypes[i::n])],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))  # fmt: skip
         except OSError:  # no interpreter to start (embedded Python...): this process compiles everything
             break
     return procs
-
-
-def _compile_products(type_names: list[str]) -> None:
-    """Compile the activation quantizer and dot kernel of each weight type, with the argument types the forward
-    pass uses (read-only weights, as the reader's mmap views are), so that its process finds them cached."""
-    from gguf import GGMLQuantizationType
-
-    from . import quants
-
-    for name in type_names:
-        qtype = GGMLQuantizationType[name]
-        e = quants.REGISTRY[qtype]
-        K = max(e.block_size, 256)
-        w = np.zeros((8, K // e.block_size * e.type_size), np.uint8)
-        if e.weight_dtype != np.uint8:
-            w = w.view(e.weight_dtype)
-        w.setflags(write=False)
-        qx = quants.quantize_activations(np.zeros((1, K), np.float32), qtype)
-        e.dot(w, *qx.arrays, np.empty((1, 8), np.float32))
 
 
 def _check_threading_layer(layer: str | None = None) -> None:

@@ -310,16 +310,21 @@ def _blas_tiles(w2: np.ndarray, e: QuantType, X: np.ndarray, out: np.ndarray) ->
 # ---- compilation ------------------------------------------------------------------------------------------
 
 
-def warmup(qtypes) -> float:
-    """Compile (or load from Numba's cache) every kernel the given weight types need; returns seconds spent."""
+def warmup(qtypes, dequant: bool = True) -> float:
+    """Compile (or load from Numba's cache) every kernel the given weight types need; returns seconds spent.
+
+    The weights are read-only, as the reader's mmap views are, so these are the kernels a model's forward pass
+    calls. dequant=False: only the products (activation quantizer and dot kernel), not dequantize / get_rows.
+    """
     t0 = time.perf_counter()
     for qtype in dict.fromkeys(GGMLQuantizationType(t) for t in qtypes):
         e = _entry(qtype)
         K = max(e.block_size, 256)  # one Q8_K block at least
-        w = np.zeros((2, K // e.block_size * e.type_size), np.uint8)
+        w = np.zeros((8, K // e.block_size * e.type_size), np.uint8)
+        w.setflags(write=False)
         w2 = _weights(w if e.weight_dtype == np.uint8 else w.view(e.weight_dtype), e)
-        out = np.empty((1, K), np.float32)
-        e.dequant(w2, np.zeros(1, np.int64), out)
+        if dequant:
+            e.dequant(w2, np.zeros(1, np.int64), np.empty((1, K), np.float32))
         qx = quantize_activations(np.zeros((1, K), np.float32), qtype)
-        e.dot(w2, *qx.arrays, np.empty((1, 2), np.float32))
+        e.dot(w2, *qx.arrays, np.empty((1, 8), np.float32))
     return time.perf_counter() - t0

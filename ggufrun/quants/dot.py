@@ -1087,12 +1087,24 @@ def row32(kind, bsize, w, wo, qu, m, d, s, qs, sums):
 
 
 @njit(inline="always", **DOT)
-def _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo, corr):
-    """Exact integer dots of 8 weight blocks' unsigned codes with the quants at byte xo, one per lane."""
+def _codes8(kind, w, o, rb):
+    """Unsigned codes of the blocks at bytes o, o + rb, ..., o + 7 rb (the same block of 8 weight rows)."""
+    return (
+        _block32(kind, w, o, True)[0], _block32(kind, w, o + rb, True)[0],
+        _block32(kind, w, o + 2 * rb, True)[0], _block32(kind, w, o + 3 * rb, True)[0],
+        _block32(kind, w, o + 4 * rb, True)[0], _block32(kind, w, o + 5 * rb, True)[0],
+        _block32(kind, w, o + 6 * rb, True)[0], _block32(kind, w, o + 7 * rb, True)[0],
+    )  # fmt: skip
+
+
+@njit(inline="always", **DOT)
+def _dots8(u, qs, xo, corr):
+    """Exact integer dots of 8 blocks' unsigned codes u (from _codes8) with the quants at byte xo, minus corr,
+    one per lane."""
     x = ld32(qs, xo)
     p = isum8(
-        dpbusd(izero(), u0, x), dpbusd(izero(), u1, x), dpbusd(izero(), u2, x), dpbusd(izero(), u3, x),
-        dpbusd(izero(), u4, x), dpbusd(izero(), u5, x), dpbusd(izero(), u6, x), dpbusd(izero(), u7, x),
+        dpbusd(izero(), u[0], x), dpbusd(izero(), u[1], x), dpbusd(izero(), u[2], x), dpbusd(izero(), u[3], x),
+        dpbusd(izero(), u[4], x), dpbusd(izero(), u[5], x), dpbusd(izero(), u[6], x), dpbusd(izero(), u[7], x),
     )  # fmt: skip
     return isubs(p, corr)
 
@@ -1105,11 +1117,8 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     acc, accm = fzero(), fzero()
     for b in range(K // 32):
         o = wo + b * bsize
-        u0, u1 = _block32(kind, w, o, True)[0], _block32(kind, w, o + rb, True)[0]
-        u2, u3 = _block32(kind, w, o + 2 * rb, True)[0], _block32(kind, w, o + 3 * rb, True)[0]
-        u4, u5 = _block32(kind, w, o + 4 * rb, True)[0], _block32(kind, w, o + 5 * rb, True)[0]
-        u6, u7 = _block32(kind, w, o + 6 * rb, True)[0], _block32(kind, w, o + 7 * rb, True)[0]
-        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, m * K + 32 * b, off * sums[m, b])
+        u = _codes8(kind, w, o, rb)
+        p = _dots8(u, qs, m * K + 32 * b, off * sums[m, b])
         acc = fma_v(acc, fcvt(p), fscale(ld_f16_rows(w, o, rb), d[m, b]))
         if kind == Q4_1 or kind == Q5_1:
             accm = fma_v(accm, ld_f16_rows(w, o + 2, rb), fbcast(s[m, b]))
@@ -1125,19 +1134,16 @@ def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     m0, m1, m2, m3 = fzero(), fzero(), fzero(), fzero()
     for b in range(K // 32):
         o = wo + b * bsize
-        u0, u1 = _block32(kind, w, o, True)[0], _block32(kind, w, o + rb, True)[0]
-        u2, u3 = _block32(kind, w, o + 2 * rb, True)[0], _block32(kind, w, o + 3 * rb, True)[0]
-        u4, u5 = _block32(kind, w, o + 4 * rb, True)[0], _block32(kind, w, o + 5 * rb, True)[0]
-        u6, u7 = _block32(kind, w, o + 6 * rb, True)[0], _block32(kind, w, o + 7 * rb, True)[0]
+        u = _codes8(kind, w, o, rb)
         dw = ld_f16_rows(w, o, rb)
         xo = m * K + 32 * b
-        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo, off * sums[m, b])
+        p = _dots8(u, qs, xo, off * sums[m, b])
         a0 = fma_v(a0, fcvt(p), fscale(dw, d[m, b]))
-        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo + K, off * sums[m + 1, b])
+        p = _dots8(u, qs, xo + K, off * sums[m + 1, b])
         a1 = fma_v(a1, fcvt(p), fscale(dw, d[m + 1, b]))
-        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo + 2 * K, off * sums[m + 2, b])
+        p = _dots8(u, qs, xo + 2 * K, off * sums[m + 2, b])
         a2 = fma_v(a2, fcvt(p), fscale(dw, d[m + 2, b]))
-        p = _dots8(kind, u0, u1, u2, u3, u4, u5, u6, u7, qs, xo + 3 * K, off * sums[m + 3, b])
+        p = _dots8(u, qs, xo + 3 * K, off * sums[m + 3, b])
         a3 = fma_v(a3, fcvt(p), fscale(dw, d[m + 3, b]))
         if kind == Q4_1 or kind == Q5_1:
             mw = ld_f16_rows(w, o + 2, rb)

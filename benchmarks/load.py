@@ -19,8 +19,10 @@ import sys
 import time
 
 from _common import env_line, environment, log, write_json
+from ggufrun import load
 from ggufrun.hub import KNOWN_MODELS, resolve
 from ggufrun.reader import GGUFFile
+from ggufrun.tokenizer import load_tokenizer
 
 TARGETS_S = {"gemma3-270m": 0.3, "smollm2-135m-instruct": 0.1}
 
@@ -54,32 +56,19 @@ def bench_model(name: str, repeat: int, gguf_py: bool, model_repeat: int) -> dic
         log(f"{name}: gguf.GGUFReader open x1 (slow)")
         out["gguf_py_open"] = timed(lambda: gguf.GGUFReader(path), 1, warmup=0)
 
-    try:
-        from ggufrun.tokenizer import load_tokenizer
-    except ImportError as e:
-        log(f"tokenizer build: n/a ({e})")
-        out["tokenizer_build"] = None
-    else:
-        log(f"{name}: load_tokenizer x{repeat}")
-        with GGUFFile(path) as f:
-            out["tokenizer_build"] = timed(lambda: load_tokenizer(f.metadata), repeat)
+    log(f"{name}: load_tokenizer x{repeat}")
+    with GGUFFile(path) as f:
+        out["tokenizer_build"] = timed(lambda: load_tokenizer(f.metadata), repeat)
 
-    try:
-        import ggufrun.llm  # noqa: F401  (Numba, kernels)
-        from ggufrun import load
-    except ImportError as e:
-        log(f"model ready: n/a ({e})")
-        out["model_ready"] = None
-    else:
-        # The first load in a process JIT-compiles (or loads the Numba cache); time it apart.
-        log(f"{name}: ggufrun.load x{model_repeat + 1}")
-        out["model_ready_first"] = timed(lambda: load(str(path), quiet=True), 1, warmup=0)
-        out["model_ready"] = timed(lambda: load(str(path), quiet=True), model_repeat, warmup=0)
+    # The first load in a process JIT-compiles (or loads the Numba cache); time it apart.
+    log(f"{name}: ggufrun.load x{model_repeat + 1}")
+    out["model_ready_first"] = timed(lambda: load(str(path), quiet=True), 1, warmup=0)
+    out["model_ready"] = timed(lambda: load(str(path), quiet=True), model_repeat, warmup=0)
     return out
 
 
 def _fmt(t: dict | None) -> str:
-    if t is None:
+    if t is None:  # gguf-py skipped
         return "n/a"
     return f"{t['median_s']:.3f} s (min {t['min_s']:.3f})" if t["n"] > 1 else f"{t['median_s']:.3f} s"
 

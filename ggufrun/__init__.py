@@ -9,11 +9,22 @@ Data flow: reader (GGUFFile) -> quants (Numba kernels) -> model (config, weights
 ...     print(chunk.text, end="", flush=True)
 """
 
-from .errors import GGUFError
+from .errors import ChatTemplateError, ContextOverflowError, GGUFError, PullError, TokenizerError
 from .reader import GGUFFile, TensorInfo
 
 __version__ = "0.1.0"
-__all__ = ["GGUFError", "GGUFFile", "TensorInfo", "load", "Model", "__version__"]
+__all__ = [
+    "ChatTemplateError",
+    "ContextOverflowError",
+    "GGUFError",
+    "PullError",
+    "TokenizerError",
+    "GGUFFile",
+    "TensorInfo",
+    "load",
+    "Model",
+    "__version__",
+]
 
 
 def __getattr__(name):

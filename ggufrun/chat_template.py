@@ -36,6 +36,8 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from .errors import ChatTemplateError
+
 CHATML = (
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
@@ -65,10 +67,6 @@ DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_MAX_CHARS = 8 * 1024 * 1024  # per value and for the output; raised to 8x the input size for big inputs
 MAX_INT_BITS = 1 << 16
 _TEMPLATE_FILENAME = "<ggufrun chat template>"
-
-
-class ChatTemplateError(ValueError):
-    """A chat template failed to compile or render, broke a sandbox rule, or raised an error itself."""
 
 
 class _Timeout(BaseException):

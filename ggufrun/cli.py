@@ -36,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(SUBCOMMANDS[args.command])
-    from .errors import GGUFError
+    from .errors import GGUFError, PullError
 
     try:
         return (getattr(args, "func", None) or module.run)(args) or 0
-    except (GGUFError, FileNotFoundError, ValueError) as e:
+    except (GGUFError, PullError, FileNotFoundError, ValueError) as e:
         print(f"ggufrun {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,4 +1,8 @@
-"""Exceptions raised by ggufrun."""
+"""Every exception ggufrun raises on purpose, in one place.
+
+All are ValueErrors except PullError (a download or cache problem, not a bad value) and GenerationInUseError
+(a misuse of one model from two places at once). Each message names the field, value or limit that was wrong.
+"""
 
 
 class GGUFError(ValueError):
@@ -6,3 +10,19 @@ class GGUFError(ValueError):
 
     The message names the field (and, for malformed files, the byte offset) that was wrong.
     """
+
+
+class TokenizerError(ValueError):
+    """Text cannot be tokenized/detokenized: the file has no vocabulary, an id is out of range, ..."""
+
+
+class ChatTemplateError(ValueError):
+    """A chat template failed to compile or render, broke a sandbox rule, or raised an error itself."""
+
+
+class ContextOverflowError(ValueError):
+    """More tokens than the KV cache holds (n_ctx). Raised before any state changes."""
+
+
+class PullError(RuntimeError):
+    """Fetching a known model failed: pip could not download it, or the file is not the expected one."""

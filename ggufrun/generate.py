@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .detokenizer import StreamingDetokenizer
-from .model import ContextOverflowError
+from .errors import ContextOverflowError
 from .sampling import Sampler, SamplingParams
 
 FINISH_STOP = "stop"

@@ -24,11 +24,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import GGUFError
-
-
-class PullError(GGUFError):
-    """Fetching a known model failed: pip could not download it, or the file is not the expected one."""
+from .errors import GGUFError, PullError
 
 
 @dataclass(frozen=True)

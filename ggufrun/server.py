@@ -213,7 +213,7 @@ def create_app(model, model_id: str | None = None, api_key: str | None = None, m
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    from .model import ContextOverflowError
+    from .errors import ContextOverflowError
 
     model_id = model_id or model.path.stem
     runner = ModelRunner(model, max_queue=max_queue)

@@ -35,14 +35,12 @@ from enum import IntFlag
 
 import numpy as np
 
+from .errors import TokenizerError
+
 # GGUF token types (gguf-py constants.TokenType, llama.cpp llama_token_type)
 TYPE_UNDEFINED, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(7)
 
 SPM_SPACE = "\u2581"  # SentencePiece's visible space "▁"
-
-
-class TokenizerError(ValueError):
-    """Text cannot be tokenized/detokenized: the file has no vocabulary, an id is out of range, ..."""
 
 
 class Attr(IntFlag):

@@ -6,7 +6,8 @@
 >>> next_id = int(tf.forward([504, 3458, 282]).argmax())
 """
 
+from ..errors import ContextOverflowError
 from .config import SUPPORTED_ARCHITECTURES, ArchSpec, ModelConfig
-from .transformer import ContextOverflowError, RunState, Transformer
+from .transformer import RunState, Transformer
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "ArchSpec", "ContextOverflowError", "ModelConfig", "RunState", "Transformer"]

@@ -25,6 +25,7 @@ import numba
 import numpy as np
 
 from .. import quants
+from ..errors import ContextOverflowError
 from . import kernels
 from .config import ModelConfig
 from .linear import Projector
@@ -42,10 +43,6 @@ def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     count = math.prod(shape)
     buf = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize))
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
-
-
-class ContextOverflowError(ValueError):
-    """More tokens than the KV cache holds (n_ctx). Raised before any state changes."""
 
 
 @dataclass

@@ -15,114 +15,11 @@ import gguf
 import numpy as np
 import pytest
 from reference import reference_logits
+from synthetic import write_model
 
 from ggufrun.errors import GGUFError
 from ggufrun.model import SUPPORTED_ARCHITECTURES, ContextOverflowError, ModelConfig, Transformer
 from ggufrun.reader import GGUFFile
-
-
-def write_model(
-    path,
-    arch="llama",
-    *,
-    dim=64,
-    n_layer=2,
-    n_head=4,
-    n_kv=2,
-    head_dim=16,
-    ff=128,
-    vocab=96,
-    ctx=256,
-    window=0,
-    linear_scale=0.0,
-    yarn=None,
-    rope_freqs=False,
-    softcap=0.0,
-    tied=False,
-    seed=0,
-    override=None,
-):
-    """A random-weight model in F32. `override`: {tensor name: (array, raw GGML type or None)} replaces/adds
-    tensors (None as the value drops one)."""
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(n_layer)
-    w.add_context_length(ctx)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1e6)
-    w.add_vocab_size(vocab)
-    w.add_tokenizer_model("none")
-    if window:
-        w.add_sliding_window(window)
-    if linear_scale:
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(linear_scale)
-    if yarn:  # (factor, original context length)
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(yarn[0])
-        w.add_rope_scaling_orig_ctx_len(yarn[1])
-    if softcap:
-        w.add_final_logit_softcapping(softcap)
-
-    def mat(rows, cols):
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
-
-    qd, kd = n_head * head_dim, n_kv * head_dim
-    tensors = {"token_embd.weight": mat(vocab, dim), "output_norm.weight": norm(dim)}
-    if not tied:
-        tensors["output.weight"] = mat(vocab, dim)
-    if rope_freqs:
-        tensors["rope_freqs.weight"] = (1.0 + 3.0 * rng.random(head_dim // 2)).astype(np.float32)
-    for il in range(n_layer):
-        p = f"blk.{il}."
-        tensors.update(
-            {
-                p + "attn_norm.weight": norm(dim),
-                p + "attn_q.weight": mat(qd, dim),
-                p + "attn_k.weight": mat(kd, dim),
-                p + "attn_v.weight": mat(kd, dim),
-                p + "attn_output.weight": mat(dim, qd),
-                p + "ffn_norm.weight": norm(dim),
-                p + "ffn_gate.weight": mat(ff, dim),
-                p + "ffn_up.weight": mat(ff, dim),
-                p + "ffn_down.weight": mat(dim, ff),
-            }
-        )
-        if arch == "qwen2":
-            for name, n in (("attn_q.bias", qd), ("attn_k.bias", kd), ("attn_v.bias", kd)):
-                tensors[p + name] = (0.3 * rng.standard_normal(n)).astype(np.float32)
-        if arch in ("qwen3", "gemma3"):
-            tensors[p + "attn_q_norm.weight"] = norm(head_dim)
-            tensors[p + "attn_k_norm.weight"] = norm(head_dim)
-        if arch == "gemma3":
-            tensors[p + "post_attention_norm.weight"] = norm(dim)
-            tensors[p + "post_ffw_norm.weight"] = norm(dim)
-    raw_types = {}
-    for name, value in (override or {}).items():
-        if value is None:
-            tensors.pop(name)
-        else:
-            tensors[name], raw_types[name] = value
-    for name, arr in tensors.items():
-        if raw_types.get(name) is None:
-            w.add_tensor(name, arr)
-        else:
-            w.add_tensor(name, arr, raw_dtype=raw_types[name])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
 
 VARIANTS = {
     "llama": {},

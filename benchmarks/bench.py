@@ -42,7 +42,6 @@ m = ggufrun.load(sys.argv[1], n_threads=int(sys.argv[2]), n_ctx=n_prompt + n_gen
 bias = {t: float("-inf") for t in m.tokenizer.eog_ids}
 *_, last = m.generate(prompt_ids(m.tokenize, n_prompt), max_tokens=n_gen, temperature=0, logit_bias=bias)
 assert last.stats.generated_tokens == n_gen
-st = m.transformer.state
 rss = {}  # resident MB by mapping: the model file, LLVM (llvmlite), the KV cache, everything else
 with open("/proc/self/smaps") as f:
     name = None
@@ -59,7 +58,7 @@ with open("/proc/self/smaps") as f:
 with open("/proc/self/status") as f:
     hwm = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
 print(json.dumps({"peak_rss_mb": hwm,
-                  "kv_cache_mb": (st.k_cache.nbytes + st.v_cache.nbytes) / 1e6, "rss_by_mapping_mb": rss}))
+                  "kv_cache_mb": m.cache.nbytes / 1e6, "rss_by_mapping_mb": rss}))
 """
 
 

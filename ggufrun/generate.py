@@ -1,11 +1,15 @@
 """Token generation: prompt -> prefill (with prefix reuse) -> sample/decode loop -> streamed text chunks.
 
-Three layers, as in mlx-lm's generate.py:
-    generate_tokens(...)  yields (token, logprob) pairs; the model does work only when the next pair is asked for,
+Three layers, as in mlx-lm's generate.py (`generate_step(prompt, model, prompt_cache=...)`):
+    generate_tokens(prompt, transformer, cache, sampler, ...)
+                          yields (token, logprob) pairs; the model does work only when the next pair is asked for,
                           so breaking out of the loop (or .close() on the generator) stops all work at once.
-    stream(...)           yields Chunk objects: UTF-8-safe text deltas, stop strings held back and trimmed,
+    stream(prompt, transformer, cache, tokenizer, params, ...)
+                          yields Chunk objects: UTF-8-safe text deltas, stop strings held back and trimmed,
                           finish_reason and stats on the last chunk.
     Model.complete(...)   joins the text (see llm.py).
+The loop works on a model.Transformer and a model.KVCache (the one record of which token ids are cached), not on
+the user-facing Model, so it runs on any model file, tokenizer or not.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,58 +128,66 @@ def check_prompt_fits(n_prompt: int, n_ctx: int) -> None:
         )
 
 
+def eval_prompt(tf, cache, ids: np.ndarray, cancel=None) -> tuple[np.ndarray | None, int]:
+    """Make `cache` hold `ids` and return (logits after the last id, positions reused).
+
+    The cache keeps its longest prefix shared with `ids` (prefix reuse) and evaluates the rest in n_batch chunks;
+    at least the last id is evaluated, so that there are logits. Returns (None, kept) if `cancel` fired between
+    chunks. The logits are the model's buffer: the caller holds tf.lock until it has read them.
+    """
+    n = ids.shape[0]
+    n_keep = min(cache.common_prefix(ids), n - 1)
+    cache.truncate(n_keep)
+    logits = None
+    for start in range(n_keep, n, tf.n_batch):
+        if _is_cancelled(cancel):
+            return None, n_keep
+        logits = tf.forward(ids[start : start + tf.n_batch], cache=cache)
+    return logits, n_keep
+
+
 def generate_tokens(
-    model,
     prompt_ids: Sequence[int],
+    tf,
+    cache,
     sampler: Sampler,
     max_tokens: int,
     stats: GenerationStats,
     cancel=None,
-    on_prefill_chunk: Callable[[int, int], None] | None = None,
+    n_threads: int | None = None,
 ) -> Iterator[tuple[int, float]]:
-    """Yield (token, logprob) until the caller stops asking or the context is full.
+    """Yield (token, logprob) from the model `tf` (a model.Transformer) appending to `cache` (a model.KVCache),
+    until the caller stops asking, max_tokens, or the context is full.
 
-    The KV cache keeps the longest prefix shared with the previous request (prefix reuse); the caller sees
-    ContextOverflowError before any work if the prompt alone does not fit.
+    Every step holds tf.lock from the forward pass to the sample, so one model can be used from several threads,
+    and checks that the cache still holds this generation's tokens (cache.version unchanged since its last step).
+    If another generation used the cache in between, the step re-evaluates from the longest common prefix: both
+    generations stay correct (bit-identical to running alone, by batch invariance), at the cost of the recompute.
     """
-    tf = model.transformer
-    prompt_ids = list(prompt_ids)
-    n_prompt = len(prompt_ids)
-    check_prompt_fits(n_prompt, tf.n_ctx)
+    from .runtime import set_threads
+
+    prompt_ids = np.asarray(prompt_ids, dtype=np.int64)
+    n_prompt = prompt_ids.shape[0]
+    check_prompt_fits(n_prompt, cache.n_ctx)
     t_start = time.perf_counter()
-
-    # Prefix reuse: keep cached positions that match; always recompute at least the last prompt token so that
-    # there are logits to sample from.
-    cached = model._cached_ids
-    n_keep = 0
-    limit = min(len(cached), n_prompt - 1)
-    while n_keep < limit and cached[n_keep] == prompt_ids[n_keep]:
-        n_keep += 1
-    tf.truncate(n_keep)
-    del cached[n_keep:]
-    stats.prompt_tokens = n_prompt
-    stats.cached_tokens = n_keep
-
-    n_batch = tf.n_batch
-    logits = None
-    for start in range(n_keep, n_prompt, n_batch):
-        if _is_cancelled(cancel):
-            return
-        part = prompt_ids[start : start + n_batch]
-        logits = tf.forward(part)
-        cached.extend(part)
-        if on_prefill_chunk is not None:
-            on_prefill_chunk(start + len(part) - n_keep, n_prompt - n_keep)
-    t_prefill = time.perf_counter() - t_start
-    stats.prompt_tps = (n_prompt - n_keep) / t_prefill if t_prefill > 0 else 0.0
-
-    # prompt + generated ids, for the penalties; filled in place so decode allocates nothing per token
+    # prompt + generated ids, for the penalties and to re-sync the cache; filled in place (no allocation per token)
     history = np.empty(n_prompt + max_tokens, dtype=np.int64)
     history[:n_prompt] = prompt_ids
     n_hist = n_prompt
+    stats.prompt_tokens = n_prompt
+
+    with tf.lock:
+        if n_threads is not None:
+            set_threads(n_threads)
+        logits, stats.cached_tokens = eval_prompt(tf, cache, prompt_ids, cancel)
+        if logits is None:
+            return
+        t_prefill = time.perf_counter() - t_start
+        stats.prompt_tps = (n_prompt - stats.cached_tokens) / t_prefill if t_prefill > 0 else 0.0
+        token, logprob = sampler.sample(logits, history[:n_hist])
+        version = cache.version
     t_first = 0.0
     for i in range(max_tokens):
-        token, logprob = sampler.sample(logits, history[:n_hist])
         history[n_hist] = token
         n_hist += 1
         stats.generated_tokens = i + 1
@@ -187,42 +199,50 @@ def generate_tokens(
             stats.generation_tps = i / (now - t_first)
         yield token, logprob
         # Resumed: the caller wants another token. Evaluate this one unless the context is full.
-        if i + 1 == max_tokens or tf.n_past >= tf.n_ctx:
+        if i + 1 == max_tokens or n_hist > cache.n_ctx or _is_cancelled(cancel):
             return
-        if _is_cancelled(cancel):
-            return
-        logits = tf.forward([token])
-        cached.append(token)
+        with tf.lock:
+            if n_threads is not None:
+                set_threads(n_threads)
+            if cache.version == version and cache.n_past == n_hist - 1:
+                logits = tf.forward(history[n_hist - 1 : n_hist], cache=cache)
+            else:  # somebody else used the cache since our last step
+                logits, _ = eval_prompt(tf, cache, history[:n_hist], cancel)
+                if logits is None:
+                    return
+            token, logprob = sampler.sample(logits, history[:n_hist])
+            version = cache.version
 
 
 def stream(
-    model,
     prompt_ids: Sequence[int],
+    tf,
+    cache,
+    tokenizer,
     params: SamplingParams,
     max_tokens: int,
     stop: Sequence[str] | str | None = None,
     cancel=None,
     skip_special: bool = True,
+    n_threads: int | None = None,
 ) -> Iterator[Chunk]:
     """Chunks of text for a prompt; see Chunk. Stops at an end-of-generation token, a stop string,
     max_tokens or a full context."""
     if isinstance(stop, str):
         stop = [stop]
     stops = StopMatcher(stop or [])
-    tok = model.tokenizer
-    detok = StreamingDetokenizer(tok, skip_special=skip_special) if tok.model != "none" else None
-    eog = tok.eog_ids
-    sampler = Sampler(params, model.n_vocab)
+    detok = StreamingDetokenizer(tokenizer, skip_special=skip_special) if tokenizer.model != "none" else None
+    eog = tokenizer.eog_ids
+    sampler = Sampler(params, tf.config.n_vocab)
     stats = GenerationStats()
-    tf = model.transformer
 
     def finish(reason: str, text: str, token=None, logprob=None) -> Chunk:
         stats.peak_rss_mb = peak_rss_mb()
         return Chunk(text, token, logprob, reason, stats)
 
     # the last sampled token is never evaluated, so it needs no KV slot of its own
-    budget = min(max_tokens, tf.n_ctx - len(prompt_ids) + 1)
-    tokens = generate_tokens(model, prompt_ids, sampler, budget, stats, cancel)
+    budget = min(max_tokens, cache.n_ctx - len(prompt_ids) + 1)
+    tokens = generate_tokens(prompt_ids, tf, cache, sampler, budget, stats, cancel, n_threads)
     try:
         for n, (token, logprob) in enumerate(tokens, 1):
             if token in eog:

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,89 +21,21 @@ import numpy as np
 from . import generate as _gen
 from .chat_template import ChatTemplate, chat_template_from_metadata
 from .reader import GGUFFile
+from .runtime import compile_kernels, physical_cores, set_threads
 from .sampling import SamplingParams
 from .tokenizer import load_tokenizer
 
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
-def physical_cores() -> int:
-    """Number of physical cores (hyper-threads share a core's vector units, so they do not help matvec)."""
-    try:
-        cores = set()
-        phys = core = None
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("physical id"):
-                    phys = line.split(":")[1].strip()
-                elif line.startswith("core id"):
-                    core = line.split(":")[1].strip()
-                elif not line.strip():
-                    if core is not None:
-                        cores.add((phys, core))
-                    phys = core = None
-        if cores:
-            return min(len(cores), len(os.sched_getaffinity(0)))
-    except (OSError, AttributeError):
-        pass
-    return os.cpu_count() or 1
-
-
-def _qtypes_in_use_order(weights) -> list:
-    """The weight types of the model's matrix products, in the order a forward pass first uses them."""
-    order: dict = {}
-    for lw in weights.layers:
-        for lin in (lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate, lw.ffn_up, lw.ffn_down):
-            order.setdefault(lin.qtype)
-    order.setdefault(weights.output.qtype)
-    return list(order)
-
-
-def _start_compile_helpers(qtypes: list, n: int) -> list:
-    """Start n processes that compile the product kernels of `qtypes` (dealt round-robin) into Numba's cache,
-    through quants.warmup, whose read-only weights give the argument types the forward pass uses."""
-    import subprocess
-
-    code = "import sys; from ggufrun import quants; quants.warmup([int(t) for t in sys.argv[1:]], dequant=False)"
-    procs = []
-    for i in range(min(n, len(qtypes))):
-        try:
-            procs.append(subprocess.Popen([sys.executable, "-c", code, *(str(int(t)) for t in qtypes[i::n])],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))  # fmt: skip
-        except OSError:  # no interpreter to start (embedded Python...): this process compiles everything
-            break
-    return procs
-
-
-def _check_threading_layer(layer: str | None = None) -> None:
-    """Warn when Numba runs its parallel loops on the workqueue layer (neither OpenMP nor TBB found)."""
-    import warnings
-
-    import numba
-
-    if layer is None:
-        try:
-            layer = numba.threading_layer()
-        except ValueError:  # no parallel region has run yet
-            return
-    if layer == "workqueue":
-        warnings.warn(
-            "Numba found neither an OpenMP runtime (libgomp) nor TBB and runs ggufrun's parallel kernels on its "
-            "workqueue layer, which decodes ~3.5x slower here; install one (e.g. `pip install tbb`)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def _set_threads(n: int) -> None:
-    import numba
-
-    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
-
-
 class Model:
-    """A loaded GGUF model. Not thread-safe: run one generation at a time (the server queues requests)."""
+    """A loaded GGUF model: file, tokenizer, chat template, transformer and its KV cache (`model.cache`).
+
+    Safe to share between threads: every forward pass and sample runs under the transformer's lock, and each
+    generation checks before every step that the cache still holds its own tokens, re-evaluating from the common
+    prefix if another generation used it in between. Concurrent generations are therefore correct (the same tokens
+    as alone) but take turns, one step at a time; two generators open in one thread work the same way.
+    """
 
     def __init__(
         self,
@@ -117,16 +48,16 @@ class Model:
         verbose: bool = False,
     ):
         from .model import Transformer  # imports Numba
+        from .model.kv_cache import KV_DTYPES
 
         if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
             raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
-        kv_dtypes = {"f16": np.float16, "f32": np.float32}
-        if kv_dtype not in kv_dtypes:
-            raise ValueError(f"kv_dtype must be one of {sorted(kv_dtypes)}, got {kv_dtype!r}")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)}, got {kv_dtype!r}")
         t0 = time.perf_counter()
         self.path = Path(path)
         self.n_threads = n_threads or physical_cores()
-        _set_threads(self.n_threads)
+        set_threads(self.n_threads)
         self.gguf = GGUFFile(self.path)
         try:
             self.metadata = self.gguf.metadata
@@ -134,53 +65,14 @@ class Model:
             self.tokenizer = load_tokenizer(self.metadata)
             self._chat_template_override = chat_template
             self._chat_template: ChatTemplate | None | bool = False  # False = not looked up yet
-            self.transformer = Transformer(self.gguf, n_ctx=n_ctx, n_batch=n_batch, kv_dtype=kv_dtypes[kv_dtype])
-            self._warmup(verbose)
+            self.transformer = Transformer(self.gguf, n_ctx=n_ctx, n_batch=n_batch, kv_dtype=KV_DTYPES[kv_dtype])
+            compile_kernels(self.transformer, self.n_threads, verbose)
         except BaseException:
             self.gguf.close()
             raise
+        self.cache = self.transformer.cache  # the K/V and token ids of what this model last ran, for prefix reuse
         self.n_vocab = self.transformer.config.n_vocab
-        self._cached_ids: list[int] = []  # ids whose K/V are in the cache, for prefix reuse
         self.load_time_s = time.perf_counter() - t0
-
-    def _warmup(self, verbose: bool) -> None:
-        """Compile (or load from Numba's on-disk cache) every kernel this model uses.
-
-        Numba announces real compilations (not cache loads) as "numba:compile" events. The first one prints a
-        notice, so a user waiting on the first run ever knows why, and starts helper processes (one per extra
-        thread) that compile the matrix-product kernels of the model's other weight types into the same
-        on-disk cache while this process works through the forward pass in order; it then loads those from the
-        cache instead of compiling them itself (the first run ever is ~1.8x shorter on 2 cores).
-        """
-        from numba.core import event
-
-        types = _qtypes_in_use_order(self.transformer.weights)
-        n_helpers = max(0, min(self.n_threads, os.cpu_count() or 1) - 1)
-        helpers: list = []
-
-        class Notice(event.Listener):
-            shown = False
-
-            def on_start(self, ev):
-                if not self.shown:
-                    self.shown = True
-                    print("ggufrun: compiling kernels (first run only)...", file=sys.stderr, flush=True)
-                    helpers.extend(_start_compile_helpers(types[1:], n_helpers))
-
-            def on_end(self, ev):
-                pass
-
-        t0 = time.perf_counter()
-        try:
-            with event.install_listener("numba:compile", Notice()):
-                self.transformer.warmup()
-        finally:
-            for h in helpers:  # whatever they have not finished, this process has compiled by now
-                h.kill()
-                h.wait()
-        if verbose:
-            print(f"ggufrun: kernels ready in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
-        _check_threading_layer()
 
     # ---- properties -------------------------------------------------------------------------------------------
     @property
@@ -211,11 +103,9 @@ class Model:
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 [len(ids), n_vocab]: logits after each token, teacher-forced, in a fresh context."""
         ids = self._check_ids(ids)
-        self._cached_ids.clear()
-        _set_threads(self.n_threads)
-        out = self.transformer.logits(ids)
-        self._cached_ids.extend(ids)
-        return out
+        with self.transformer.lock:
+            set_threads(self.n_threads)
+            return self.transformer.logits(ids, cache=self.cache)
 
     def _check_ids(self, ids) -> list[int]:
         ids = [int(i) for i in ids]
@@ -255,6 +145,7 @@ class Model:
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
         params = self._params(preset, sampling)
+        stop = _check_stop(stop)
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special, parse_special=True)
         else:
@@ -264,8 +155,8 @@ class Model:
 
     def _stream(self, ids, params, max_tokens, stop, cancel, skip_special):
         # Validation above runs at call time; the work starts at the first next().
-        _set_threads(self.n_threads)
-        yield from _gen.stream(self, ids, params, max_tokens, stop, cancel, skip_special)
+        yield from _gen.stream(ids, self.transformer, self.cache, self.tokenizer, params, max_tokens, stop, cancel,
+                               skip_special, n_threads=self.n_threads)  # fmt: skip
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, **extra) -> str:
         template = self.chat_template
@@ -310,8 +201,8 @@ class Model:
 
     def reset(self) -> None:
         """Forget the cached prefix (the next request recomputes its whole prompt)."""
-        self._cached_ids.clear()
-        self.transformer.reset()
+        with self.transformer.lock:
+            self.cache.reset()
 
     def close(self) -> None:
         self.gguf.close()
@@ -321,6 +212,17 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_stop(stop) -> list[str]:
+    """stop: None, a string, or a sequence of strings (OpenAI's `stop`); anything else is a TypeError naming it."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
 
 
 def load(

@@ -1,13 +1,19 @@
-"""The generation API on a real model (SmolLM2-135M-Instruct Q4_1): streaming, stops, cancellation, reuse."""
+"""The generation API: the loop on a tiny synthetic model (no download: the cache, threads, interleaved
+generators), then streaming, stops, cancellation and reuse on a real model (SmolLM2-135M-Instruct Q4_1)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
+from synthetic import write_model
 
-from ggufrun.generate import StopMatcher
+from ggufrun.generate import GenerationStats, StopMatcher, generate_tokens
+from ggufrun.sampling import Sampler, SamplingParams
 
 # ---- stop strings (no model needed) ----------------------------------------------------------------------------
 
@@ -50,6 +56,149 @@ def test_stop_matcher_never_emits_a_prefix_it_later_matches():
         if hit:
             break
     assert emitted == "hello "
+
+
+# ---- the loop on a synthetic model (no download) -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("gen") / "tiny.gguf", tokenizer="bytes", ctx=256, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    import ggufrun
+
+    m = ggufrun.load(tiny_path, n_ctx=64, n_threads=2)
+    yield m
+    m.close()
+
+
+def _greedy(model, ids, n):
+    return [c.token for c in model.generate(ids, max_tokens=n, temperature=0)]
+
+
+def test_generate_tokens_runs_on_a_transformer_and_cache(tiny):
+    """The loop needs no Model: a Transformer, a KVCache and a Sampler. Greedy tokens are the argmax of the
+    teacher-forced logits of the sequence they make."""
+    tf = tiny.transformer
+    cache = tf.new_cache()
+    prompt = [10, 20, 30, 40]
+    stats = GenerationStats()
+    sampler = Sampler(SamplingParams(temperature=0), tf.config.n_vocab)
+    out = [t for t, _ in generate_tokens(prompt, tf, cache, sampler, 6, stats)]
+    assert len(out) == 6 and stats.generated_tokens == 6 and stats.prompt_tokens == 4
+    assert cache.tokens.tolist() == prompt + out[:-1]  # the last sampled token is never evaluated
+    rows = tf.logits(prompt + out[:-1], cache=tf.new_cache())
+    assert out == rows[len(prompt) - 1 :].argmax(axis=1).tolist()
+
+
+def test_prefix_reuse_is_recorded_by_the_cache(tiny):
+    tiny.reset()
+    first = list(tiny.generate([5, 6, 7, 8, 9], max_tokens=3, temperature=0))
+    assert first[-1].stats.cached_tokens == 0
+    assert tiny.cache.tokens.tolist()[:5] == [5, 6, 7, 8, 9]
+    again = list(tiny.generate([5, 6, 7, 8, 11], max_tokens=3, temperature=0))
+    assert again[-1].stats.cached_tokens == 4
+    tiny.reset()
+    fresh = list(tiny.generate([5, 6, 7, 8, 11], max_tokens=3, temperature=0))
+    assert [(c.token, c.logprob) for c in again] == [(c.token, c.logprob) for c in fresh]
+
+
+def test_two_live_generators_in_one_thread_both_work(tiny):
+    a_ids, b_ids = [1, 2, 3, 4, 5, 6], [1, 2, 3, 70, 71]
+    want_a, want_b = _greedy(tiny, a_ids, 12), _greedy(tiny, b_ids, 12)
+    ga = tiny.generate(a_ids, max_tokens=12, temperature=0)
+    gb = tiny.generate(b_ids, max_tokens=12, temperature=0)
+    got_a, got_b = [], []
+    for ca, cb in zip(ga, gb):  # strictly alternating steps on one model and one cache
+        got_a.append(ca.token)
+        got_b.append(cb.token)
+    assert got_a == want_a and got_b == want_b
+
+
+def test_generation_resyncs_after_logits_and_reset(tiny):
+    ids = [9, 8, 7, 6]
+    want = _greedy(tiny, ids, 8)
+    gen = tiny.generate(ids, max_tokens=8, temperature=0)
+    got = [next(gen).token, next(gen).token]
+    tiny.logits([40, 41, 42])  # replaces what is cached
+    got.append(next(gen).token)
+    tiny.reset()
+    got += [c.token for c in gen]
+    assert got == want
+
+
+def test_stop_must_be_text(tiny):
+    with pytest.raises(TypeError, match="stop must be a string or a list of strings, got 123"):
+        tiny.generate([1, 2], stop=123)
+    with pytest.raises(TypeError, match="stop"):
+        tiny.generate([1, 2], stop=["ok", 5])
+
+
+def test_decode_never_runs_ahead_of_the_reader(tiny, monkeypatch):
+    calls = {"n": 0}
+    forward = tiny.transformer.forward
+
+    def counting(ids, *a, **k):
+        calls["n"] += 1
+        return forward(ids, *a, **k)
+
+    monkeypatch.setattr(tiny.transformer, "forward", counting)
+    tiny.reset()
+    gen = tiny.generate([3, 1, 4, 1, 5], max_tokens=20, temperature=0)
+    for i, _ in enumerate(gen, 1):
+        assert calls["n"] == i  # the prefill, then one decode step per token asked for after the first
+        if i == 3:
+            break
+    gen.close()
+    with pytest.raises(StopIteration):
+        next(gen)
+    assert calls["n"] == 3  # closing ran nothing, and nothing runs afterwards
+
+
+THREADS_SCRIPT = r"""
+import random, sys, threading
+import ggufrun
+sys.setswitchinterval(1e-5)
+m = ggufrun.load(sys.argv[1], n_ctx=64, n_threads=2)
+prompts = [list(range(1, 64)), [5, 6, 7], [5, 6, 8, 9], [100, 101], [7] * 20, [2, 4, 6, 8, 10, 12]]
+alone = {}
+for p in prompts:
+    n = 64 - len(p)
+    alone[tuple(p)] = [c.token for c in m.generate(p, max_tokens=min(n, 12), temperature=0)]
+errors, bad = [], []
+
+def worker(seed):
+    rnd = random.Random(seed)
+    for _ in range(6):
+        p = rnd.choice(prompts)
+        try:
+            got = [c.token for c in m.generate(p, max_tokens=min(64 - len(p), 12), temperature=0)]
+        except Exception as e:
+            errors.append(repr(e))
+            continue
+        if got != alone[tuple(p)]:
+            bad.append((p[:4], got, alone[tuple(p)]))
+
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("errors", len(errors), errors[:3])
+print("bad", len(bad), bad[:2])
+"""
+
+
+@pytest.mark.slow
+def test_threads_hammering_one_model_get_their_own_answers(tiny_path):
+    """Four threads (one prefilling 63 tokens of a 64-token context, three decoding) share one model, with a tiny
+    switch interval; each run is a fresh process, so a crash shows as a non-zero exit instead of killing pytest."""
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, str(tiny_path)], capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "errors 0 []" in r.stdout and "bad 0 []" in r.stdout, r.stdout
 
 
 # ---- real model ------------------------------------------------------------------------------------------------
@@ -172,9 +321,10 @@ def test_cancel_stops_all_work(model, monkeypatch):
         if i == 2:
             break
     gen.close()
-    n = calls["n"]
-    assert n == 1 + 2  # prefill + two decode steps for three tokens
-    assert calls["n"] == n  # nothing ran after close
+    assert calls["n"] == 1 + 2  # prefill + two decode steps for three tokens
+    with pytest.raises(StopIteration):
+        next(gen)
+    assert calls["n"] == 1 + 2  # nothing ran after close
 
     # a cancel event stops between steps and reports "cancelled"
     ev = threading.Event()
@@ -242,13 +392,13 @@ def test_bad_token_ids_and_unknown_argument(model):
 
 
 def test_threading_layer_warning():
-    from ggufrun.llm import _check_threading_layer
+    from ggufrun.runtime import check_threading_layer
 
     with pytest.warns(RuntimeWarning, match="workqueue"):
-        _check_threading_layer("workqueue")
+        check_threading_layer("workqueue")
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _check_threading_layer("omp")
-        _check_threading_layer("tbb")
+        check_threading_layer("omp")
+        check_threading_layer("tbb")

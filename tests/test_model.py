@@ -57,7 +57,7 @@ def test_matches_reference(model_dir, name):
     tol = 4e-3 if name == "gemma3" else 1e-3
     tf = Transformer(f, n_batch=8, kv_dtype=np.float32)
     assert rel_diff(tf.logits(tokens), ref) < tol
-    tf.reset()
+    tf.cache.reset()
     steps = np.stack([tf.forward(tokens[i : i + 1]).copy() for i in range(len(tokens))])
     assert rel_diff(steps, ref) < tol
     # default float16 KV cache: rounding K/V to half costs a little
@@ -75,11 +75,11 @@ def test_batch_invariance(model_dir, name, kv_dtype):
     for n_batch in (3, 8):
         chunked = Transformer(tf.gguf, n_batch=n_batch, kv_dtype=kv_dtype)
         np.testing.assert_array_equal(chunked.logits(tokens), whole)
-    tf.reset()
+    tf.cache.reset()
     steps = np.stack([tf.forward(tokens[i : i + 1]).copy() for i in range(len(tokens))])
     np.testing.assert_array_equal(steps, whole)
     for split in (1, 6, 22):
-        tf.reset()
+        tf.cache.reset()
         tf.forward(tokens[:split])
         np.testing.assert_array_equal(tf.forward(tokens[split:], all_logits=True), whole[split:])
 
@@ -132,24 +132,24 @@ def test_context_overflow_leaves_state_alone(model_dir):
     with pytest.raises(ContextOverflowError, match=r"9.*n_ctx=8") as e:
         tf.forward([7, 8, 9])
     assert isinstance(e.value, ValueError)
-    assert tf.n_past == 6
+    assert tf.cache.n_past == 6
     tf.forward([7, 8])
-    assert tf.n_past == 8
+    assert tf.cache.n_past == 8
     with pytest.raises(ContextOverflowError):
         tf.forward([1])
-    tf.truncate(6)
+    tf.cache.truncate(6)
     np.testing.assert_allclose(tf.logits([1, 2, 3, 4, 5, 6])[-1], first, atol=1e-5 * first.std())
 
 
 def test_truncate_reuses_prefix(model_dir):
     tf = Transformer(open_variant(model_dir, "qwen3"))
     full = tf.logits([5, 6, 7, 8, 9, 10])
-    tf.reset()
+    tf.cache.reset()
     tf.forward([5, 6, 7, 40, 41])
-    tf.truncate(3)
+    tf.cache.truncate(3)
     np.testing.assert_array_equal(tf.forward([8, 9, 10], all_logits=True), full[3:])  # the same bits
     with pytest.raises(ValueError, match="truncate"):
-        tf.truncate(7)
+        tf.cache.truncate(7)
 
 
 def test_bad_arguments(model_dir):
@@ -220,9 +220,39 @@ def test_decode_allocates_nothing(tmp_path):
     assert peak - before < 8192, f"a decode step allocated {peak - before} bytes at its peak"
 
 
-def test_warmup_leaves_an_empty_cache(model_dir):
+def test_warmup_leaves_the_cache_as_it_was(model_dir):
     tf = Transformer(open_variant(model_dir, "gemma3"))
     tf.forward([1, 2, 3])
+    version = tf.cache.version
     tf.warmup()
-    assert tf.n_past == 0
-    np.testing.assert_allclose(tf.forward([4, 5], all_logits=True), Transformer(tf.gguf).logits([4, 5]), rtol=1e-6)
+    assert tf.cache.n_past == 3 and tf.cache.tokens.tolist() == [1, 2, 3] and tf.cache.version == version
+    fresh = Transformer(tf.gguf).logits([1, 2, 3, 4, 5])
+    np.testing.assert_array_equal(tf.forward([4, 5], all_logits=True), fresh[3:])
+
+
+def test_kv_cache_records_its_tokens(model_dir):
+    tf = Transformer(open_variant(model_dir, "llama"), n_ctx=16)
+    cache = tf.cache
+    tf.forward([5, 6, 7])
+    tf.forward([8])
+    assert cache.tokens.tolist() == [5, 6, 7, 8]
+    assert cache.common_prefix([5, 6, 9, 9, 9]) == 2
+    assert cache.common_prefix([5, 6, 7, 8, 9, 10]) == 4
+    assert cache.common_prefix([]) == 0
+    with pytest.raises(ValueError):
+        cache.tokens[0] = 1  # read-only: only the forward pass writes it
+    cache.truncate(2)
+    assert cache.tokens.tolist() == [5, 6] and cache.common_prefix([5, 6, 7]) == 2
+    with pytest.raises(ContextOverflowError, match="n_ctx=16"):
+        tf.forward(list(range(15)))
+    assert cache.tokens.tolist() == [5, 6]  # a refused call changes nothing
+
+
+def test_separate_caches_give_the_same_bits(model_dir):
+    tf = Transformer(open_variant(model_dir, "qwen2"), n_ctx=32)
+    a, b = tf.cache, tf.new_cache()
+    alone = tf.logits([3, 4, 5, 6], cache=b)
+    tf.forward([9, 9, 9, 9, 9], cache=a)  # another sequence in the default cache
+    b.truncate(2)
+    np.testing.assert_array_equal(tf.forward([5, 6], all_logits=True, cache=b), alone[2:])
+    assert a.tokens.tolist() == [9] * 5 and b.tokens.tolist() == [3, 4, 5, 6]

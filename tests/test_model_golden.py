@@ -43,7 +43,7 @@ def test_golden_logits(stem):
     # as llama.cpp produced them: the prompt in one batch, then one token at a time
     first = tf.forward(tokens[:n_prompt], all_logits=True)
     steps = [tf.forward(tokens[i : i + 1]).copy() for i in range(n_prompt, len(tokens) - 1)]
-    assert tf.n_past == len(tokens) - 1
+    assert tf.cache.n_past == len(tokens) - 1
     check_close(stem, np.concatenate([first, np.stack(steps)]), g["logits"])
     # and teacher-forced in a fresh context
     check_close(stem, tf.logits(tokens[:-1]), g["logits"])
@@ -58,8 +58,8 @@ def test_batch_invariance(stem):
     whole = tf.logits(tokens)
     chunked, _ = load(stem, n_batch=7)
     np.testing.assert_array_equal(chunked.logits(tokens), whole)
-    tf.reset()
+    tf.cache.reset()
     single = np.stack([tf.forward(tokens[i : i + 1]).copy() for i in range(len(tokens))])
     np.testing.assert_array_equal(single, whole)
-    tf.truncate(5)
+    tf.cache.truncate(5)
     np.testing.assert_array_equal(tf.forward(tokens[5:], all_logits=True), whole[5:])

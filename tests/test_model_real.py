@@ -27,7 +27,7 @@ def teacher_forced(tf: Transformer, golden) -> tuple[float, float]:
     for i in range(3):
         tokens, n_prompt = golden[f"p{i}_tokens"], int(golden[f"p{i}_n_prompt"])
         ids, logits = golden[f"p{i}_top_ids"], golden[f"p{i}_top_logits"]  # [N, 64], best first
-        tf.reset()
+        tf.cache.reset()
         prompt_rows = tf.forward(tokens[:n_prompt], all_logits=True).argmax(1)
         step_rows = [int(tf.forward(tokens[j : j + 1]).argmax()) for j in range(n_prompt, len(tokens))]
         mine = np.concatenate([prompt_rows, step_rows])
@@ -58,9 +58,9 @@ def test_batch_invariance(request, fixture, golden):
     tf = Transformer(GGUFFile(request.getfixturevalue(fixture)), n_ctx=128)
     tokens = np.load(REAL / f"{golden}.golden.npz")["p0_tokens"][:24]
     whole = tf.logits(tokens)
-    tf.truncate(9)  # prefix reuse: keep 9 positions, recompute the rest
+    tf.cache.truncate(9)  # prefix reuse: keep 9 positions, recompute the rest
     np.testing.assert_array_equal(tf.forward(tokens[9:], all_logits=True), whole[9:])
-    tf.truncate(17)
+    tf.cache.truncate(17)
     for i in range(17, len(tokens)):
         np.testing.assert_array_equal(tf.forward(tokens[i : i + 1]), whole[i])
 

@@ -8,6 +8,15 @@
 
 from ..errors import ContextOverflowError
 from .config import SUPPORTED_ARCHITECTURES, ArchSpec, ModelConfig
+from .kv_cache import KVCache
 from .transformer import RunState, Transformer
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "ArchSpec", "ContextOverflowError", "ModelConfig", "RunState", "Transformer"]
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "ArchSpec",
+    "ContextOverflowError",
+    "KVCache",
+    "ModelConfig",
+    "RunState",
+    "Transformer",
+]

@@ -1,5 +1,5 @@
-"""The forward pass: one shared pre-norm transformer block for llama, qwen2, qwen3 and gemma3, a KV cache, and
-run-state buffers allocated once.
+"""The forward pass: one shared pre-norm transformer block for llama, qwen2, qwen3 and gemma3, run-state buffers
+allocated once, and K/V appended to a KVCache (kv_cache.py: the cache and the token ids it holds).
 
 Per block (src/models/{llama,qwen2,qwen3,gemma3}.cpp in llama.cpp):
     h = rmsnorm(x) ; q, k, v = h @ Wq/Wk/Wv (+ biases) ; per-head q/k norm ; rope ; append k, v to the cache
@@ -17,7 +17,7 @@ on Numba's threads: no BLAS, whose own thread pool would fight Numba's for the s
 from __future__ import annotations
 
 import math
-import mmap
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -25,29 +25,17 @@ import numba
 import numpy as np
 
 from .. import quants
-from ..errors import ContextOverflowError
 from . import kernels
 from .config import ModelConfig
+from .kv_cache import KVCache
 from .linear import Projector
 from .rope import rope_table
 from .weights import LayerWeights, Weights, load_weights
 
 
-def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A zero-filled array in its own anonymous mmap: pages cost memory only once written, 4 KB at a time.
-
-    Not np.empty / np.zeros: NumPy asks the kernel for transparent huge pages on large arrays, and a huge-page
-    fault may compact memory first; with the keys' head-dimension-major rows the first token touches every
-    2 MB page of the cache, which measured 0.3 s here (SmolLM2, n_ctx 4096) against 0.01 s with 4 KB pages.
-    """
-    count = math.prod(shape)
-    buf = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize))
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
-
-
 @dataclass
 class RunState:
-    """Every activation buffer and the KV cache, allocated once for n_batch rows and n_ctx positions."""
+    """Every activation buffer of the forward pass, allocated once for n_batch rows and n_ctx positions."""
 
     x: np.ndarray  # [n_batch, n_embd] residual stream
     h: np.ndarray  # [n_batch, n_embd] normed input of the next projection
@@ -61,16 +49,10 @@ class RunState:
     head_scores: np.ndarray  # [n_head, n_ctx + KV_PAD] attention scores, then probabilities (decode)
     block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx + KV_PAD] the same for blocks of queries (prefill)
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
-    # KV cache, contiguous per layer and per KV head. Keys are head-dimension-major: attention accumulates a
-    # query's scores one head dimension at a time over contiguous positions (kernels.attend_one / attend_rows).
-    # float16 is stored as uint16 bit patterns (Numba has no float16 type); kernels convert with F16C.
-    k_cache: np.ndarray  # [n_layer, n_head_kv, head_dim_k, n_ctx + KV_PAD]
-    v_cache: np.ndarray  # [n_layer, n_head_kv, n_ctx, head_dim_v]
 
     @classmethod
-    def allocate(cls, c: ModelConfig, n_ctx: int, n_batch: int, kv_dtype: np.dtype) -> RunState:
+    def allocate(cls, c: ModelConfig, n_ctx: int, n_batch: int) -> RunState:
         f32 = np.float32
-        store = np.uint16 if kv_dtype == np.float16 else f32
         return cls(
             x=np.zeros((n_batch, c.n_embd), f32),
             h=np.zeros((n_batch, c.n_embd), f32),
@@ -85,25 +67,25 @@ class RunState:
             # one slot per thread Numba may ever run (the thread count can change between calls)
             block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx + kernels.KV_PAD), f32),
             logits=np.zeros((1, c.n_vocab), f32),
-            # keys: KV_PAD spare positions per row, read (never used) by the attention tiles
-            k_cache=_lazy_zeros((c.n_layer, c.n_head_kv, c.head_dim_k, n_ctx + kernels.KV_PAD), store),
-            v_cache=_lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), store),
         )
 
 
 class Transformer:
-    """A GGUF decoder-only model with its KV cache.
+    """A GGUF decoder-only model: its weights, activation buffers and (by default) one KV cache.
 
     >>> from ggufrun.reader import GGUFFile
     >>> tf = Transformer(GGUFFile("SmolLM2-135M-Instruct.Q4_1.gguf"), n_ctx=2048)
-    >>> logits = tf.forward([1, 2, 3])  # [n_vocab] after the last token; the cache now holds 3 positions
+    >>> logits = tf.forward([1, 2, 3])  # [n_vocab] after the last token; tf.cache now holds 3 positions
     >>> logits = tf.forward([int(logits.argmax())])  # one decode step
-    >>> tf.truncate(2)  # keep the first two positions (prefix reuse)
+    >>> tf.cache.truncate(2)  # keep the first two positions (prefix reuse)
     >>> rows = tf.logits([1, 2, 3])  # [3, n_vocab], fresh context, teacher-forced
 
     gguf_file: an open ggufrun.reader.GGUFFile (kept open by the caller: weights are views into its mmap).
     n_ctx: positions the KV cache holds (default min(4096, trained context); above it: a warning).
     n_batch: prefill chunk size. kv_dtype: np.float16 (default, like llama.cpp) or np.float32.
+
+    Threads: the activation buffers are shared, so every forward pass runs under `lock` (reentrant). A caller that
+    reads the returned logits buffer (overwritten by the next pass) holds `lock` across the pass and the read.
     """
 
     def __init__(self, gguf_file, n_ctx: int | None = None, n_batch: int = 256, kv_dtype=np.float16):
@@ -114,9 +96,6 @@ class Transformer:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if not isinstance(n_batch, int) or isinstance(n_batch, bool) or n_batch < 1:
             raise ValueError(f"n_batch must be a positive integer, got {n_batch!r}")
-        kv_dtype = np.dtype(kv_dtype)
-        if kv_dtype not in (np.float16, np.float32):
-            raise ValueError(f"kv_dtype must be np.float16 or np.float32, got {kv_dtype}")
         if n_ctx > c.n_ctx_train:
             warnings.warn(
                 f"n_ctx {n_ctx} is above the context this model was trained for ({c.n_ctx_train}); "
@@ -127,9 +106,9 @@ class Transformer:
         self.weights: Weights = load_weights(gguf_file, c)
         self.n_ctx = n_ctx
         self.n_batch = min(n_batch, n_ctx)
-        self.kv_dtype = kv_dtype
-        self.n_past = 0  # positions currently in the KV cache
-        self.state = RunState.allocate(c, n_ctx, self.n_batch, kv_dtype)
+        self.cache = KVCache(c, n_ctx, kv_dtype)  # the default cache of forward()
+        self.state = RunState.allocate(c, n_ctx, self.n_batch)
+        self.lock = threading.RLock()
         self._project = Projector(self.n_batch)
 
         # rope tables per layer (gemma3's local layers use their own base); layers share equal tables
@@ -156,46 +135,40 @@ class Transformer:
         self._gelu_table = kernels.gelu_table() if c.spec.gelu else None
         self._embed_scale = np.float32(math.sqrt(c.n_embd)) if c.spec.embed_scale else None
 
-    # ---- cache management ----
-
-    def reset(self) -> None:
-        """Forget every cached position."""
-        self.n_past = 0
-
-    def truncate(self, n: int) -> None:
-        """Keep only the first n cached positions (0 <= n <= n_past), e.g. to reuse a shared prompt prefix."""
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.n_past:
-            raise ValueError(f"truncate: n must be an integer in [0, n_past={self.n_past}], got {n!r}")
-        self.n_past = n
+    def new_cache(self, kv_dtype=None) -> KVCache:
+        """Another KV cache for this model (n_ctx positions), e.g. one per independent conversation."""
+        return KVCache(self.config, self.n_ctx, self.cache.dtype if kv_dtype is None else kv_dtype)
 
     def warmup(self) -> None:
         """Compile (or load from Numba's on-disk cache) every kernel the forward pass can use, so that none
-        compiles in the middle of a generation. Leaves the cache empty."""
-        self.reset()
+        compiles in the middle of a generation. Runs on a scratch cache: the model's cache is left as it was."""
+        scratch = self.new_cache()
         if self.n_ctx >= 2:
-            self.forward([0, 0])  # prefill kernels
-            self.reset()
-        self.forward([0])  # decode kernels
-        self.reset()
+            self.forward([0, 0], cache=scratch)  # prefill kernels
+            scratch.reset()
+        self.forward([0], cache=scratch)  # decode kernels
 
     # ---- forward ----
 
-    def logits(self, ids) -> np.ndarray:
+    def logits(self, ids, cache: KVCache | None = None) -> np.ndarray:
         """Logits float32 [len(ids), n_vocab] after each of `ids`, in a fresh context (teacher forcing).
 
         The cache holds `ids` afterwards.
         """
-        self.reset()
-        return self.forward(ids, all_logits=True)
+        cache = self.cache if cache is None else cache
+        with self.lock:
+            cache.reset()
+            return self.forward(ids, all_logits=True, cache=cache)
 
-    def forward(self, ids, all_logits: bool = False) -> np.ndarray:
-        """Append token ids at position n_past; return float32 logits [n_vocab] of the last one, or
-        [len(ids), n_vocab] of every one with all_logits.
+    def forward(self, ids, all_logits: bool = False, cache: KVCache | None = None) -> np.ndarray:
+        """Append token ids to `cache` (default: self.cache) at position cache.n_past; return float32 logits
+        [n_vocab] of the last one, or [len(ids), n_vocab] of every one with all_logits.
 
         Without all_logits the array returned is a buffer of this model, overwritten by the next call (this is
-        what keeps decode free of allocations): copy it to keep it. ContextOverflowError if the tokens do not
-        fit in n_ctx, before anything changes.
+        what keeps decode free of allocations): copy it, or hold `lock` while reading it. ContextOverflowError if
+        the tokens do not fit in n_ctx, before anything changes.
         """
+        cache = self.cache if cache is None else cache
         ids = np.asarray(ids)
         n = ids.shape[0] if ids.ndim == 1 else 0
         if n == 0 or ids.dtype.kind not in "iu":
@@ -204,21 +177,24 @@ class Transformer:
         if lo < 0 or hi >= self.config.n_vocab:
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is out of range [0, {self.config.n_vocab}) (n_vocab)")
-        if self.n_past + n > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.n_past} cached + {n} new tokens = {self.n_past + n} exceeds the context size n_ctx={self.n_ctx}"
-            )
-        out = np.empty((n, self.config.n_vocab), np.float32) if all_logits else None
-        for start in range(0, n, self.n_batch):
-            stop = min(n, start + self.n_batch)
-            self._eval(ids[start:stop], out[start:stop] if out is not None else None)
-        return out if all_logits else self.state.logits[0]
+        c = self.config
+        if cache.n_ctx > self.n_ctx or cache.k.shape[:3] != (c.n_layer, c.n_head_kv, c.head_dim_k):
+            raise ValueError(f"{cache!r} was not made for this model (n_ctx {self.n_ctx}); use new_cache()")
+        with self.lock:
+            cache.reserve(n)
+            out = np.empty((n, self.config.n_vocab), np.float32) if all_logits else None
+            for start in range(0, n, self.n_batch):
+                stop = min(n, start + self.n_batch)
+                self._eval(ids[start:stop], cache, out[start:stop] if out is not None else None)
+            return out if all_logits else self.state.logits[0]
 
-    def _eval(self, ids: np.ndarray, out: np.ndarray | None) -> None:
-        """Run len(ids) <= n_batch tokens at positions n_past.. through the model; logits of the last token go to
-        state.logits, or of every token to `out` [M, n_vocab]."""
+    def _eval(self, ids: np.ndarray, cache: KVCache, out: np.ndarray | None) -> None:
+        """Run len(ids) <= n_batch tokens at positions cache.n_past.. through the model; logits of the last token
+        go to state.logits, or of every token to `out` [M, n_vocab]. The kernels write K/V rows unchecked, so the
+        positions are checked here, right before them."""
         c, w, s = self.config, self.weights, self.state
-        m, pos0 = ids.shape[0], self.n_past
+        m = ids.shape[0]
+        pos0 = cache.reserve(m)
         x, h = s.x[:m], s.h[:m]
 
         quants.get_rows(w.token_embd.w, w.token_embd.qtype, ids, out=x)
@@ -226,7 +202,7 @@ class Transformer:
             kernels.scale_rows(x, self._embed_scale)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
         for il, lw in enumerate(w.layers):
-            self._attention_block(il, lw, m, pos0)
+            self._attention_block(il, lw, m, pos0, cache)
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
             self._ffn_block(lw, m, next_norm)
         # h now holds output_norm(x)
@@ -239,15 +215,15 @@ class Transformer:
             logits = s.logits
         if c.final_logit_softcap:
             kernels.softcap(logits, np.float32(c.final_logit_softcap))
-        self.n_past = pos0 + m
+        cache.commit(ids)
 
-    def _attention_block(self, il: int, lw: LayerWeights, m: int, pos0: int) -> None:
+    def _attention_block(self, il: int, lw: LayerWeights, m: int, pos0: int, cache: KVCache) -> None:
         """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x)."""
         c, s = self.config, self.state
         h, q, k, v, att, o = s.h[:m], s.q[:m], s.k[:m], s.v[:m], s.att[:m], s.o[:m]
         self._project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
         cos, sin = self._rope[il]
-        k_cache, v_cache = s.k_cache[il], s.v_cache[il]
+        k_cache, v_cache = cache.k[il], cache.v[il]
         kernels.qkv_rope_store(
             q, k, v,
             lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from ggufrun.reader import GGUFFile
 from ggufrun.tokenizer import PreTokenizer, TokenizerError, clean_up_spaces, load_tokenizer
+from ggufrun.tokenizer.bpe import BYTE_TO_CHAR
+from ggufrun.tokenizer.pretokenizer import PRE_TYPES
 
 GOLDEN_REAL = {
     "smollm2": "real/smollm2-135m-instruct-q4_1.golden.npz",
@@ -248,11 +250,9 @@ def _split_reference(regexes: list[str], text: str) -> list[str]:
 def bpe_reference(tok, ranks: dict, text: str, regexes: list[str]) -> list[int]:
     """llm_tokenizer_bpe_session, naively: pre-split, map bytes to the GPT-2 alphabet, then merge the
     lowest-rank adjacent pair (leftmost on ties) until none."""
-    from ggufrun.tokenizer import _BYTE_TO_CHAR
-
     out = []
     for word in _split_reference(regexes, text):
-        syms = list(word.encode().decode("latin-1").translate(_BYTE_TO_CHAR))
+        syms = list(word.encode().decode("latin-1").translate(BYTE_TO_CHAR))
         while True:
             best = None
             for i in range(len(syms) - 1):
@@ -302,10 +302,8 @@ PRE_ALPHABET = list("abcXYZ019 '\t\n\r.,!?$+<=>^~|/-_\"(){}") + [
 @settings(max_examples=60, deadline=None)
 @given(parts=st.lists(st.sampled_from(PRE_ALPHABET), max_size=16))
 def test_pre_tokenizer_matches_unicode_regex(pre, parts):
-    from ggufrun.tokenizer import _PRE_TYPES
-
     text = "".join(parts)
-    assert PreTokenizer(_PRE_TYPES[pre][0]).split(text) == _split_reference(REFERENCE_REGEXES[pre], text)
+    assert PreTokenizer(PRE_TYPES[pre][0]).split(text) == _split_reference(REFERENCE_REGEXES[pre], text)
 
 
 @pytest.fixture(scope="module")
@@ -324,9 +322,7 @@ def test_bpe_matches_reference(smollm2, smollm2_ranks, parts):
 
 # ---- synthetic vocabularies ---------------------------------------------------------------------------------------
 def _byte_vocab_metadata(**extra) -> dict:
-    from ggufrun.tokenizer import _BYTE_TO_CHAR
-
-    tokens = ["<s>", "</s>", *_BYTE_TO_CHAR, "ab", "abc", "Ġa"]
+    tokens = ["<s>", "</s>", *BYTE_TO_CHAR, "ab", "abc", "Ġa"]
     md = {
         "general.architecture": "llama",
         "tokenizer.ggml.model": "gpt2",

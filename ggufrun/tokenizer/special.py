@@ -248,18 +248,20 @@ class SpecialTokenSplitter:
             at = src.find(tok_text)
             if at < 0:
                 continue
+            lstrip, rstrip, size = bool(attr & Attr.LSTRIP), bool(attr & Attr.RSTRIP), len(tok_text)
             consumed: list[tuple[int, int]] = []
             cursor = 0  # where the scan resumes: after this token's previous match and what it stripped
+            find, add = src.find, consumed.append
             while at >= 0:
-                start, stop = at, at + len(tok_text)
-                if attr & Attr.LSTRIP and at > cursor:
+                start, stop = at, at + size
+                if lstrip and at > cursor:
                     start = cursor + len(masked[cursor:at].rstrip(C_SPACE))
-                if attr & Attr.RSTRIP:
+                if rstrip:
                     stop = _C_SPACE_RUN.match(masked, stop).end()
-                consumed.append((start, stop))
-                claims.append((start, stop, tok_id))
+                add((start, stop))
                 cursor = stop
-                at = src.find(tok_text, cursor)
+                at = find(tok_text, cursor)
+            claims += [(start, stop, tok_id) for start, stop in consumed]
             masked = _blank(masked, consumed, sentinel)
             if masked_literal is not None:
                 masked_literal = _blank(masked_literal, consumed, sentinel)

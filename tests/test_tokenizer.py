@@ -510,8 +510,14 @@ LONG_INPUT_SECONDS = 2.0 * 2  # 2 s for 2 MB, doubled for a machine shared with 
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-@pytest.mark.parametrize("unit", ["<|im_start|>", "<start_of_turn>", " ", "\n"])
+@pytest.mark.parametrize(
+    ("name", "unit"),
+    [
+        (m, u)
+        for m, special in (("smollm2", "<|im_start|>"), ("gemma3", "<start_of_turn>"))
+        for u in (special, " ", "\n")
+    ],
+)
 def test_long_special_and_whitespace_input_is_linear(tokenizers, name, unit):
     import time
 
@@ -601,3 +607,19 @@ def test_vocabulary_size_is_capped():
     for bad in ("abc", [b"a", b"b"], np.zeros(3)):
         with pytest.raises(TokenizerError, match="tokenizer.ggml.tokens"):
             load_tokenizer(_byte_vocab_metadata(**{"tokenizer.ggml.tokens": bad}))
+
+
+@pytest.mark.real
+@settings(max_examples=30, deadline=None)
+@given(
+    char=st.sampled_from([" ", "\n", "\t"]),
+    n=st.integers(4096 - 70, 12_000),
+    before=st.sampled_from(["", "a", "x\n", "  "]),
+    after=st.sampled_from(["", "b", " c", "\n"]),
+)
+def test_bpe_long_runs_cut_into_blocks_match_whole_word(smollm2, char, n, before, after):
+    """Runs of one character are cut into blocks (bpe.py); HF on the whole word is the reference."""
+    backend = smollm2._backend
+    text = before + char * n + after
+    words = [w.encode().decode("latin-1").translate(BYTE_TO_CHAR) for w in backend.pre.split(text)]
+    assert backend.encode(text) == backend.hf.encode(words, is_pretokenized=True, add_special_tokens=False).ids

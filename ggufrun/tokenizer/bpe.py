@@ -5,6 +5,16 @@ Each pre-tokenized word (pretokenizer.py) has its UTF-8 bytes mapped to the GPT-
 first (leftmost on ties) until no pair has a rank; with ignore_merges a word that is itself a token is taken whole.
 HF's BPE model runs exactly that loop. decode_byte_level() is llama.cpp's llama_decode_text for token pieces.
 Checked in tests/test_tokenizer.py against a naive merge loop and llama.cpp's token ids (SmolLM2).
+
+Long runs of one character (a word of 10 MB of spaces) cost HF ~3 us per character, so a run is cut where the
+merge loop provably never joins across the cut. For a character c let P = 2^J be the end of the doubling chain
+(c,c) -> c^2, (c^2,c^2) -> c^4, ... whose merge ranks increase, when (2^(j+1), 2^j) lengths never merge before
+(2^j, 2^j) does (checked per character in _run_block). Then the loop on c^N runs in sweeps: all (c,c) pairs merge
+from the left (the lowest rank present, ties to the left), then all (c^2,c^2) pairs, ..., leaving c^P blocks from
+the left; c^P never merges with c^P, and every other merge involves the leftovers at the end of the run, which can
+take no more than the longest c-run token (Lmax characters) out of the blocks before them. So the first k blocks,
+k = (N - 2P - Lmax) // P, are k tokens c^P, and the rest, starting at a multiple of every sweep's pair length,
+evolves as the run c^(N - kP) alone. Words shorter than _RUN_MIN go to HF whole.
 """
 
 from __future__ import annotations
@@ -47,6 +57,9 @@ def decode_byte_level(text: str) -> bytes:
         return bytes(out)
 
 
+_RUN_MIN = 4096  # one-character words at least this long are cut into blocks (module docstring)
+
+
 class BPEBackend:
     """Byte-level BPE: llama.cpp's llm_tokenizer_bpe_session on each pre-tokenized word, run by HF tokenizers.
 
@@ -79,10 +92,43 @@ class BPEBackend:
                 del pairs[p]
         self.hf = HFTokenizer(models.BPE(vocab, list(pairs), ignore_merges=ignore_merges))
         self.pre = pre
+        self._vocab = vocab
+        self._ranks = {pair: rank for rank, pair in enumerate(pairs)}
+        self._run_blocks: dict[str, tuple[int, int, int] | None] = {}
+
+    def _run_block(self, c: str) -> tuple[int, int, int] | None:
+        """(P, id of c^P, Lmax) when runs of the character c can be cut into c^P blocks (module docstring)."""
+        if c not in self._run_blocks:
+            ranks, block, prev_rank = self._ranks, 1, -1
+            while (c * block, c * block) in ranks:
+                rank = ranks[(c * block, c * block)]
+                front = ranks.get((c * 2 * block, c * block))
+                if rank < prev_rank or (front is not None and front < rank):
+                    self._run_blocks[c] = None
+                    return None
+                prev_rank, block = rank, block * 2
+            longest = max((len(t) for t in self._vocab if t == c * len(t)), default=0)
+            self._run_blocks[c] = (block, self._vocab[c * block], longest) if block > 1 else None
+        return self._run_blocks[c]
+
+    def _encode_words(self, words: list[str]) -> list[int]:
+        return self.hf.encode(words, is_pretokenized=True, add_special_tokens=False).ids if words else []
 
     def encode(self, text: str) -> list[int]:
         words = [w.encode("utf-8", "surrogatepass").decode("latin-1").translate(BYTE_TO_CHAR)
                  for w in self.pre.split(text)]  # fmt: skip
-        if not words:
-            return []
-        return self.hf.encode(words, is_pretokenized=True, add_special_tokens=False).ids
+        if not any(len(w) >= _RUN_MIN for w in words):
+            return self._encode_words(words)
+        out: list[int] = []
+        batch: list[str] = []
+        for w in words:
+            run = self._run_block(w[0]) if len(w) >= _RUN_MIN and w.count(w[0]) == len(w) else None
+            if run is None:
+                batch.append(w)
+                continue
+            block, block_id, longest = run
+            k = max(0, (len(w) - 2 * block - longest) // block)
+            out += self._encode_words(batch)
+            out += [block_id] * k
+            batch = [w[k * block :]]
+        return out + self._encode_words(batch)

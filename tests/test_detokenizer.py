@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ggufrun.detokenizer import StreamingDetokenizer
 from ggufrun.reader import GGUFFile
-from ggufrun.tokenizer import load_tokenizer
+from ggufrun.tokenizer import StreamingDetokenizer, load_tokenizer
+from ggufrun.tokenizer.bpe import BYTE_TO_CHAR
 
 TEXTS = [
     "🙂🚀✨ emoji run 👨‍👩‍👧‍👦 🇫🇷 👍🏽",
@@ -144,9 +144,7 @@ def test_needs_a_vocabulary(golden_dir):
 
 def test_amortised_cost():
     """Pending bytes stay bounded while spaces and apostrophes stream through (no quadratic rescans)."""
-    from ggufrun.tokenizer import _BYTE_TO_CHAR
-
-    tokens = ["<s>", *_BYTE_TO_CHAR]
+    tokens = ["<s>", *BYTE_TO_CHAR]
     md = {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "gpt-2",

@@ -1,4 +1,7 @@
-"""Streaming detokenizer: token ids in, final text out, one token at a time.
+"""Streaming detokenizer (token ids in, final text out, one token at a time) and llama.cpp's clean-up of spaces.
+
+clean_up_spaces() is the `clean_spaces` step of llama_vocab::impl::detokenize (src/llama-vocab.cpp), used by
+Tokenizer.detokenize and by StreamingDetokenizer.
 
 The concatenation of everything add_token() and finalize() return equals tokenizer.detokenize(all ids)
 exactly (same skip_special), because it applies the same steps incrementally:
@@ -19,8 +22,51 @@ Each step costs O(length of the new piece): amortised O(1) per token.
 from __future__ import annotations
 
 import codecs
+from typing import TYPE_CHECKING
 
-from .tokenizer import Tokenizer, clean_up_spaces
+if TYPE_CHECKING:
+    from . import Tokenizer
+
+# ---- clean-up of spaces (llama_vocab::impl::detokenize, clean_spaces) ----------------------------------------------
+_CLEAN_TRIGGERS = (b" ?", b" !", b" .", b" ,", b" ' ", b" 's", b" 'm", b" 're", b" 've")
+
+
+def clean_up_spaces(text: bytes) -> bytes:
+    """llama.cpp's three in-place passes over detokenized bytes: drop the space in " ?", " !", " .", " ,";
+    turn " ' " into "'"; drop the space before 's, 'm, 're, 've. Removing a space never creates a new
+    trigger, so text without any is returned as is."""
+    if not any(t in text for t in _CLEAN_TRIGGERS):
+        return text
+    t = bytearray(text)
+    n, total = len(t), 1 if t else 0
+    for i in range(1, n):
+        x = t[i]
+        if t[i - 1] == 0x20 and x in b"?!.,":
+            total -= 1
+        t[total] = x
+        total += 1
+    n, total, i = total, 1 if total else 0, 1
+    while i < n:
+        x = t[i]
+        if x == 0x27 and i + 1 < n and t[i - 1] == 0x20 and t[i + 1] == 0x20:
+            total -= 1
+            i += 1
+            t[i] = 0  # the space after the apostrophe is skipped
+        t[total] = x
+        total += 1
+        i += 1
+    n, total = total, 1 if total else 0
+    for i in range(1, n):
+        x = t[i]
+        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
+            x1 = t[i + 1]
+            if x1 in b"sm":
+                total -= 1
+            elif x1 not in b"td" and i + 2 < n and (x1, t[i + 2]) in ((0x72, 0x65), (0x76, 0x65)):  # 're 've
+                total -= 1
+        t[total] = x
+        total += 1
+    return bytes(t[:total])
 
 
 def _safe_cut(buf: bytes, start: int) -> bool:

@@ -229,8 +229,8 @@ BOMBS = {
     "huge list ~": _HUGE_LIST + "{{ (a ~ '') | length }}",
     "huge list % ": _HUGE_LIST + "{{ ('%s' % [a]) | length }}",
     "long sort": "{{ ((range(100000) | list) * 80) | map('string') | sort | length }}",
-    "memory": "{% set ns = namespace(l=[]) %}{% for i in range(50) %}{% set ns.l = ns.l + [range(8000000) | list] %}"
-    "{% endfor %}{{ ns.l | length }}",
+    "memory": "{% set a = (range(100000) | list) * 80 %}{% set ns = namespace(l=[]) %}{% for i in range(50) %}"
+    "{% set ns.l = ns.l + [a | list] %}{% endfor %}{{ ns.l | length }}",
     "20k macros + 30 nested for": "".join(f"{{% macro m{i}(a) %}}{{{{ a }}}}{{% endmacro %}}" for i in range(20000))
     + "".join(f"{{% for x{i} in range(2) %}}" for i in range(30))
     + "x"

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from ..errors import ChatTemplateError
 from . import spans as _spans
 from .sandbox import DEFAULT_MAX_CHARS
-from .worker import CompileFailure, pool
+from .worker import pool
 
 CHATML = (
     "{%- for message in messages -%}"
@@ -146,15 +146,15 @@ class ChatTemplate:
         if failure is not None:
             raise ChatTemplateError(failure)
         max_chars = max([self.max_chars, *(8 * _input_chars(v) for v in runs)])
-        try:
-            return pool().run(self.source, self.name, runs, timeout_s=self.timeout_s,
-                              compile_timeout_s=self.compile_timeout_s, max_chars=max_chars)  # fmt: skip
-        except CompileFailure as e:
+        failure, texts, errors = pool().run(self.source, self.name, runs, timeout_s=self.timeout_s,
+                                            compile_timeout_s=self.compile_timeout_s, max_chars=max_chars)  # fmt: skip
+        if failure is not None:
             with _compile_failures_lock:
-                _compile_failures[self.source] = str(e)
+                _compile_failures[self.source] = failure
                 while len(_compile_failures) > _MAX_REMEMBERED_FAILURES:
                     _compile_failures.popitem(last=False)
-            raise ChatTemplateError(str(e)) from None
+            raise ChatTemplateError(failure)
+        return texts, errors
 
     def compile(self) -> None:
         """Compile now (render() does it on first use); raises ChatTemplateError on a syntax error or when

@@ -276,7 +276,8 @@ def _environment():
 
 
 def compile_template(source: str, name: str):
-    """The compiled template; ChatTemplateError on a syntax error or a template too deeply nested to parse."""
+    """The compiled template; ChatTemplateError on a syntax error or a template too deeply nested to parse
+    (MemoryError passes through, as in render_template)."""
     from jinja2 import TemplateSyntaxError
 
     env = _environment()
@@ -287,14 +288,13 @@ def compile_template(source: str, name: str):
         raise ChatTemplateError(f"chat template ({name}) has a syntax error at line {e.lineno}: {e.message}") from None
     except SyntaxError as e:  # Python's compiler refused the generated code (e.g. too many nested blocks)
         raise ChatTemplateError(f"chat template ({name}) cannot be compiled: {e.msg}") from None
-    except (RecursionError, MemoryError) as e:
-        raise ChatTemplateError(
-            f"chat template ({name}) is too large or too deeply nested: {type(e).__name__}"
-        ) from None
+    except RecursionError:
+        raise ChatTemplateError(f"chat template ({name}) is too deeply nested: RecursionError") from None
 
 
 def render_template(template, variables: dict, *, name: str, timeout_s: float, max_chars: int) -> str:
-    """Render a compiled template with plain-data variables under the time and size guards."""
+    """Render a compiled template with plain-data variables under the time and size guards. MemoryError passes
+    through: the worker answers it and then exits, as its heap may be in a poor state."""
     from jinja2.exceptions import SecurityError, TemplateError
 
     env = template.environment
@@ -328,7 +328,7 @@ def render_template(template, variables: dict, *, name: str, timeout_s: float, m
         raise ChatTemplateError(f"chat template ({name}) broke a sandbox rule: {e}") from None
     except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
         raise ChatTemplateError(f"chat template ({name}) failed: {type(e).__name__}: {e}") from None
-    except (RecursionError, MemoryError, OverflowError) as e:
+    except (RecursionError, OverflowError) as e:
         raise ChatTemplateError(f"chat template ({name}) ran out of resources: {type(e).__name__}") from None
     finally:
         sys.settrace(previous)

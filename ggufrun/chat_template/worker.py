@@ -69,7 +69,6 @@ def serve() -> None:
 
     out.write(b'{"ready": true}\n')
     for line in sys.stdin.buffer:
-        answer: dict
         fatal = False
         try:
             request = json.loads(line)
@@ -95,8 +94,9 @@ def serve() -> None:
                 answer = {"texts": texts, "errors": errors}
         except ChatTemplateError as e:
             answer = {"error": str(e)}
-        except (MemoryError, RecursionError) as e:
-            answer = {"error": f"chat template ({request.get('name')}) ran out of resources: {type(e).__name__}"}
+        except MemoryError:
+            what = "compiling" if request.get("op") == "compile" else "rendering"
+            answer = {"error": f"{what} the chat template ({request.get('name')}) ran out of memory"}
             fatal = True
         except Exception as e:  # a bug or a broken request: say so, never hang the caller
             answer = {"error": f"chat template worker failed: {type(e).__name__}: {e}"}
@@ -108,10 +108,6 @@ def serve() -> None:
 
 
 # ---- this process's side ------------------------------------------------------------------------------------------
-class WorkerBreach(ChatTemplateError):
-    """Internal: the worker was killed or died (a time or memory limit, or a crash); it has been replaced."""
-
-
 _BOOT = (
     "import sys, types\n"
     "sys.path[:0] = {path!r}\n"
@@ -141,20 +137,25 @@ class _Worker:
         self.answers.put(None)
 
     def _answer(self, timeout: float, what: str) -> dict:
+        """The next answer; on a timeout or the worker's death, an error answer (and the worker is killed)."""
         try:
             line = self.answers.get(timeout=timeout)
         except queue.Empty:
             self.kill()
-            raise WorkerBreach(f"{what} took longer than {timeout:.1f} s; stopped") from None
+            return {"error": f"{what} took longer than {timeout:.1f} s; stopped", "fatal": True}
         if line is None:
             self.kill()
             code = self.proc.returncode
-            raise WorkerBreach(f"{what} ended the template worker (exit status {code}; out of memory or crashed)")
+            return {"error": f"{what} ended the template worker (exit status {code}: out of memory or crashed)",
+                    "fatal": True}  # fmt: skip
         return json.loads(line)
 
     def request(self, request: dict, timeout: float, what: str) -> dict:
+        """Send one request and wait for its answer: {"error": ...} or the operation's own fields."""
         if not self.ready:
-            self._answer(STARTUP_TIMEOUT_S, "starting the chat template worker")
+            answer = self._answer(STARTUP_TIMEOUT_S, "starting the chat template worker")
+            if "error" in answer:  # not the template's fault: not an answer about it
+                raise ChatTemplateError(answer["error"])
             self.ready = True
         data = json.dumps(request).encode("ascii") + b"\n"
         self.busy = True  # until the answer is in: a worker given back busy (an interrupt) is killed
@@ -163,7 +164,7 @@ class _Worker:
             self.proc.stdin.flush()
         except OSError:
             self.kill()
-            raise WorkerBreach(f"{what}: the template worker has stopped") from None
+            return {"error": f"{what}: the template worker has stopped", "fatal": True}
         # moving a big request through the pipe and JSON takes time too
         answer = self._answer(timeout + DEADLINE_SLACK_S + len(data) / 50e6, what)
         self.busy = False
@@ -243,28 +244,26 @@ class WorkerPool:
             self.cond.notify()
 
     def run(self, source: str, name: str, runs: list[dict], *, timeout_s: float, compile_timeout_s: float,
-            max_chars: int) -> tuple[list[str | None], list[str | None]]:  # fmt: skip
-        """Compile `source` (once per worker) and render it with each variable set in `runs`: per run the text or
-        the error. A compile failure raises ChatTemplateError (CompileFailure)."""
+            max_chars: int) -> tuple[str | None, list[str | None], list[str | None]]:  # fmt: skip
+        """Compile `source` (once per worker), then render it with each variable set in `runs`. Returns
+        (compile error or None, per run the text or None, per run the error or None); ChatTemplateError when
+        rendering as a whole failed (a time or memory limit)."""
         worker = self._take()
         try:
             if source not in worker.compiled:
-                what = f"compiling the chat template ({name})"
-                try:
-                    answer = worker.request({"op": "compile", "source": source, "name": name}, compile_timeout_s, what)
-                except WorkerBreach as e:
-                    raise CompileFailure(str(e)) from None
+                request = {"op": "compile", "source": source, "name": name}
+                answer = worker.request(request, compile_timeout_s, f"compiling the chat template ({name})")
                 if "error" in answer:
-                    raise CompileFailure(answer["error"])
+                    return answer["error"], [], []
                 worker.compiled.add(source)
             if not runs:
-                return [], []
+                return None, [], []
             request = {"op": "render", "source": source, "name": name, "runs": runs, "timeout_s": timeout_s,
                        "max_chars": max_chars}  # fmt: skip
             answer = worker.request(request, timeout_s, f"rendering the chat template ({name})")
             if "error" in answer:
                 raise ChatTemplateError(answer["error"])
-            return answer["texts"], answer["errors"]
+            return None, answer["texts"], answer["errors"]
         finally:
             self._give(worker)
 
@@ -274,10 +273,6 @@ class WorkerPool:
             self.count -= len(idle)
         for worker in idle:
             worker.kill()
-
-
-class CompileFailure(ChatTemplateError):
-    """Internal: the template failed to compile (a syntax error, or over the compile time/memory limit)."""
 
 
 _pool: WorkerPool | None = None

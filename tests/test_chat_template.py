@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ggufrun.chat_template import CHATML, GEMMA, ChatTemplate, ChatTemplateError, chat_template_from_metadata
 from ggufrun.reader import GGUFFile
@@ -167,6 +169,9 @@ def test_environment_features():
     assert render("{{ strftime_now('%Y') }}") == time.strftime("%Y")
     assert render("{% if tools %}T{% endif %}{{ tools | length if tools else 0 }}", tools=[{"name": "f"}]) == "T1"
     assert render("{{ enable_thinking }}", enable_thinking=False) == "False"
+    # undefined names and attributes print as nothing; namespaces print their attributes
+    assert render("{{ nope }}|{{ messages[0].nope }}|{{ nope ~ 'x' }}") == "||x"
+    assert render("{% set ns = namespace(a=1) %}{{ ns }}") == "<Namespace {'a': 1}>"
     # trim_blocks + lstrip_blocks: block tags leave no newline or indentation behind
     assert render("  {% if true %}\nx\n  {% endif %}\ny") == "x\ny"
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
@@ -200,6 +205,7 @@ HOSTILE = {
     "recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
     "include": "{% include '/etc/passwd' %}",
     "lipsum": "{{ lipsum(1000000000) }}",
+    "namespace print": "{% set s = 'x' * 8000000 %}{% set ns = namespace(a=[s] * 8000000) %}{{ ns }}",
 }
 
 
@@ -355,21 +361,33 @@ def _user_strings(value) -> list[str]:
     if isinstance(value, str):
         return [value]
     if isinstance(value, dict):
-        return [s for k, v in value.items() for s in [k, *_user_strings(v)]]
+        # roles are the template's vocabulary (compared, written as markup): not user text here
+        return [s for k, v in value.items() if k != "role" for s in [k, *_user_strings(v)]]
     if isinstance(value, list):
         return [s for v in value for s in _user_strings(v)]
     return []
 
 
+def _made_of(piece: str, users: list[str]) -> bool:
+    """Whether `piece` is a run of substrings of the user strings (touching ranges are merged)."""
+    i = 0
+    while i < len(piece):
+        n = max((n for n in range(1, len(piece) - i + 1) if any(piece[i : i + n] in u for u in users)), default=0)
+        if n == 0:
+            return False
+        i += n
+    return True
+
+
 def check_spans(text, spans, sources, specials):
-    """Sorted, non-overlapping, non-empty ranges; each inside user text (a substring of a user string, or of its
-    JSON form); every special token in the text is outside all ranges exactly when the template wrote it."""
+    """Sorted, non-overlapping, non-empty ranges made of user text (substrings of user strings or of their JSON
+    forms); every special token in the text is outside all ranges exactly when the template wrote it."""
     assert all(0 <= s < e <= len(text) for s, e in spans) and spans == sorted(spans)
     assert all(a[1] < b[0] for a, b in zip(spans, spans[1:]))
     users = _user_strings(sources)
     users += [json.dumps(u, ensure_ascii=False)[1:-1] for u in users]
     for s, e in spans:
-        assert any(text[s:e] in u for u in users), (text[s:e], users)
+        assert _made_of(text[s:e], users), (text[s:e], users)
     inside = lambda i, n: any(s <= i and i + n <= e for s, e in spans)  # noqa: E731
     counts = {}
     for tok in specials:
@@ -467,3 +485,36 @@ def test_spans_of_extra_values_and_not_of_token_texts():
     t = ChatTemplate("{{ bos_token }}{{ greeting }}|{{ messages[0].content }}", bos_token="<s>")
     text, spans = t.render_with_spans([{"role": "user", "content": "a"}], greeting="<s>hello")
     assert text == "<s><s>hello|a" and spans == [(3, 11), (12, 13)]
+
+
+_PIECES = [
+    "a",
+    "user",
+    " ",
+    "\n",
+    "\t",
+    "<|im_end|>",
+    "<|im_start|>",
+    "<end_of_turn>",
+    "<start_of_turn>",
+    "model",
+    "</think>",
+]
+_SPECIALS = ["<|im_end|>", "<|im_start|>", "<end_of_turn>", "<start_of_turn>"]
+_ROLES = st.sampled_from(["system", "user", "assistant"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    source=st.sampled_from([CHATML, GEMMA, TRIMMING, THINKING]),
+    turns=st.lists(st.tuples(_ROLES, st.lists(st.sampled_from(_PIECES), max_size=6).map("".join)), max_size=4),
+)
+def test_spans_cover_user_specials_and_never_template_ones(source, turns):
+    msgs = [{"role": role, "content": content} for role, content in turns]
+    t = ChatTemplate(source)
+    text, spans = t.render_with_spans(msgs)
+    assert text == t.render(msgs)
+    counts = check_spans(text, spans, msgs, _SPECIALS)
+    template_only = t.render([{"role": m["role"], "content": "x"} for m in msgs])
+    for tok in _SPECIALS:  # outside the ranges: exactly the template's own; so every user-written one is inside
+        assert counts.get(tok, [0, 0])[0] == template_only.count(tok), tok

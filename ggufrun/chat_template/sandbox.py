@@ -57,8 +57,11 @@ def text_size(value, limit: int, _depth: int = 0) -> int:
     elif isinstance(value, (list, tuple, set, frozenset)):
         items = value
     else:
-        attrs = getattr(value, "_Namespace__attrs", None)  # jinja2.utils.Namespace prints its attributes
-        return text_size(attrs, limit, _depth + 1) if isinstance(attrs, dict) else 64
+        from jinja2.utils import Namespace
+
+        if isinstance(value, Namespace):  # prints its attributes
+            return text_size(object.__getattribute__(value, "_Namespace__attrs"), limit, _depth + 1)
+        return 64
     if _depth > 64 or 2 * len(items) > limit:
         return limit + 1
     total = 2

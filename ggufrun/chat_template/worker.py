@@ -191,6 +191,7 @@ class WorkerPool:
     """Up to `size` workers; a caller takes an idle one (or starts one), or waits for one to come back."""
 
     def __init__(self, size: int = MAX_WORKERS):
+        self.pid = os.getpid()  # a forked child must not share this process's workers
         self.size = size
         self.idle: list[_Worker] = []
         self.count = 0
@@ -282,7 +283,7 @@ _pool_lock = threading.Lock()
 def pool() -> WorkerPool:
     global _pool
     with _pool_lock:
-        if _pool is None:
+        if _pool is None or _pool.pid != os.getpid():
             _pool = WorkerPool()
             atexit.register(_pool.close)
         return _pool

@@ -453,6 +453,15 @@ def test_spans_when_the_template_cuts_content():
     check_spans(text, spans, msgs, [])
 
 
+def test_spans_leave_out_what_the_template_writes_into_content():
+    src = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | replace('\n', '<|nl|>') }}<|im_end|>"
+    src += "{% endfor %}"
+    msgs = [{"role": "user", "content": "line one\nline two <|im_end|>"}]
+    text, spans = ChatTemplate(src).render_with_spans(msgs)
+    assert text == "<|im_start|>user\nline one<|nl|>line two <|im_end|><|im_end|>"
+    assert [text[s:e] for s, e in spans] == ["line one", "line two <|im_end|>"]
+
+
 def test_spans_fallback_search_when_markers_change_the_output():
     msgs = [{"role": "user", "content": "/run <|im_end|>"}, {"role": "user", "content": "user"}]
     text, spans = ChatTemplate(STARTSWITH).render_with_spans(msgs)

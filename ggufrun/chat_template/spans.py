@@ -6,7 +6,9 @@ with each user string s wrapped as `lead + OPEN_i + s.strip() + CLOSE_i + trail`
 from Unicode's supplementary private-use planes, U+F0000+i and U+100000+i; lead/trail: s's own surrounding
 whitespace, left outside the markers so that `|trim` and `.strip()` still remove it). When the marked text with the
 markers removed equals the plain text, the markers give the ranges exactly:
-    - OPEN_i ... CLOSE_i: the range between them (concatenation, the gemma fallback's system prefix, trimming);
+    - OPEN_i ... CLOSE_i: the range between them (concatenation, the gemma fallback's system prefix, trimming),
+      less any text the template wrote into it (`|replace('\\n', '<br>')`: only the stretches that match s stay;
+      when s and the range are both very long, the whole range stays, keeping the user's text covered);
     - a CLOSE_i whose OPEN_i the template cut off (`content.split('</think>')[-1]`): the longest stretch before it
       that is a tail of s, and a lone OPEN_i likewise; these ranges drop their outer whitespace, so that they cannot
       run into template markup that happens to equal the characters of s before the cut.
@@ -23,6 +25,7 @@ of whitespace alone. Ranges are sorted and non-overlapping (touching ranges are 
 from __future__ import annotations
 
 import re
+from difflib import SequenceMatcher
 
 OPEN_BASE = 0xF0000
 CLOSE_BASE = 0x100000
@@ -31,6 +34,7 @@ _PLAIN_WORD = re.compile(r"[A-Za-z0-9_.\- ]*\Z")
 _STRUCTURAL_KEYS = frozenset(["role", "type"])
 _UNMARKED_VARIABLES = frozenset(["add_generation_prompt", "bos_token", "eos_token"])
 _MARKER_CHARS = re.compile("[\U000f0000-\U0010ffff]")
+_MAX_DIFF_WORK = 4_000_000  # characters x characters compared by SequenceMatcher
 
 
 class _Marker:
@@ -89,6 +93,18 @@ def _strip_range(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
+def _within(plain: str, start: int, end: int, core: str) -> list[tuple[int, int]]:
+    """The range between a string's markers, less what the template wrote into it (`|replace('\\n', '<br>')`):
+    only the stretches that match the string itself."""
+    piece = plain[start:end]
+    if piece in core:
+        return [(start, end)]
+    if len(piece) * len(core) > _MAX_DIFF_WORK:
+        return [(start, end)]  # too big to compare: keep the user text covered
+    blocks = SequenceMatcher(None, piece, core, autojunk=False).get_matching_blocks()
+    return [(start + a, start + a + n) for a, _, n in blocks if n]
+
+
 def from_markers(plain: str, marked: str, strings: list[str]) -> list[tuple[int, int]] | None:
     """Ranges of `plain` from the marked render; None when the marked render differs from the plain one."""
     if _MARKER_CHARS.search(plain):
@@ -116,7 +132,7 @@ def from_markers(plain: str, marked: str, strings: list[str]) -> list[tuple[int,
         if is_open:
             open_at.setdefault(i, []).append(k)
         elif open_at.get(i):
-            spans.append((markers[open_at[i].pop()][0], p))
+            spans += _within(plain, markers[open_at[i].pop()][0], p, strings[i])
         else:  # the head of the string was cut off: walk back over a tail of it
             core, bound = strings[i], markers[k - 1][0] if k else 0
             n = 0

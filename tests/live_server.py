@@ -44,16 +44,18 @@ class LiveServer:
 
 class ModelWrapper:
     """A ggufrun.Model with generate() wrapped: every chunk is delayed by `delay` seconds (a slow model), and
-    the chunk after `fail_after` chunks raises `error` instead (a generation that breaks mid-stream)."""
+    the chunk after `fail_after` chunks raises `error` instead (a generation that breaks mid-stream); `sampling`
+    adds sampling arguments to every generation (e.g. a logit_bias that keeps a random model from stopping)."""
 
-    def __init__(self, model, delay: float = 0.0, fail_after: int | None = None, error=None):
+    def __init__(self, model, delay: float = 0.0, fail_after: int | None = None, error=None, sampling=None):
         self._model, self.delay, self.fail_after, self.error = model, delay, fail_after, error
+        self.sampling = sampling or {}
 
     def __getattr__(self, name):
         return getattr(self._model, name)
 
     def generate(self, *args, **kwargs):
-        inner = self._model.generate(*args, **kwargs)
+        inner = self._model.generate(*args, **{**self.sampling, **kwargs})
 
         def chunks():
             try:

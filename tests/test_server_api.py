@@ -150,6 +150,15 @@ def test_openai_client_against_tiny_model(server):
     assert client.models.retrieve("tiny").id == "tiny"
 
 
+def test_openai_client_raises_typed_errors(server):
+    bad_key = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model="tiny", messages=HI, temperature=5)
+
+
 # ---- fields that are implemented: they change the output -----------------------------------------------------
 
 
@@ -366,7 +375,7 @@ def test_dropped_non_streaming_requests_free_the_model(tiny, no_eog):
         for t in threads:
             t.join()
         h, waited = wait_idle(s)
-        assert waited < 0.5, waited
+        assert waited < 1.0, waited
         assert h["requests_cancelled"] == 4 and h["tokens_generated"] < 30, h
         t0 = time.time()
         r = httpx.post(s.url + "/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=10)
@@ -380,7 +389,7 @@ def test_dropped_stream_frees_the_model(tiny, no_eog):
             lines = r.iter_lines()
             assert next(lines).startswith("data: {")
         h, waited = wait_idle(s)
-        assert waited < 0.5 and h["tokens_generated"] < 10, (h, waited)
+        assert waited < 1.0 and h["tokens_generated"] < 10, (h, waited)
 
 
 def test_error_mid_stream_ends_with_error_event_and_done(tiny):

@@ -91,7 +91,7 @@ def test_type_stream_and_stop(server, browser):
     find(By.ID, "stop").click()
     wait_for(lambda: "(stopped)" in find(By.CSS_SELECTOR, ".msg.assistant").text, what="the stopped note")
     assert find(By.ID, "send").is_enabled() and not find(By.ID, "stop").is_enabled()
-    wait_for(lambda: not health(server)["busy"], timeout=1.0, what="the server to stop generating")
+    wait_for(lambda: not health(server)["busy"], timeout=2.0, what="the server to stop generating")
     stopped, text = health(server), reply()
     time.sleep(0.5)
     assert health(server)["tokens_generated"] == stopped["tokens_generated"] and reply() == text

@@ -187,7 +187,7 @@ def describe(v) -> str:
     if isinstance(v, str):
         return json.dumps(v[:40] + ("..." if len(v) > 40 else ""))
     if isinstance(v, list):
-        return f"an array of {len(v)} items"
+        return f"an array of {len(v)} item{'' if len(v) == 1 else 's'}"
     if isinstance(v, dict):
         keys = ", ".join(json.dumps(k[:20]) for k in list(v)[:5])
         return f"an object with keys [{keys}{', ...' if len(v) > 5 else ''}]"

@@ -1,9 +1,43 @@
-"""OpenAI-compatible HTTP server: `ggufrun serve MODEL` (extra: `pip install ggufrun[server]`).
+"""OpenAI-compatible HTTP server and chat page: `ggufrun serve MODEL` (extra: `pip install ggufrun[server]`).
 
-Starlette + uvicorn (the common ASGI stack): SSE streaming with flow control, disconnect detection and a
-small, well-tested HTTP layer we do not have to write ourselves. The core library never imports this module.
+Starlette + uvicorn (the common ASGI stack): SSE streaming, disconnect detection and a small, well-tested HTTP
+layer we do not have to write ourselves. The core library never imports this module.
 
-Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health.
+Endpoints (request and response shapes follow OpenAI's API reference, "Create chat completion" and the legacy
+"Create completion"; the conventions it leaves open follow llama.cpp's tools/server/server.cpp):
+    POST /v1/chat/completions, POST /v1/completions   streaming (SSE) and not
+    GET  /v1/models, GET /v1/models/{id}               the one served model
+    POST /v1/embeddings                                501, naming what to use instead
+    GET  /health                                       counters, no authentication
+    GET  /                                             a single-page chat UI (ggufrun/static/chat.html)
+
+The model name: one model is served, so any `model` string is accepted (as llama-server does); responses and
+/v1/models carry the served id (`model_id`, default the file name), which the server logs at start.
+
+Every request field is either implemented or answered 400 naming it (OpenAI-style error JSON with `param`); a
+field is never accepted and then ignored:
+    implemented       model, messages (role, content as a string or text parts, name, tool_call_id), prompt (a
+                      string, a one-string list, or token ids), max_tokens, max_completion_tokens, stop, stream,
+                      stream_options.include_usage, temperature, top_p, frequency_penalty, presence_penalty,
+                      logit_bias, seed, n (= 1)
+    sampling extras   top_k, min_p, repetition_penalty, penalty_last_n (ggufrun.sampling.SamplingParams; llama.cpp
+                      semantics), accepted by both endpoints
+    harmless          user, metadata, prompt_cache_key, safety_identifier (labels for the caller's bookkeeping),
+                      service_tier "auto"/"default", parallel_tool_calls (has no effect without tools)
+    default only      fields of features not built yet are accepted only with the value that asks for the default
+                      behaviour, and answered 400 otherwise: response_format {"type": "text"}, tools/functions [],
+                      tool_choice/function_call "none", logprobs false (chat) or null (completions), echo false,
+                      best_of 1, suffix "", store false, modalities ["text"], verbosity "medium",
+                      stream_options.include_obfuscation false; top_logprobs, audio, prediction, reasoning_effort
+                      and web_search_options only as null
+    anything else     400 "unknown field"
+`null` means "not given" for every field. Ranges are OpenAI's where it documents one (temperature [0, 2], penalties
+[-2, 2], logit_bias [-100, 100]), chosen elsewhere so that no accepted value can overflow float32 in the sampler.
+
+Safety: every error a request can cause is a 4xx naming the field (non-JSON numbers such as NaN/Infinity/1e999,
+lone UTF-16 surrogates and nesting deeper than MAX_DEPTH are found before any field is used); a body over
+MAX_BODY_BYTES is 413; only a server bug gives 500. An error after a stream has started ends the stream with an
+OpenAI-style `data: {"error": ...}` event and `data: [DONE]` (the `openai` client raises it as an APIError).
 
 How requests meet the model:
 - One model, one generation at a time. All model work runs on one dedicated thread (Numba's thread count is a
@@ -11,8 +45,10 @@ How requests meet the model:
   `max_queue` waiting requests the server answers 503 with Retry-After instead of piling up.
 - Backpressure: the next token is computed only when the previous chunk has been handed to the client's socket
   (one `next()` per chunk), so a stalled client stalls its own generation instead of growing a buffer.
-- A client that disconnects cancels its request: the generator is closed after the token in flight, which frees
-  the model for the next request within one token time.
+- A client that disconnects, streaming or not, cancels its request: a task watches the connection and sets the
+  generation's cancel event, so the model is free for the next request within one token (a queued request whose
+  client left is dropped when its turn comes, without running).
+- CORS is off unless `create_app(..., cors_origins=[...])` names the origins allowed to call the API from a browser.
 """
 
 from __future__ import annotations
@@ -20,13 +56,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import math
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import resources
 
+from .errors import ContextOverflowError
 from .sampling import SamplingParams
 
 MAX_BODY_BYTES = 1 << 20  # a request body above this is answered 413
+MAX_DEPTH = 32  # JSON nesting deeper than this is answered 400 (no valid request comes close)
+MAX_STOPS = 16
+PAGE = "chat.html"  # in ggufrun/static, served at /
+
+log = logging.getLogger("uvicorn.error")  # uvicorn's own logger: shown at its --log-level, with its format
 
 
 class APIError(Exception):
@@ -42,6 +90,7 @@ class APIError(Exception):
             401: "authentication_error",
             404: "not_found_error",
             413: "invalid_request_error",
+            501: "not_supported_error",
             503: "server_overloaded",
         }.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
 
@@ -66,12 +115,14 @@ class ModelRunner:
         self.busy = False
         self.tokens_generated = 0  # every token produced for any request (for tests and /health)
         self.requests_served = 0
+        self.requests_cancelled = 0  # requests whose client left before they finished
 
     async def call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    async def stream(self, make_chunks):
-        """Async iterator over the chunks of `make_chunks()` (a function returning a generator)."""
+    async def stream(self, make_chunks, cancel: threading.Event | None = None):
+        """Async iterator over the chunks of `make_chunks()` (a function returning a generator). Yields nothing
+        if `cancel` is set by the time the request's turn comes."""
         if self.lock.locked() and self.waiting >= self.max_queue:
             raise QueueFull(self.waiting)
         self.waiting += 1
@@ -79,6 +130,10 @@ class ModelRunner:
             await self.lock.acquire()
         finally:
             self.waiting -= 1
+        if cancel is not None and cancel.is_set():
+            self.requests_cancelled += 1
+            self.lock.release()
+            return
         self.busy = True
         gen = None
         try:
@@ -94,84 +149,296 @@ class ModelRunner:
             if gen is not None:
                 # Runs after the token in flight (one worker thread): stops the generation for good.
                 self.executor.submit(gen.close)
+            if cancel is not None and cancel.is_set():
+                self.requests_cancelled += 1
             self.busy = False
             self.requests_served += 1
             self.lock.release()
 
 
-# ---- request parsing ---------------------------------------------------------------------------------------------
-
-_NUMBER = (int, float)
+# ---- reading the body --------------------------------------------------------------------------------------------
 
 
-def _field(body: dict, name: str, types, default=None, check=None, what: str = ""):
-    if name not in body or body[name] is None:
-        return default
-    v = body[name]
-    if isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise APIError(400, f"'{name}' must be {what or types}, got {v!r}", param=name)
-    if not isinstance(v, types):
-        raise APIError(400, f"'{name}' must be {what or types}, got {type(v).__name__}", param=name)
-    if check is not None and not check(v):
-        raise APIError(400, f"'{name}' must be {what}, got {v!r}", param=name)
+class NonFiniteNumber:
+    """A number JSON cannot carry (NaN, Infinity, 1e999), kept as its text so that the field holding it can be
+    named in the error instead of failing the whole body or overflowing later."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _parse_float(text: str):
+    v = float(text)
+    return v if math.isfinite(v) else NonFiniteNumber(text)
+
+
+def describe(v) -> str:
+    """A short, ASCII-safe description of a JSON value for an error message (never the whole of a big value)."""
+    if v is None or isinstance(v, bool):
+        return json.dumps(v)
+    if isinstance(v, (int, float)):
+        text = repr(v) if not isinstance(v, int) or v.bit_length() < 200 else f"an integer of {len(str(v))} digits"
+        return text
+    if isinstance(v, NonFiniteNumber):
+        return f"{v.text} (not a JSON number)"
+    if isinstance(v, str):
+        return json.dumps(v[:40] + ("..." if len(v) > 40 else ""))
+    if isinstance(v, list):
+        return f"an array of {len(v)} item{'' if len(v) == 1 else 's'}"
+    if isinstance(v, dict):
+        keys = ", ".join(json.dumps(k[:20]) for k in list(v)[:5])
+        return f"an object with keys [{keys}{', ...' if len(v) > 5 else ''}]"
+    return type(v).__name__
+
+
+def _path(top: str, parts) -> str:
+    out = top
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def check_values(body: dict) -> None:
+    """400 naming the top-level field for a lone UTF-16 surrogate in any string or key (no tokenizer can encode
+    it: sentencepiece raises) or nesting deeper than MAX_DEPTH. Iterative, so depth costs no recursion."""
+    for top, value in body.items():
+        todo = [(value, ())]
+        while todo:
+            v, parts = todo.pop()
+            if len(parts) > MAX_DEPTH:
+                raise APIError(400, f"'{top}' nests deeper than {MAX_DEPTH} levels", param=top)
+            if isinstance(v, str):
+                _check_text(v, top, parts)
+            elif isinstance(v, list):
+                todo.extend((x, (*parts, i)) for i, x in enumerate(v))
+            elif isinstance(v, dict):
+                for k, x in v.items():
+                    _check_text(k, top, (*parts, "<key>"))
+                    todo.append((x, (*parts, k)))
+
+
+def _check_text(s: str, top: str, parts) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        where = _path(top, [p if isinstance(p, int) else json.dumps(p)[1:-1] for p in parts])
+        raise APIError(400, f"{where} holds a lone UTF-16 surrogate {s[e.start]!r} at character {e.start}, "
+                            "which is not text (send a valid surrogate pair or the character itself)",
+                       param=top) from None  # fmt: skip
+
+
+def parse_body(raw: bytes) -> dict:
+    """The request object from the raw body: 400 for invalid JSON, a non-object, or what check_values finds."""
+    try:
+        data = json.loads(raw, parse_constant=NonFiniteNumber, parse_float=_parse_float)
+    except RecursionError:
+        raise APIError(400, "request body nests JSON too deeply to read") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
+        raise APIError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"request body must be a JSON object, got {describe(data)}")
+    check_values(data)
+    return data
+
+
+# ---- request fields ----------------------------------------------------------------------------------------------
+
+
+def _bad(name: str, want: str, v) -> APIError:
+    return APIError(400, f"'{name}' must be {want}, got {describe(v)}", param=name)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number(body: dict, name: str, lo: float, hi: float, want: str, ok=None) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    # int/float comparisons are exact for any int, so a huge integer is refused here, never overflows float()
+    if not _is_number(v) or not lo <= v <= hi or (ok is not None and not ok(v)):
+        raise _bad(name, want, v)
+    return float(v)
+
+
+def _integer(body: dict, name: str, lo: int, hi: int | None, want: str) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v) or v < lo or (hi is not None and v > hi):
+        raise _bad(name, want, v)
     return v
 
 
-def parse_sampling(body: dict, n_vocab: int) -> tuple[dict, int | None, list[str]]:
-    """(SamplingParams kwargs, max_tokens or None, stop strings) from an OpenAI request body."""
-    _field(body, "n", int, 1, lambda v: v == 1, "1 (only one choice per request is supported)")  # validated only
-    max_tokens = _field(body, "max_completion_tokens", int, None, lambda v: v >= 0, "an integer >= 0")
-    if max_tokens is None:
-        max_tokens = _field(body, "max_tokens", int, None, lambda v: v >= 0, "an integer >= 0")
-    stop = body.get("stop")
-    if stop is None:
-        stops = []
-    elif isinstance(stop, str):
-        stops = [stop]
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 16:
-        stops = stop
-    else:
-        raise APIError(400, "'stop' must be a string or a list of at most 16 strings", param="stop")
+def _string(body: dict, name: str) -> str | None:
+    v = body.get(name)
+    if v is not None and not isinstance(v, str):
+        raise _bad(name, "a string", v)
+    return v
+
+
+def _boolean(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise _bad(name, "true or false", v)
+    return v
+
+
+def _never(v) -> bool:
+    return False
+
+
+# Fields of features not built yet: accepted only with the value that asks for the default behaviour.
+# name -> (accepts(value), the accepted value and why the others are refused)
+_DEFAULT_ONLY = {
+    "n": (lambda v: _is_int(v) and v == 1, "1 (one choice per request; send several requests for more)"),
+    "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"} (structured output is not supported yet)'),
+    "tools": (lambda v: v == [], "[] (tool calling is not supported yet)"),
+    "functions": (lambda v: v == [], "[] (function calling is not supported yet)"),
+    "tool_choice": (lambda v: v == "none", '"none" (tool calling is not supported yet)'),
+    "function_call": (lambda v: v == "none", '"none" (function calling is not supported yet)'),
+    "top_logprobs": (_never, "null (log-probabilities are not returned yet)"),
+    "echo": (lambda v: v is False, "false (echoing the prompt is not supported yet)"),
+    "best_of": (lambda v: _is_int(v) and v == 1, "1 (best-of sampling is not supported yet)"),
+    "suffix": (lambda v: v == "", '"" (insertion with a suffix is not supported yet)'),
+    "store": (lambda v: v is False, "false (this server stores nothing)"),
+    "modalities": (lambda v: v == ["text"], '["text"] (this server answers in text only)'),
+    "verbosity": (lambda v: v == "medium", '"medium" (the model cannot be asked for another verbosity)'),
+    "audio": (_never, "null (this server answers in text only)"),
+    "prediction": (_never, "null (predicted outputs are not supported)"),
+    "reasoning_effort": (_never, "null (reasoning effort is not supported)"),
+    "web_search_options": (_never, "null (this server cannot search the web)"),
+}
+_LOGPROBS_CHAT = (lambda v: v is False, "false (log-probabilities are not returned yet)")
+_LOGPROBS_COMPLETION = (_never, "null (log-probabilities are not returned yet)")
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                   "repetition_penalty", "penalty_last_n", "seed", "logit_bias")  # fmt: skip
+_COMMON_FIELDS = {"model", "max_tokens", "n", "stop", "stream", "stream_options", "user", *SAMPLING_FIELDS}
+CHAT_FIELDS = frozenset(_COMMON_FIELDS | {
+    "messages", "max_completion_tokens", "metadata", "prompt_cache_key", "safety_identifier", "service_tier",
+    "parallel_tool_calls", "logprobs", "store", "response_format", "tools", "tool_choice", "functions",
+    "function_call", "top_logprobs", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
+    "verbosity",
+})  # fmt: skip
+COMPLETION_FIELDS = frozenset(_COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix", "logprobs"})
+
+
+def parse_sampling(body: dict, n_vocab: int) -> dict:
+    """SamplingParams keyword arguments from the request's sampling fields (ranges in the module docstring)."""
     kw = {}
-    for name, key, what in (
-        ("temperature", "temperature", "a number >= 0"),
-        ("top_p", "top_p", "a number in (0, 1]"),
-        ("min_p", "min_p", "a number in [0, 1]"),
-        ("frequency_penalty", "frequency_penalty", "a number"),
-        ("presence_penalty", "presence_penalty", "a number"),
-        ("repetition_penalty", "repetition_penalty", "a number > 0"),
+    t = _number(body, "temperature", 0, 2, "0 (greedy) or a number in [1e-30, 2]", lambda v: v == 0 or v >= 1e-30)
+    for name, value in (
+        ("temperature", t),
+        ("top_p", _number(body, "top_p", 0, 1, "a number in (0, 1]", lambda v: v > 0)),
+        ("min_p", _number(body, "min_p", 0, 1, "a number in [0, 1]")),
+        ("frequency_penalty", _number(body, "frequency_penalty", -2, 2, "a number in [-2, 2]")),
+        ("presence_penalty", _number(body, "presence_penalty", -2, 2, "a number in [-2, 2]")),
+        ("repetition_penalty", _number(body, "repetition_penalty", 0.01, 100, "a number in [0.01, 100] (1 = off)")),
+        ("top_k", _integer(body, "top_k", 0, None, "an integer >= 0 (0 = off)")),
+        ("penalty_last_n", _integer(body, "penalty_last_n", -1, None, "an integer >= -1 (-1 = all, 0 = off)")),
+        ("seed", _integer(body, "seed", 0, 2**64 - 1, "an integer in [0, 2**64)")),
     ):
-        v = _field(body, key, _NUMBER, None, None, what)
-        if v is not None:
-            kw[name] = float(v)
-    top_k = _field(body, "top_k", int, None, None, "an integer >= 0")
-    if top_k is not None:
-        kw["top_k"] = top_k
-    seed = _field(body, "seed", int, None, None, "an integer")
-    if seed is not None:
-        kw["seed"] = seed
-    bias = _field(body, "logit_bias", dict, None, None, "an object mapping token ids to numbers")
-    if bias:
+        if value is not None:
+            kw[name] = value
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise _bad("logit_bias", "an object mapping token ids to numbers in [-100, 100]", bias)
         parsed = {}
         for k, v in bias.items():
-            try:
-                tid = int(k)
-            except (TypeError, ValueError):
-                raise APIError(400, f"'logit_bias' key {k!r} is not a token id", param="logit_bias") from None
-            if not 0 <= tid < n_vocab:
+            if not (k.isascii() and k.isdigit() and len(k) <= 10):
+                raise APIError(400, f"'logit_bias' key {describe(k)} is not a token id", param="logit_bias")
+            tid = int(k)
+            if tid >= n_vocab:
                 raise APIError(400, f"'logit_bias' token id {tid} is outside [0, {n_vocab})", param="logit_bias")
-            if isinstance(v, bool) or not isinstance(v, _NUMBER):
-                raise APIError(400, f"'logit_bias' value for {k} must be a number", param="logit_bias")
+            if not _is_number(v) or not -100 <= v <= 100:
+                raise APIError(400, f"'logit_bias' value for token {tid} must be a number in [-100, 100], "
+                                    f"got {describe(v)}", param="logit_bias")  # fmt: skip
             parsed[tid] = float(v)
         kw["logit_bias"] = parsed
     try:
-        SamplingParams(**kw)  # validate ranges now, while we can still answer 400
+        SamplingParams(**kw)  # the library's own checks agree with the ranges above; kept as a guard
     except (ValueError, TypeError) as e:
-        raise APIError(400, str(e)) from None
-    return kw, max_tokens, stops
+        name = str(e).split(" ", 1)[0]
+        raise APIError(400, str(e), param=name if name in SAMPLING_FIELDS else None) from None
+    return kw
 
 
-def _message_content(m, i: int) -> str:
+def _check_field_set(body: dict, chat: bool) -> None:
+    """400 naming the first field this endpoint does not know, or a default-only field with another value."""
+    known = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    for name, v in body.items():
+        if name not in known:
+            other = "/v1/completions" if chat else "/v1/chat/completions"
+            hint = f" (it belongs to {other})" if name in (COMPLETION_FIELDS if chat else CHAT_FIELDS) else ""
+            raise APIError(400, f"unknown field {describe(name)}{hint}", param=name)
+        if v is None:
+            continue
+        rule = (_LOGPROBS_CHAT if chat else _LOGPROBS_COMPLETION) if name == "logprobs" else _DEFAULT_ONLY.get(name)
+        if rule is not None and not rule[0](v):
+            raise _bad(name, rule[1], v)
+
+
+def _check_harmless(body: dict) -> None:
+    for name in ("model", "user", "prompt_cache_key", "safety_identifier"):
+        _string(body, name)
+    tier = body.get("service_tier")
+    if tier is not None and tier not in ("auto", "default"):
+        raise _bad("service_tier", '"auto" or "default" (there is one tier here)', tier)
+    _boolean(body, "parallel_tool_calls", True)
+    meta = body.get("metadata")
+    if meta is not None and (not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values())):
+        raise _bad("metadata", "an object of strings", meta)
+
+
+def _parse_stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and len(stop) <= MAX_STOPS and all(isinstance(s, str) for s in stop):
+        return stop
+    raise _bad("stop", f"a string or a list of at most {MAX_STOPS} strings", stop)
+
+
+def _parse_stream_options(body: dict, stream: bool) -> bool:
+    """include_usage from stream_options (which needs stream: true)."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise _bad("stream_options", 'an object such as {"include_usage": true}', opts)
+    if not stream:
+        raise APIError(400, "'stream_options' is only allowed with \"stream\": true", param="stream_options")
+    for k, v in opts.items():
+        if k == "include_usage" and (v is None or isinstance(v, bool)):
+            continue
+        if k == "include_obfuscation" and v in (None, False):
+            continue
+        raise APIError(400, f"'stream_options' holds {describe(k)}: {describe(v)}; accepted: include_usage "
+                            "(true/false), include_obfuscation (false)", param="stream_options")  # fmt: skip
+    return bool(opts.get("include_usage"))
+
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+# message keys beyond role/content: name and tool_call_id go to the chat template; the others only as null/[]
+_MESSAGE_PASSED = ("name", "tool_call_id")
+_MESSAGE_EMPTY = ("tool_calls", "refusal", "function_call", "audio")
+
+
+def _message_content(m: dict, i: int) -> str:
     content = m.get("content")
     if content is None:
         return ""
@@ -179,49 +446,169 @@ def _message_content(m, i: int) -> str:
         return content
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
         parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
+        for j, part in enumerate(content):
+            if (not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str)
+                    or set(part) - {"type", "text"}):  # fmt: skip
+                raise APIError(400, f"messages[{i}].content[{j}] must be {{\"type\": \"text\", \"text\": STRING}} "
+                                    f"(only text is supported), got {describe(part)}", param="messages")  # fmt: skip
             parts.append(part["text"])
         return "".join(parts)
-    raise APIError(400, f"messages[{i}].content must be a string or a list of text parts", param="messages")
+    raise APIError(400, f"messages[{i}].content must be a string or a list of text parts, got {describe(content)}",
+                   param="messages")  # fmt: skip
 
 
 def parse_messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise APIError(400, "'messages' must be a non-empty list", param="messages")
+        raise _bad("messages", "a non-empty list of messages", messages)
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise APIError(400, f"messages[{i}] must be an object with a 'role' string", param="messages")
-        if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
-            raise APIError(400, f"messages[{i}].role {m['role']!r} is not a known role", param="messages")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _message_content(m, i)})
+            raise APIError(400, f"messages[{i}] must be an object with a 'role' string, got {describe(m)}",
+                           param="messages")  # fmt: skip
+        if m["role"] not in _ROLES:
+            raise APIError(400, f"messages[{i}].role {describe(m['role'])} is not one of {', '.join(_ROLES)}",
+                           param="messages")  # fmt: skip
+        msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": _message_content(m, i)}
+        for k, v in m.items():
+            if k in ("role", "content") or v is None:
+                continue
+            if k in _MESSAGE_PASSED and isinstance(v, str):
+                msg[k] = v
+            elif k in _MESSAGE_EMPTY and v == []:
+                continue
+            else:
+                want = "a string" if k in _MESSAGE_PASSED else "null (not supported yet)"
+                if k not in _MESSAGE_PASSED + _MESSAGE_EMPTY:
+                    want = f"absent: messages take role, content, {', '.join(_MESSAGE_PASSED)}"
+                raise APIError(400, f"messages[{i}].{describe(k)[1:-1]} must be {want}, got {describe(v)}",
+                               param="messages")  # fmt: skip
+        out.append(msg)
     return out
+
+
+def parse_prompt(body: dict, n_vocab: int) -> str | list[int]:
+    """The completion prompt: a string (also as a one-string list) or a list of token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            if len(prompt) == 1:
+                return prompt[0]
+            raise APIError(400, f"'prompt' holds {len(prompt)} prompts; send one per request", param="prompt")
+        if all(_is_int(t) for t in prompt):
+            bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise APIError(400, f"'prompt' token id {describe(bad)} is outside [0, {n_vocab})", param="prompt")
+            return prompt
+    raise _bad("prompt", "a string or a non-empty list of token ids", prompt)
+
+
+@dataclass
+class CompletionRequest:
+    """A validated request: everything the endpoint needs, nothing left to check against the model but the
+    prompt's length."""
+
+    chat: bool
+    sampling: dict  # SamplingParams keyword arguments
+    stop: list[str]
+    max_tokens: int | None  # None: the endpoint's default
+    stream: bool = False
+    include_usage: bool = False
+    messages: list[dict] | None = None  # chat
+    prompt: str | list[int] | None = None  # completions
+    extra: dict = field(default_factory=dict)
+
+
+def parse_request(body: dict, chat: bool, n_vocab: int) -> CompletionRequest:
+    """Validate a /v1/chat/completions (chat=True) or /v1/completions body; APIError(400, param=field) on the
+    first field that is wrong, unknown, or asks for something not supported (see the module docstring)."""
+    _check_field_set(body, chat)
+    _check_harmless(body)
+    max_tokens = None
+    if chat:
+        max_tokens = _integer(body, "max_completion_tokens", 0, None, "an integer >= 0")
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 0, None, "an integer >= 0")
+    stream = _boolean(body, "stream", False)
+    req = CompletionRequest(
+        chat=chat,
+        sampling=parse_sampling(body, n_vocab),
+        stop=_parse_stop(body),
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=_parse_stream_options(body, stream),
+    )
+    if chat:
+        req.messages = parse_messages(body)
+    else:
+        req.prompt = parse_prompt(body, n_vocab)
+    return req
 
 
 # ---- the app -----------------------------------------------------------------------------------------------------
 
 
-def create_app(model, model_id: str | None = None, api_key: str | None = None, max_queue: int = 64):
-    """The Starlette app serving `model` (a ggufrun.Model). `app.state.runner` exposes counters for tests."""
+async def _watch_disconnect(receive, cancel: threading.Event) -> None:
+    """Set `cancel` when the client goes away (ASGI http.disconnect; the body has been read by then)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancel.set()
+            return
+
+
+def chat_page() -> str:
+    return resources.files(__package__).joinpath("static", PAGE).read_text(encoding="utf-8")
+
+
+def create_app(
+    model,
+    model_id: str | None = None,
+    api_key: str | None = None,
+    max_queue: int = 64,
+    cors_origins=None,
+):
+    """The Starlette app serving `model` (a ggufrun.Model). `app.state.runner` exposes counters for tests.
+
+    cors_origins: None (no CORS headers: browsers allow only same-origin pages, such as the chat page at /), or
+    an origin / list of origins ("https://example.org", or "*" for any) whose pages may call the API.
+    """
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    from .errors import ContextOverflowError
+    if isinstance(cors_origins, str):
+        cors_origins = [cors_origins]
+    if cors_origins is not None:
+        cors_origins = list(cors_origins)
+        if not all(isinstance(o, str) and o for o in cors_origins):
+            raise ValueError(f"cors_origins must be None, an origin string or a list of them, got {cors_origins!r}")
+    if not isinstance(max_queue, int) or max_queue < 0:
+        raise ValueError(f"max_queue must be an integer >= 0, got {max_queue!r}")
 
     model_id = model_id or model.path.stem
     runner = ModelRunner(model, max_queue=max_queue)
     created = int(time.time())
+    model_card = {"id": model_id, "object": "model", "created": created, "owned_by": "ggufrun"}
+    page = chat_page()
+
+    class JSON(JSONResponse):
+        """JSON with non-ASCII escaped: valid for any text, a lone surrogate included."""
+
+        def render(self, content) -> bytes:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+    def sse_data(obj) -> str:
+        return "data: " + json.dumps(obj, allow_nan=False) + "\n\n"
 
     def error_response(e: APIError) -> JSONResponse:
         headers = {"Retry-After": "1"} if e.status == 503 else None
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+        return JSON(e.body(), status_code=e.status, headers=headers)
 
     def check_auth(request: Request) -> None:
         if api_key is None:
@@ -230,7 +617,7 @@ def create_app(model, model_id: str | None = None, api_key: str | None = None, m
         if auth != f"Bearer {api_key}":
             raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", code="invalid_api_key")
 
-    async def read_json(request: Request) -> dict:
+    async def read_body(request: Request) -> dict:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
             raise APIError(413, f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}")
@@ -239,17 +626,7 @@ def create_app(model, model_id: str | None = None, api_key: str | None = None, m
             body += part
             if len(body) > MAX_BODY_BYTES:
                 raise APIError(413, f"request body is over the limit of {MAX_BODY_BYTES} bytes")
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise APIError(400, f"request body is not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise APIError(400, "request body must be a JSON object")
-        name = data.get("model")
-        if name is not None and name != model_id:
-            raise APIError(404, f"model {name!r} is not served here; this server serves {model_id!r}",
-                           param="model", code="model_not_found")  # fmt: skip
-        return data
+        return parse_body(bytes(body))
 
     def usage(stats) -> dict:
         p, c = stats.prompt_tokens, stats.generated_tokens
@@ -258,77 +635,88 @@ def create_app(model, model_id: str | None = None, api_key: str | None = None, m
     def finish_reason(chunk) -> str:
         return "length" if chunk.finish_reason == "length" else "stop"
 
+    async def prompt_ids(req: CompletionRequest) -> list[int]:
+        """Token ids of the request's prompt (on the model thread); 400 for what the template/tokenizer refuse."""
+        param = "messages" if req.chat else "prompt"
+        try:
+            if req.chat:
+                ids = await runner.call(model.chat_ids, req.messages)
+            elif isinstance(req.prompt, str):
+                ids = await runner.call(model.tokenize, req.prompt)
+            else:
+                ids = req.prompt
+        except ValueError as e:  # ChatTemplateError, TokenizerError, no template
+            raise APIError(400, str(e), param=param) from None
+        if not ids:
+            raise APIError(400, f"'{param}' has no tokens (this model adds no BOS token)", param=param)
+        if len(ids) >= model.n_ctx:
+            raise APIError(400, f"prompt has {len(ids)} tokens; this model's context holds {model.n_ctx} and "
+                                "at least one more is needed to generate", param=param,
+                           code="context_length_exceeded")  # fmt: skip
+        return ids
+
     async def complete(request: Request, chat: bool):
         check_auth(request)
-        body = await read_json(request)
-        kw, max_tokens, stops = parse_sampling(body, model.n_vocab)
-        stream = _field(body, "stream", bool, False, None, "a boolean")
-        opts = _field(body, "stream_options", dict, {}, None, "an object")
-        include_usage = bool(opts.get("include_usage"))
-        if chat:
-            messages = parse_messages(body)
+        req = parse_request(await read_body(request), chat, model.n_vocab)
+        cancel = threading.Event()
+        watcher = asyncio.ensure_future(_watch_disconnect(request.receive, cancel))
+        handed_off = False
+        try:
+            ids = await prompt_ids(req)
+            max_tokens = req.max_tokens
+            if max_tokens is None:
+                max_tokens = model.n_ctx - len(ids) if chat else 16  # OpenAI's default for completions
+
+            def make_chunks():
+                try:
+                    return model.generate(ids, max_tokens, req.stop, cancel=cancel, **req.sampling)
+                except ContextOverflowError as e:
+                    raise APIError(400, str(e), param="messages" if chat else "prompt",
+                                   code="context_length_exceeded") from None  # fmt: skip
+
+            rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            base = {"id": rid, "object": obj, "created": int(time.time()), "model": model_id}
+            chunks = runner.stream(make_chunks, cancel)
+
+            if not req.stream:
+                text, last = [], None
+                async for c in chunks:
+                    text.append(c.text)
+                    last = c
+                if last is None or cancel.is_set():
+                    return Response(status_code=499)  # the client has gone; nobody reads this
+                out = "".join(text)
+                if chat:
+                    choice = {"index": 0, "message": {"role": "assistant", "content": out}, "logprobs": None,
+                              "finish_reason": finish_reason(last)}  # fmt: skip
+                else:
+                    choice = {"index": 0, "text": out, "logprobs": None, "finish_reason": finish_reason(last)}
+                return JSON(
+                    {
+                        **base,
+                        "object": "chat.completion" if chat else "text_completion",
+                        "choices": [choice],
+                        "usage": usage(last.stats),
+                    }  # fmt: skip
+                )
+
+            # Start the generation before answering 200, so that queue-full and bad-request errors get their status.
             try:
-                ids = await runner.call(model.chat_ids, messages)
-            except ValueError as e:
-                raise APIError(400, str(e), param="messages") from None
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-                ids = prompt
-            elif isinstance(prompt, str):
-                ids = await runner.call(model.tokenize, prompt)
-            else:
-                raise APIError(400, "'prompt' must be a string or a list of token ids", param="prompt")
-        if len(ids) >= model.n_ctx:
-            raise APIError(400, f"prompt has {len(ids)} tokens; this model's context holds {model.n_ctx}",
-                           param="messages" if chat else "prompt", code="context_length_exceeded")  # fmt: skip
-        if max_tokens is None:
-            max_tokens = model.n_ctx - len(ids) if chat else 16
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                return Response(status_code=499)
+            handed_off = True
+        finally:
+            if not handed_off:
+                watcher.cancel()
 
-        def make_chunks():
-            try:
-                return model.generate(ids, max_tokens, stops, **kw)
-            except ContextOverflowError as e:
-                raise APIError(400, str(e), code="context_length_exceeded") from None
-            except ValueError as e:
-                raise APIError(400, str(e)) from None
-
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        base = {"id": rid, "object": obj, "created": int(time.time()), "model": model_id}
-        chunks = runner.stream(make_chunks)
-
-        if not stream:
-            text, last = [], None
-            async for c in chunks:
-                text.append(c.text)
-                last = c
-            out = "".join(text)
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": out}, "logprobs": None,
-                          "finish_reason": finish_reason(last)}  # fmt: skip
-            else:
-                choice = {"index": 0, "text": out, "logprobs": None, "finish_reason": finish_reason(last)}
-            return JSONResponse(
-                {
-                    **base,
-                    "object": "chat.completion" if chat else "text_completion",
-                    "choices": [choice],
-                    "usage": usage(last.stats),
-                }  # fmt: skip
-            )
-
-        # Start the generation before answering 200, so that queue-full and bad-request errors get their status.
-        first = await chunks.__anext__()
-
-        def event(choice_delta, finish=None, extra=None) -> str:
+        def event(choice_delta, finish=None) -> str:
             if chat:
                 choice = {"index": 0, "delta": choice_delta, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": choice_delta, "logprobs": None, "finish_reason": finish}
-            return "data: " + json.dumps({**base, "choices": [choice], **(extra or {})}) + "\n\n"
+            return sse_data({**base, "choices": [choice]})
 
         async def sse():
             c = first
@@ -340,15 +728,19 @@ def create_app(model, model_id: str | None = None, api_key: str | None = None, m
                         yield event({"content": c.text} if chat else c.text)
                     if c.finish_reason is not None:
                         yield event({} if chat else "", finish_reason(c))
-                        if include_usage:
-                            yield "data: " + json.dumps({**base, "choices": [], "usage": usage(c.stats)}) + "\n\n"
+                        if req.include_usage:
+                            yield sse_data({**base, "choices": [], "usage": usage(c.stats)})
                         break
                     c = await chunks.__anext__()
-            except StopAsyncIteration:
+            except StopAsyncIteration:  # cancelled: the client is gone
                 pass
             except APIError as e:
-                yield "data: " + json.dumps(e.body()) + "\n\n"
+                yield sse_data(e.body())
+            except Exception as e:  # a server bug: end the stream the way an OpenAI client understands
+                log.exception("generation failed mid-stream")
+                yield sse_data(APIError(500, f"internal error: {type(e).__name__}: {e}").body())
             finally:
+                watcher.cancel()
                 await chunks.aclose()
             yield "data: [DONE]\n\n"
 
@@ -360,14 +752,26 @@ def create_app(model, model_id: str | None = None, api_key: str | None = None, m
     async def completions(request: Request):
         return await complete(request, chat=False)
 
+    async def embeddings(request: Request):
+        check_auth(request)
+        raise APIError(501, "this server does not compute embeddings (/v1/embeddings): it serves a text-generation "
+                            "model; run an embedding model under llama.cpp's `llama-server --embeddings`, or score "
+                            "text with ggufrun's Python API (Model.logits)", code="not_supported")  # fmt: skip
+
     async def models(request: Request):
         check_auth(request)
-        return JSONResponse(
-            {"object": "list", "data": [{"id": model_id, "object": "model", "created": created, "owned_by": "ggufrun"}]}
-        )
+        return JSON({"object": "list", "data": [model_card]})
+
+    async def one_model(request: Request):
+        check_auth(request)
+        name = request.path_params["name"]
+        if name != model_id:
+            raise APIError(404, f"model {describe(name)} is not served here; this server serves {describe(model_id)}",
+                           param="model", code="model_not_found")  # fmt: skip
+        return JSON(model_card)
 
     async def health(request: Request):
-        return JSONResponse(
+        return JSON(
             {
                 "status": "ok",
                 "model": model_id,
@@ -375,8 +779,12 @@ def create_app(model, model_id: str | None = None, api_key: str | None = None, m
                 "waiting": runner.waiting,
                 "tokens_generated": runner.tokens_generated,
                 "requests_served": runner.requests_served,
+                "requests_cancelled": runner.requests_cancelled,
             }  # fmt: skip
         )
+
+    async def index(request: Request):
+        return HTMLResponse(page)
 
     async def on_api_error(request, exc: APIError):
         return error_response(exc)
@@ -388,14 +796,31 @@ def create_app(model, model_id: str | None = None, api_key: str | None = None, m
     async def on_error(request, exc: Exception):
         return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
+    @asynccontextmanager
+    async def lifespan(app):
+        log.info("ggufrun: serving %r as model %r (requests may name any model); chat page at /", str(model.path),
+                 model_id)  # fmt: skip
+        yield
+
+    middleware = []
+    if cors_origins is not None:
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.append(Middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
+                                     allow_headers=["Authorization", "Content-Type"], max_age=600))  # fmt: skip
     app = Starlette(
         routes=[
+            Route("/", index, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{name:path}", one_model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
         ],
+        middleware=middleware,
         exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_error},
+        lifespan=lifespan,
     )
     app.state.runner = runner
     app.state.model_id = model_id

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .detokenizer import StreamingDetokenizer
 from .errors import ContextOverflowError
 from .sampling import Sampler, SamplingParams
+from .tokenizer import StreamingDetokenizer
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"

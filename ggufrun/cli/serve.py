@@ -1,0 +1,50 @@
+"""`ggufrun serve [MODEL]`: an OpenAI-compatible HTTP server (ggufrun.server.create_app) under uvicorn.
+
+Needs the server extra (Starlette + uvicorn): `pip install -e ".[server]"` in a ggufrun checkout. `--cors ORIGIN`
+(repeatable, off by default) lets browser pages from ORIGIN call the API (create_app's cors_origins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .generation import add_load_args, load_model, note
+
+INSTALL_HINT = 'ggufrun serve needs Starlette and uvicorn: pip install -e ".[server]" in a ggufrun checkout'
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (needs the server extra)")
+    p.add_argument("model", nargs="?", default=None, help="model path or known name (default: smollm2-135m-instruct)")
+    add_load_args(p, model_flag=False)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--max-queue", type=int, default=64, help="waiting requests before answering 503 (default 64)")
+    p.add_argument("--model-id", default=None, help="the model name clients send (default: the file name)")
+    p.add_argument(
+        "--cors",
+        action="append",
+        default=None,
+        metavar="ORIGIN",
+        help="allow browser requests from ORIGIN, e.g. http://localhost:3000 (repeatable; default: none)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError:
+        print(f"ggufrun serve: error: {INSTALL_HINT}", file=sys.stderr)
+        return 1
+    from .. import server
+
+    model = load_model(args)
+    if model.chat_template is None:
+        note(f"{model.path.name} has no chat template (a base model?); --chat-template chatml|gemma|FILE applies one")
+    extra = {"cors_origins": list(args.cors)} if args.cors else {}
+    app = server.create_app(model, model_id=args.model_id, api_key=args.api_key, max_queue=args.max_queue, **extra)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0

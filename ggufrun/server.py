@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server and chat page: `ggufrun serve MODEL` (extra: `pip install ggufrun[server]`).
+"""OpenAI-compatible HTTP server and chat page: `ggufrun serve MODEL` (needs `pip install -e ".[server]"`).
 
 Starlette + uvicorn (the common ASGI stack): SSE streaming, disconnect detection and a small, well-tested HTTP
 layer we do not have to write ourselves. The core library never imports this module.

@@ -10,26 +10,15 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
+from ggufrun.tokenizer.bpe import BYTE_TO_CHAR
+
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BYTE_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "a n"]
 
 
-def _byte_chars() -> list[str]:
-    """GPT-2's printable stand-ins for the 256 byte values (bytes_to_unicode), in byte order."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
 def _add_byte_tokenizer(w: gguf.GGUFWriter) -> int:
     """A gpt2-style vocabulary: 256 byte tokens, the merges' results, then ChatML control tokens. Returns its size."""
-    tokens = _byte_chars()
+    tokens = list(BYTE_TO_CHAR)  # GPT-2's printable stand-ins for the 256 byte values
     types = [gguf.TokenType.NORMAL] * len(tokens)
     for m in BYTE_MERGES:
         tokens.append(m.replace(" ", ""))

@@ -75,6 +75,19 @@ def tiny(tiny_path):
     m.close()
 
 
+def _count_forward_calls(model, monkeypatch) -> dict:
+    """Count the model's forward passes in calls["n"]."""
+    calls = {"n": 0}
+    forward = model.transformer.forward
+
+    def counting(ids, *a, **k):
+        calls["n"] += 1
+        return forward(ids, *a, **k)
+
+    monkeypatch.setattr(model.transformer, "forward", counting)
+    return calls
+
+
 def _greedy(model, ids, n):
     return [c.token for c in model.generate(ids, max_tokens=n, temperature=0)]
 
@@ -150,14 +163,7 @@ def test_stop_must_be_text(tiny):
 
 
 def test_decode_never_runs_ahead_of_the_reader(tiny, monkeypatch):
-    calls = {"n": 0}
-    forward = tiny.transformer.forward
-
-    def counting(ids, *a, **k):
-        calls["n"] += 1
-        return forward(ids, *a, **k)
-
-    monkeypatch.setattr(tiny.transformer, "forward", counting)
+    calls = _count_forward_calls(tiny, monkeypatch)
     tiny.reset()
     gen = tiny.generate([3, 1, 4, 1, 5], max_tokens=20, temperature=0)
     for i, _ in enumerate(gen, 1):
@@ -320,14 +326,7 @@ def test_full_context_ends_with_length(smollm2_path):
 
 @pytest.mark.real
 def test_cancel_stops_all_work(model, monkeypatch):
-    calls = {"n": 0}
-    forward = model.transformer.forward
-
-    def counting(ids, *a, **k):
-        calls["n"] += 1
-        return forward(ids, *a, **k)
-
-    monkeypatch.setattr(model.transformer, "forward", counting)
+    calls = _count_forward_calls(model, monkeypatch)
     gen = model.generate("Count to one hundred:", max_tokens=50, temperature=0)
     for i, _ in enumerate(gen):
         if i == 2:

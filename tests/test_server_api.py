@@ -392,10 +392,17 @@ def test_dropped_stream_frees_the_model(tiny, no_eog):
         assert waited < 1.0 and h["tokens_generated"] < 10, (h, waited)
 
 
-def test_error_mid_stream_ends_with_error_event_and_done(tiny):
+def _failing(tiny):
+    """The tiny model failing after two chunks; it never stops earlier (end-of-generation tokens banned)."""
     from ggufrun.server import create_app
 
-    app = create_app(ModelWrapper(tiny, fail_after=2, error=RuntimeError("sampler broke")), model_id="tiny")
+    bias = {t: float("-inf") for t in tiny.tokenizer.eog_ids}
+    broken = ModelWrapper(tiny, fail_after=2, error=RuntimeError("sampler broke"), sampling={"logit_bias": bias})
+    return create_app(broken, model_id="tiny")
+
+
+def test_error_mid_stream_ends_with_error_event_and_done(tiny):
+    app = _failing(tiny)
     with LiveServer(app) as s:
         r = httpx.post(s.url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 20, "stream": True})
         events = sse_events(r.text)
@@ -407,10 +414,7 @@ def test_error_mid_stream_ends_with_error_event_and_done(tiny):
 
 
 def test_error_in_non_streaming_generation_is_500_json(tiny):
-    from ggufrun.server import create_app
-
-    app = create_app(ModelWrapper(tiny, fail_after=2, error=RuntimeError("sampler broke")), model_id="tiny")
-    with LiveServer(app) as s:
+    with LiveServer(_failing(tiny)) as s:
         r = httpx.post(s.url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 20})
         err = assert_error(r, 500, None)
         assert err["type"] == "server_error" and "sampler broke" in err["message"]

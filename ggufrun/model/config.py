@@ -112,7 +112,8 @@ class ModelConfig:
         n_layer = md.integer("block_count", hi=MAX_LAYERS)
         n_blocks = _blocks_in(gguf.tensors)
         if n_layer != n_blocks:
-            raise md.error("block_count", n_layer, f"but the file has tensors for {n_blocks} blocks (blk.0 .. blk.N-1)")
+            found = f"tensors for {n_blocks} blocks (blk.0 .. blk.{n_blocks - 1})" if n_blocks else "no blk.N tensors"
+            raise md.error("block_count", n_layer, f"but the file has {found}")
         out = gguf.tensors.get("output.weight") or gguf.tensors.get("token_embd.weight")
         embd = gguf.tensors.get("token_embd.weight")
         if out is None or embd is None:
@@ -143,9 +144,11 @@ class ModelConfig:
         # YaRN: llama.cpp reads no yarn_* keys for these architectures; ext_factor is 1 exactly when the type is yarn
         ext_factor = 1.0 if scaling == "yarn" else 0.0
         attn_factor = md.number("rope.scaling.attn_factor", 1.0, lo=0.0, lo_open=True, hi=MAX_ATTN_FACTOR)
+        if scaling != "none" and 0.0 < factor < 1.0:
+            # below 1 positions would be stretched apart, which no model is trained for; tiny factors overflow the
+            # float32 angles to inf (NaN logits), and YaRN would divide by 1 + 0.1 ln(factor) <= 0
+            raise md.error(factor_key, factor, f"must be 0 (unset) or >= 1 with {scaling} rope scaling")
         if ext_factor != 0.0:
-            if factor != 0.0 and factor < 1.0:
-                raise md.error(factor_key, factor, "must be 0 (unset) or >= 1 with YaRN scaling: YaRN extends")
             # src/llama-context.cpp: get_mscale(factor) / (1 + 0.1 ln factor), because ggml's rope multiplies cos/sin
             # by 1 + 0.1 ln(1 / freq_scale) itself whenever ext_factor != 0 (see rope.py)
             ln_factor = math.log(1.0 / freq_scale)
@@ -270,7 +273,8 @@ class _Metadata:
             raise self.error(key, value, f"must be an integer, got {what}")
         value = int(value)
         if not lo <= value <= hi:
-            raise self.error(key, value, f"is out of range: expected {lo} .. {hi}")
+            derived = "" if present else " (the key is absent; this is the default derived from other keys)"
+            raise self.error(key, value, f"is out of range: expected {lo} .. {hi}{derived}")
         return value
 
     def number(

@@ -19,6 +19,8 @@ from typing import Any
 import gguf
 import numpy as np
 
+from ggufrun.reader import ARRAY, GGUFFile
+
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BYTE_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "a n"]
 
@@ -249,8 +251,6 @@ def rewrite_gguf(src, dst, changes) -> Path:
     Every other key keeps its value and GGUF type, every tensor its bytes and GGML type (nested arrays are not
     copied: gguf-py cannot write them).
     """
-    from ggufrun.reader import ARRAY, GGUFFile
-
     metadata = {}
     with GGUFFile(src) as f:
         arch = f.metadata["general.architecture"]

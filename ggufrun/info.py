@@ -58,30 +58,48 @@ def _arch_value(meta: dict, arch: str, key: str):
     return meta.get(f"{arch}.{key}")
 
 
+def _positive_int(value) -> int | None:
+    """`value` if it is a positive integer (not a bool), else None: a malformed key shows as "n/a", not a crash."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value > 0:
+        return int(value)
+    return None
+
+
+def _per_layer(value, n_layer: int) -> list[int] | None:
+    """A key llama.cpp reads with get_key_or_arr: one positive integer, or an array of one per layer (0 where a
+    layer has none, as recurrent layers of hybrid models do); else None."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "iu" or value.size != n_layer or np.any(value < 0) or not np.any(value > 0):
+            return None
+        return [int(v) for v in value.tolist()]
+    n = _positive_int(value)
+    return None if n is None else [n]
+
+
 def _kv_cache_bytes(meta: dict, arch: str, n_ctx: int) -> int | None:
     """2 (K and V) x n_layer x n_ctx x n_head_kv x head_dim x 2 bytes (F16), with K and V head sizes apart.
 
     head_dim is `{arch}.attention.key_length` / `value_length`, else embedding_length / head_count
-    (llama.cpp src/llama-model.cpp reads the same keys with the same fallback). n_head_kv may be a per-layer
-    array. Every layer is counted at full n_ctx: an upper bound for sliding-window layers.
+    (llama.cpp src/llama-model.cpp reads the same keys with the same fallback). head_count and head_count_kv may
+    be per-layer arrays. Every layer is counted at full n_ctx: an upper bound for sliding-window layers. None when
+    a key is missing or malformed (not a positive integer, or an array of the wrong length).
     """
-    n_layer = _arch_value(meta, arch, "block_count")
-    n_head = _arch_value(meta, arch, "attention.head_count")
-    n_embd = _arch_value(meta, arch, "embedding_length")
-    n_head_kv = _arch_value(meta, arch, "attention.head_count_kv")
-    if n_head_kv is None:
-        n_head_kv = n_head
-    if not n_layer or n_head_kv is None:
+    n_layer = _positive_int(_arch_value(meta, arch, "block_count"))
+    if n_layer is None:
         return None
-    per_layer = np.broadcast_to(np.asarray(n_head_kv, dtype=np.int64), (n_layer,))
-    if isinstance(n_head, np.ndarray):
-        n_head = int(n_head.max())
-    head_dim = n_embd // n_head if n_embd and n_head else None
-    k_dim = _arch_value(meta, arch, "attention.key_length") or head_dim
-    v_dim = _arch_value(meta, arch, "attention.value_length") or head_dim
+    n_head = _per_layer(_arch_value(meta, arch, "attention.head_count"), n_layer)
+    n_head_kv = _arch_value(meta, arch, "attention.head_count_kv")
+    n_head_kv = n_head if n_head_kv is None else _per_layer(n_head_kv, n_layer)
+    if n_head_kv is None:
+        return None
+    kv_heads = sum(n_head_kv) * (n_layer if len(n_head_kv) == 1 else 1)
+    n_embd = _positive_int(_arch_value(meta, arch, "embedding_length"))
+    head_dim = n_embd // max(n_head) if n_embd and n_head else None
+    k_dim = _positive_int(_arch_value(meta, arch, "attention.key_length")) or head_dim
+    v_dim = _positive_int(_arch_value(meta, arch, "attention.value_length")) or head_dim
     if not k_dim or not v_dim:
         return None
-    return int(per_layer.sum()) * n_ctx * (int(k_dim) + int(v_dim)) * KV_BYTES
+    return kv_heads * n_ctx * (k_dim + v_dim) * KV_BYTES
 
 
 def summarize(gguf_file: GGUFFile, n_ctx: int | None = None) -> dict:
@@ -109,7 +127,7 @@ def summarize(gguf_file: GGUFFile, n_ctx: int | None = None) -> dict:
 
     tok_model = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
-    vocab_size = len(tokens) if tokens is not None else _arch_value(meta, arch, "vocab_size")
+    vocab_size = len(tokens) if isinstance(tokens, list) else _positive_int(_arch_value(meta, arch, "vocab_size"))
     if vocab_size is None and "token_embd.weight" in gguf_file.tensors:
         vocab_size = gguf_file.tensors["token_embd.weight"].shape[0]
     merges = meta.get("tokenizer.ggml.merges")
@@ -118,14 +136,14 @@ def summarize(gguf_file: GGUFFile, n_ctx: int | None = None) -> dict:
         "kind": TOKENIZER_KINDS.get(tok_model, "unknown") if tok_model else None,
         "pre": meta.get("tokenizer.ggml.pre"),
         "vocab_size": vocab_size,
-        "n_merges": len(merges) if merges is not None else None,
+        "n_merges": len(merges) if isinstance(merges, list) else None,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
 
     context_length = _arch_value(meta, arch, "context_length")
     if n_ctx is None:
-        n_ctx = int(context_length) if context_length else None
+        n_ctx = _positive_int(context_length)
     kv_bytes = _kv_cache_bytes(meta, arch, n_ctx) if n_ctx else None
     memory = {
         "n_ctx": n_ctx,

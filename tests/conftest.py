@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
-SMALL_MODELS = sorted(p.stem for p in GOLDEN.glob("small-*.gguf"))
 
 
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     return GOLDEN
-
-
-@pytest.fixture(scope="session")
-def small_manifest() -> dict:
-    return json.loads((GOLDEN / "manifest-small.json").read_text())
 
 
 def _pull(name: str) -> Path:

@@ -3,13 +3,23 @@
 write_model(path, arch, ...) writes a llama/qwen2/qwen3/gemma3 model in F32 (or with overridden tensor types), with no
 tokenizer (token ids only) or a byte-level BPE tokenizer and a ChatML template, so that the generation loop, the chat
 API and the server can be tested without downloading a real model.
+
+write_gguf(path, metadata, tensors, ...) writes any GGUF file gguf-py can write (typed metadata via Typed, split
+shards, big-endian, a tensor table without data); rewrite_gguf(src, dst, changes) copies a file with some metadata
+keys replaced or dropped. Files gguf-py refuses to write (malformed headers) are built byte by byte in
+test_reader_hostile.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import gguf
 import numpy as np
 
+from ggufrun.reader import ARRAY, GGUFFile
 from ggufrun.tokenizer.bpe import BYTE_TO_CHAR
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -148,3 +158,105 @@ def write_model(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# -- one GGUF writer for the reader, split, inspect and config tests ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Typed:
+    """A metadata value with its GGUF type spelled out (gguf-py would pick INT32 for an int, FLOAT32 for a float).
+
+    sub_type: the element type of an ARRAY (None: gguf-py infers it from the first element).
+    """
+
+    value: Any
+    vtype: gguf.GGUFValueType
+    sub_type: gguf.GGUFValueType | None = None
+
+
+def write_gguf(
+    path,
+    metadata=None,
+    tensors=None,
+    *,
+    arch="llama",
+    split_max_tensors=0,
+    endianess=gguf.GGUFEndian.LITTLE,
+    data=True,
+) -> list[Path]:
+    """Write a GGUF file with gguf-py's GGUFWriter; return the files written ([path], or the shards in order).
+
+    metadata: {key: value or Typed}; a list is an array, other values get gguf-py's default type.
+    tensors: {name: array or (array, raw GGML type)}; with data=False, {name: (shape, dtype)} and only the tensor
+    table is written (the caller places, or leaves out, the data).
+    `general.architecture` is `arch`. split_max_tensors > 0 writes shards NAME-0000k-of-0000N.gguf. Without
+    tensors the file ends right after the metadata (a test may append more by hand).
+    """
+    path = Path(path)
+    w = gguf.GGUFWriter(path, arch=arch, split_max_tensors=split_max_tensors, endianess=endianess)
+    for key, value in (metadata or {}).items():
+        if isinstance(value, Typed):
+            w.add_key_value(key, value.value, value.vtype, value.sub_type)
+        elif isinstance(value, list):
+            w.add_array(key, value)
+        else:
+            w.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
+    for name, value in (tensors or {}).items():
+        if not data:
+            shape, dtype = value
+            dtype = np.dtype(dtype)
+            w.add_tensor_info(name, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
+        elif isinstance(value, tuple):
+            w.add_tensor(name, value[0], raw_dtype=value[1])
+        else:
+            w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    if tensors and data:
+        w.write_tensors_to_file()
+    elif tensors:
+        w.write_ti_data_to_file()
+    w.close()
+    if not split_max_tensors:
+        return [path]
+    return sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))
+
+
+_ARRAY_TYPES = {
+    np.dtype(np.uint8): gguf.GGUFValueType.UINT8, np.dtype(np.int8): gguf.GGUFValueType.INT8,
+    np.dtype(np.uint16): gguf.GGUFValueType.UINT16, np.dtype(np.int16): gguf.GGUFValueType.INT16,
+    np.dtype(np.uint32): gguf.GGUFValueType.UINT32, np.dtype(np.int32): gguf.GGUFValueType.INT32,
+    np.dtype(np.uint64): gguf.GGUFValueType.UINT64, np.dtype(np.int64): gguf.GGUFValueType.INT64,
+    np.dtype(np.float32): gguf.GGUFValueType.FLOAT32, np.dtype(np.float64): gguf.GGUFValueType.FLOAT64,
+    np.dtype(np.bool_): gguf.GGUFValueType.BOOL,
+}  # fmt: skip
+
+
+def rewrite_gguf(src, dst, changes) -> Path:
+    """Copy GGUF file `src` to `dst` with metadata `changes` ({key: value or Typed, or None to drop the key}).
+
+    Every other key keeps its value and GGUF type, every tensor its bytes and GGML type (nested arrays are not
+    copied: gguf-py cannot write them).
+    """
+    metadata = {}
+    with GGUFFile(src) as f:
+        arch = f.metadata["general.architecture"]
+        for key, value in f.metadata.items():
+            if key == "general.architecture":
+                continue
+            vtype = gguf.GGUFValueType(f.value_types[key])
+            if vtype != ARRAY:
+                metadata[key] = Typed(value, vtype)
+            elif isinstance(value, np.ndarray):
+                metadata[key] = Typed(value.tolist(), vtype, _ARRAY_TYPES[value.dtype])
+            elif value and all(isinstance(v, str) for v in value):
+                metadata[key] = Typed(value, vtype, gguf.GGUFValueType.STRING)
+        tensors = {name: (np.array(t.data), t.type) for name, t in f.tensors.items()}
+    for key, value in changes.items():
+        if value is None:
+            metadata.pop(key, None)
+        else:
+            metadata[key] = value
+    write_gguf(dst, metadata, tensors, arch=arch)
+    return Path(dst)

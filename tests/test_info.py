@@ -8,8 +8,9 @@ from pathlib import Path
 
 import gguf
 import pytest
+from synthetic import write_gguf
 from test_reader import gguf_py_facts  # cached: gguf-py takes ~9 s to read Gemma 3
-from test_split import NAMES, make_tensors, write_model
+from test_split import METADATA, NAMES, make_tensors
 
 from ggufrun.cli import main
 from ggufrun.info import summarize
@@ -94,7 +95,7 @@ def test_gemma3(gemma3_path):
 
 
 def test_split_model(tmp_path):
-    shards = write_model(tmp_path / "m.gguf", make_tensors(NAMES), split_max_tensors=3)
+    shards = write_gguf(tmp_path / "m.gguf", METADATA, make_tensors(NAMES), split_max_tensors=3)
     s = check_summary(shards[0], shards, n_ctx=64)
     assert s["n_tensors"] == len(NAMES)
     assert len({t["file"] for t in s["tensors"]}) == 3
@@ -126,7 +127,7 @@ def test_cli_text(capsys):
 
 
 def test_cli_json_split(capsys, tmp_path):
-    shards = write_model(tmp_path / "m.gguf", make_tensors(NAMES), split_max_tensors=3)
+    shards = write_gguf(tmp_path / "m.gguf", METADATA, make_tensors(NAMES), split_max_tensors=3)
     assert main(["inspect", str(shards[0]), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     with GGUFFile(shards[0]) as f:

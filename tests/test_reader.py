@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synthetic import Typed, write_gguf
 
 from ggufrun.reader import GGUFFile
 
@@ -136,12 +137,7 @@ def test_opening_reads_no_tensor_bytes(tmp_path):
     """A 256 MiB tensor in a sparse file: opening must neither copy it nor fault its pages in."""
     path = tmp_path / "sparse.gguf"
     n_rows, n_cols = 4096, 16384  # F32: 256 MiB
-    w = gguf.GGUFWriter(path, arch="llama")
-    w.add_tensor_info("big.weight", (n_rows, n_cols), np.dtype(np.float32), n_rows * n_cols * 4)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
+    write_gguf(path, tensors={"big.weight": ((n_rows, n_cols), np.float32)}, data=False)
     header = path.stat().st_size
     data_start = (header + 31) // 32 * 32
     with open(path, "r+b") as fh:
@@ -174,14 +170,10 @@ def test_opening_reads_no_tensor_bytes(tmp_path):
 
 
 def _write_strings(path: Path, strings: list[str]) -> None:
-    w = gguf.GGUFWriter(path, arch="llama")
-    w.add_array("test.strings", strings)  # gguf-py cannot write an empty array: see test_reader_hostile.py
-    w.add_uint32("test.after", 7)  # the parse must end exactly where the array does
-    w.add_tensor("t", np.arange(8, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    # (gguf-py cannot write an empty array: see test_reader_hostile.py); the parse must end exactly where the
+    # array does, at test.after
+    metadata = {"test.strings": strings, "test.after": Typed(7, gguf.GGUFValueType.UINT32)}
+    write_gguf(path, metadata, {"t": np.arange(8, dtype=np.float32)})
 
 
 def _check_strings(path: Path, strings: list[str]) -> None:
@@ -224,20 +216,18 @@ def test_all_value_types_and_nested_arrays(tmp_path):
     """Every metadata value type, scalar and array, and a nested array, read back as gguf-py reads them."""
     path = tmp_path / "types.gguf"
     T = gguf.GGUFValueType
-    w = gguf.GGUFWriter(path, arch="llama")
     values = {
         T.UINT8: 200, T.INT8: -100, T.UINT16: 60000, T.INT16: -30000, T.UINT32: 4_000_000_000,
         T.INT32: -2_000_000_000, T.FLOAT32: 1.5, T.BOOL: True, T.STRING: "héllo",
         T.UINT64: 2**63 + 5, T.INT64: -(2**62), T.FLOAT64: 1e-300,
     }  # fmt: skip
+    metadata = {}
     for vt, v in values.items():
-        w.add_key_value(f"s.{vt.name}", v, vt)
+        metadata[f"s.{vt.name}"] = Typed(v, vt)
         if vt != T.STRING:
-            w.add_key_value(f"a.{vt.name}", [v, v], T.ARRAY, sub_type=vt)
-    w.add_key_value("a.STRING", ["x", "yy"], T.ARRAY, sub_type=T.STRING)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.close()
+            metadata[f"a.{vt.name}"] = Typed([v, v], T.ARRAY, vt)
+    metadata["a.STRING"] = Typed(["x", "yy"], T.ARRAY, T.STRING)
+    write_gguf(path, metadata)
     # gguf-py's writer cannot write a nested array; append one by hand: [[1, 2], [3]] of INT32
     nested = b"".join(
         [struct.pack("<Q", 8), b"a.nested", struct.pack("<IIQ", 9, 9, 2)]

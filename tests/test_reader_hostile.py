@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synthetic import write_gguf
 
 from ggufrun.errors import GGUFError
 from ggufrun.reader import GGUFFile
@@ -258,12 +259,7 @@ def test_byte_offsets_point_at_the_field(tmp_path):
 
 def test_big_endian_gguf_is_refused(tmp_path):
     path = tmp_path / "be.gguf"
-    w = gguf.GGUFWriter(path, arch="llama", endianess=gguf.GGUFEndian.BIG)
-    w.add_tensor("t", np.arange(8, dtype=np.float32))  # the writer byte-swaps it
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(path, tensors={"t": np.arange(8, dtype=np.float32)}, endianess=gguf.GGUFEndian.BIG)  # byte-swapped
     msg = refused(tmp_path, path.read_bytes())
     assert "big-endian" in msg and "byte offset 4" in msg
 

@@ -1,14 +1,14 @@
-"""Split models (NAME-0000k-of-0000N.gguf), written here with gguf-py's GGUFWriter(split_max_tensors=...)."""
+"""Split models (NAME-0000k-of-0000N.gguf), written with gguf-py's GGUFWriter(split_max_tensors=...) (synthetic.py)."""
 
 from __future__ import annotations
 
 import shutil
 import struct
-from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+from synthetic import Typed, write_gguf
 
 from ggufrun.errors import GGUFError
 from ggufrun.reader import GGUFFile
@@ -23,21 +23,12 @@ def make_tensors(names: list[str], seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def write_model(path: Path, tensors: dict[str, np.ndarray], split_max_tensors: int = 0) -> list[Path]:
-    """Write tensors with some metadata; return the files written (the shards, in order, if split)."""
-    w = gguf.GGUFWriter(path, arch="llama", split_max_tensors=split_max_tensors)
-    w.add_block_count(2)
-    w.add_context_length(128)
-    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(300)])
-    for name, a in tensors.items():
-        w.add_tensor(name, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    if not split_max_tensors:
-        return [path]
-    return sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))
+# a little of everything a header holds: scalars and a string array, copied into every shard
+METADATA = {
+    "llama.block_count": Typed(2, gguf.GGUFValueType.UINT32),
+    "llama.context_length": Typed(128, gguf.GGUFValueType.UINT32),
+    "tokenizer.ggml.tokens": [f"t{i}" for i in range(300)],
+}
 
 
 NAMES = [f"blk.{i}.w" for i in range(7)]
@@ -46,7 +37,7 @@ NAMES = [f"blk.{i}.w" for i in range(7)]
 @pytest.fixture
 def split_model(tmp_path):
     tensors = make_tensors(NAMES)
-    shards = write_model(tmp_path / "m.gguf", tensors, split_max_tensors=3)
+    shards = write_gguf(tmp_path / "m.gguf", METADATA, tensors, split_max_tensors=3)
     return tensors, shards
 
 
@@ -54,7 +45,7 @@ def test_split_model_opens_all_shards(split_model, tmp_path):
     tensors, shards = split_model
     assert [p.name for p in shards] == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     (tmp_path / "single").mkdir()
-    single = write_model(tmp_path / "single" / "m.gguf", tensors)
+    single = write_gguf(tmp_path / "single" / "m.gguf", METADATA, tensors)
     with GGUFFile(shards[0]) as f, GGUFFile(single[0]) as g:
         assert f.paths == shards
         assert f.metadata["split.count"] == 3 and f.metadata["split.no"] == 0
@@ -102,7 +93,7 @@ def test_shard_from_another_model(split_model, tmp_path):
     _, shards = split_model
     other = tmp_path / "other"
     other.mkdir()
-    other_shards = write_model(other / "m.gguf", make_tensors(NAMES + ["extra"], seed=1), split_max_tensors=3)
+    other_shards = write_gguf(other / "m.gguf", METADATA, make_tensors(NAMES + ["extra"], seed=1), split_max_tensors=3)
     shutil.copy(other_shards[2], shards[2])  # 8 tensors in that model, 7 in ours
     with pytest.raises(GGUFError, match=r"m-00003-of-00003\.gguf: does not belong.*split\.tensors\.count=7"):
         GGUFFile(shards[0])
@@ -117,7 +108,7 @@ def test_tensor_in_two_shards(split_model, tmp_path):
     other.mkdir()
     # same number of tensors and shards, but its second shard holds blk.0.w and blk.1.w again
     names = ["x0", "x1", "x2", "blk.0.w", "blk.1.w", "y0", "y1"]
-    other_shards = write_model(other / "m.gguf", make_tensors(names), split_max_tensors=3)
+    other_shards = write_gguf(other / "m.gguf", METADATA, make_tensors(names), split_max_tensors=3)
     shutil.copy(other_shards[1], shards[1])
     with pytest.raises(GGUFError, match="tensor 'blk.0.w' is also in m-00001-of-00003.gguf"):
         GGUFFile(shards[0])
@@ -141,14 +132,12 @@ def test_split_tensors_count_disagrees_with_the_shards(split_model):
 def test_single_shard_split_metadata(tmp_path):
     """split.count = 1 is a plain file, whatever its name."""
     path = tmp_path / "one.gguf"
-    w = gguf.GGUFWriter(path, arch="llama")
-    w.add_uint16("split.no", 0)
-    w.add_uint16("split.count", 1)
-    w.add_int32("split.tensors.count", 1)
-    w.add_tensor("t", np.ones(4, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    T = gguf.GGUFValueType
+    split = {
+        "split.no": Typed(0, T.UINT16),
+        "split.count": Typed(1, T.UINT16),
+        "split.tensors.count": Typed(1, T.INT32),
+    }
+    write_gguf(path, split, {"t": np.ones(4, np.float32)})
     with GGUFFile(path) as f:
         assert list(f.tensors) == ["t"] and f.paths == [path]

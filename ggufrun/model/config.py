@@ -3,11 +3,21 @@
 Metadata keys are used as GGUF names them (`{arch}.block_count`, `{arch}.attention.head_count_kv`, ...);
 defaults and derived values follow llama.cpp (src/llama-model.cpp `load_hparams`, src/llama-context.cpp for
 rope scaling, src/models/<arch>.cpp for the per-architecture facts).
+
+Every key is checked before anything is built from it: its type (an integer key must hold an integer type, never a
+bool, a float or a string; a float key a finite number), its range (counts at least 1 and at most what llama.cpp's
+uint32_t fields hold, at most LLAMA_MAX_LAYERS = 512 blocks as in src/llama-hparams.h), and, for
+`block_count` and `embedding_length`, the tensors in the file, so that a forged count fails here in
+microseconds instead of sizing an allocation. Keys that llama.cpp reads per layer (`get_key_or_arr`:
+feed_forward_length, attention.head_count, attention.head_count_kv) may be arrays of one entry per block; ggufrun
+needs the entries equal. Any violation is a GGUFError naming the key and its value; weights.py then checks every
+tensor's shape against the config.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,78 +98,66 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, gguf) -> ModelConfig:
-        """Read the config of GGUFFile `gguf`; GGUFError names a missing or malformed key."""
-        md = gguf.metadata
-        arch = md.get("general.architecture")
-        if arch not in ARCHS:
+        """Read the config of GGUFFile `gguf`; GGUFError names a missing or malformed key and its value."""
+        arch = gguf.metadata.get("general.architecture")
+        if not isinstance(arch, str) or arch not in ARCHS:
             raise GGUFError(
-                f"{gguf.path}: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"{gguf.path}: architecture {_show(arch)} is not supported; supported: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         spec = ARCHS[arch]
+        md = _Metadata(gguf, arch)
 
-        def get(key, default=None, kind=int):
-            full = f"{arch}.{key}"
-            value = md.get(full, default)
-            if value is None:
-                raise GGUFError(f"{gguf.path}: metadata key {full!r} is missing")
-            if isinstance(value, np.ndarray):  # per-layer arrays (llama.cpp get_key_or_arr): need one value
-                if value.size == 0 or np.any(value != value.flat[0]):
-                    raise GGUFError(f"{gguf.path}: metadata key {full!r} varies per layer ({value}); not supported")
-                value = value.flat[0].item()
-            try:
-                return kind(value)
-            except (TypeError, ValueError):
-                raise GGUFError(f"{gguf.path}: metadata key {full!r} = {value!r} is not a {kind.__name__}") from None
-
-        n_layer = get("block_count")
-        n_embd = get("embedding_length")
-        n_head = get("attention.head_count")
-        n_head_kv = get("attention.head_count_kv", n_head)
-        if n_layer < 1 or n_embd < 1 or n_head < 1 or n_head_kv < 1 or n_head % n_head_kv:
-            raise GGUFError(
-                f"{gguf.path}: bad shape: block_count {n_layer}, embedding_length {n_embd}, head_count {n_head}, "
-                f"head_count_kv {n_head_kv} (head_count must be a multiple of head_count_kv)"
-            )
-        head_dim_k = get("attention.key_length", n_embd // n_head)
-        head_dim_v = get("attention.value_length", n_embd // n_head)
-        n_rot = get("rope.dimension_count", head_dim_k)
-        if n_rot % 2 or n_rot > head_dim_k:
-            raise GGUFError(f"{gguf.path}: rope.dimension_count {n_rot} must be even and <= key_length {head_dim_k}")
-
+        # counts first, each against the tensors present, before anything is sized by them
+        n_layer = md.integer("block_count", hi=MAX_LAYERS)
+        n_blocks = _blocks_in(gguf.tensors)
+        if n_layer != n_blocks:
+            found = f"tensors for {n_blocks} blocks (blk.0 .. blk.{n_blocks - 1})" if n_blocks else "no blk.N tensors"
+            raise md.error("block_count", n_layer, f"but the file has {found}")
         out = gguf.tensors.get("output.weight") or gguf.tensors.get("token_embd.weight")
-        if out is None:
+        embd = gguf.tensors.get("token_embd.weight")
+        if out is None or embd is None:
             raise GGUFError(f"{gguf.path}: tensor 'token_embd.weight' is missing")
-        n_ctx_train = get("context_length", 2048)
+        n_embd = md.integer("embedding_length")
+        if embd.shape[-1] != n_embd:
+            raise md.error("embedding_length", n_embd, f"but token_embd.weight has shape {tuple(embd.shape)}")
+
+        n_head = md.integer("attention.head_count", per_layer=n_layer)
+        n_head_kv = md.integer("attention.head_count_kv", n_head, hi=n_head, per_layer=n_layer)
+        if n_head % n_head_kv:
+            raise md.error(
+                "attention.head_count_kv", n_head_kv, f"must divide attention.head_count ({n_head}): queries share K/V"
+            )
+        # llama.cpp: n_embd_head_k = n_embd / n_head unless key_length says otherwise
+        head_dim_k = md.integer("attention.key_length", n_embd // n_head)
+        head_dim_v = md.integer("attention.value_length", n_embd // n_head)
+        n_rot = md.integer("rope.dimension_count", head_dim_k, lo=2, hi=head_dim_k)
+        if n_rot % 2:
+            raise md.error("rope.dimension_count", n_rot, "must be even: rope rotates pairs of dimensions")
+        n_ctx_train = md.integer("context_length", 2048)
 
         # rope scaling (src/llama-model.cpp load_hparams, src/llama-context.cpp)
-        scaling = get("rope.scaling.type", "linear", kind=str)
-        if scaling not in ("none", "linear", "yarn"):
-            raise GGUFError(f"{gguf.path}: rope.scaling.type {scaling!r} not supported (none, linear, yarn)")
-        factor = get("rope.scaling.factor", md.get(f"{arch}.rope.scale_linear", 0.0), kind=float)
+        scaling = md.choice("rope.scaling.type", "linear", choices=("none", "linear", "yarn"))
+        factor_key = "rope.scaling.factor" if md.has("rope.scaling.factor") else "rope.scale_linear"
+        factor = md.number(factor_key, 0.0, lo=0.0)  # 0: not set
         freq_scale = 1.0 if factor == 0.0 or scaling == "none" else 1.0 / factor
         # YaRN: llama.cpp reads no yarn_* keys for these architectures; ext_factor is 1 exactly when the type is yarn
         ext_factor = 1.0 if scaling == "yarn" else 0.0
-        attn_factor = get("rope.scaling.attn_factor", 1.0, kind=float)
+        attn_factor = md.number("rope.scaling.attn_factor", 1.0, lo=0.0, lo_open=True, hi=MAX_ATTN_FACTOR)
+        if scaling != "none" and 0.0 < factor < 1.0:
+            # below 1 positions would be stretched apart, which no model is trained for; tiny factors overflow the
+            # float32 angles to inf (NaN logits), and YaRN would divide by 1 + 0.1 ln(factor) <= 0
+            raise md.error(factor_key, factor, f"must be 0 (unset) or >= 1 with {scaling} rope scaling")
         if ext_factor != 0.0:
             # src/llama-context.cpp: get_mscale(factor) / (1 + 0.1 ln factor), because ggml's rope multiplies cos/sin
             # by 1 + 0.1 ln(1 / freq_scale) itself whenever ext_factor != 0 (see rope.py)
             ln_factor = math.log(1.0 / freq_scale)
             attn_factor *= (1.0 + 0.1 * ln_factor if ln_factor > 0 else 1.0) / (1.0 + 0.1 * ln_factor)
 
-        window = get("attention.sliding_window", 0)
-        swa_layers = tuple(False for _ in range(n_layer))
+        window = md.integer("attention.sliding_window", 0, lo=0)
+        swa_layers = (False,) * n_layer
         if spec.swa_pattern is not None and window > 0:
-            pattern = md.get(f"{arch}.attention.sliding_window_pattern", spec.swa_pattern)
-            if isinstance(pattern, np.ndarray):  # one flag per layer
-                if len(pattern) != n_layer:
-                    raise GGUFError(
-                        f"{gguf.path}: {arch}.attention.sliding_window_pattern has {len(pattern)} entries, "
-                        f"expected one per layer ({n_layer})"
-                    )
-                swa_layers = tuple(bool(p) for p in pattern)
-            else:  # llama_hparams::set_swa_pattern: the last layer of every group of `pattern` is global
-                n = int(pattern)
-                swa_layers = tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
+            swa_layers = md.swa_layers(n_layer, spec.swa_pattern)
         else:
             window = 0
 
@@ -174,7 +172,7 @@ class ModelConfig:
             spec=spec,
             n_layer=n_layer,
             n_embd=n_embd,
-            n_ff=get("feed_forward_length"),
+            n_ff=md.integer("feed_forward_length", per_layer=n_layer),
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim_k=head_dim_k,
@@ -182,19 +180,145 @@ class ModelConfig:
             n_rot=n_rot,
             n_vocab=out.shape[0],
             n_ctx_train=n_ctx_train,
-            rms_eps=get("attention.layer_norm_rms_epsilon", kind=float),
+            # eps is added to a mean of squares: 0 divides by zero on a zero row, >= 1 swamps the activations
+            rms_eps=md.number("attention.layer_norm_rms_epsilon", lo=0.0, lo_open=True, hi=1.0, hi_open=True),
             attn_scale=attn_scale,
-            final_logit_softcap=get("final_logit_softcapping", 0.0, kind=float),
-            rope_freq_base=get("rope.freq_base", 10000.0, kind=float),
+            final_logit_softcap=md.number("final_logit_softcapping", 0.0, lo=0.0),  # 0: none
+            # base <= 1 would make the frequencies grow with the dimension (or all equal)
+            rope_freq_base=md.number("rope.freq_base", 10000.0, lo=1.0, lo_open=True),
             rope_freq_scale=freq_scale,
             rope_scaling_type=scaling,
             rope_has_freq_factors="rope_freqs.weight" in gguf.tensors,
-            yarn_orig_ctx=get("rope.scaling.original_context_length", n_ctx_train),
+            yarn_orig_ctx=md.integer("rope.scaling.original_context_length", n_ctx_train),
             yarn_ext_factor=ext_factor,
             yarn_attn_factor=attn_factor,
             yarn_beta_fast=32.0,  # src/llama-hparams.h defaults
             yarn_beta_slow=1.0,
             sliding_window=window,
             swa_layers=swa_layers,
-            rope_freq_base_swa=get("rope.freq_base_swa", 10000.0, kind=float),
+            rope_freq_base_swa=md.number("rope.freq_base_swa", 10000.0, lo=1.0, lo_open=True),
         )
+
+
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS (src/llama-hparams.h): llama.cpp sizes its per-layer arrays by it
+MAX_COUNT = 2**32 - 1  # llama.cpp holds every count, length and window as uint32_t
+MAX_FLOAT = float(np.finfo(np.float32).max)  # llama.cpp reads these keys as float (float32)
+MAX_ATTN_FACTOR = 10.0  # multiplies Q and K alike, so the attention scores by its square; real files hold ~1
+_REQUIRED = object()
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def _blocks_in(tensors) -> int:
+    """1 + the highest N of the `blk.N.*` tensors (0 if none): the block count the tensors imply."""
+    highest = -1
+    for name in tensors:
+        m = _BLOCK.match(name)
+        if m:
+            highest = max(highest, int(m.group(1)))
+    return highest + 1
+
+
+def _show(value) -> str:
+    """A metadata value for an error message, short even for a long array."""
+    if isinstance(value, (np.ndarray, list)):
+        items = value.reshape(-1)[:8].tolist() if isinstance(value, np.ndarray) else value[:8]
+        kind = f"{value.dtype} array" if isinstance(value, np.ndarray) else "array"
+        more = ", ..." if len(value) > 8 else ""
+        return f"[{', '.join(_show(v) for v in items)}{more}] ({len(value)}-entry {kind})"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value) -> bool:
+    return _is_int(value) or isinstance(value, (float, np.floating))
+
+
+class _Metadata:
+    """Typed, range-checked reads of one file's `{arch}.*` keys; every failure is a GGUFError naming key and value."""
+
+    def __init__(self, gguf, arch: str):
+        self.gguf, self.arch, self.md = gguf, arch, gguf.metadata
+
+    def has(self, key: str) -> bool:
+        return f"{self.arch}.{key}" in self.md
+
+    def error(self, key: str, value, why: str) -> GGUFError:
+        return GGUFError(f"{self.gguf.path}: metadata key {self.arch}.{key} = {_show(value)} {why}")
+
+    def _get(self, key: str, default):
+        full = f"{self.arch}.{key}"
+        if full in self.md:
+            return self.md[full], True
+        if default is _REQUIRED:
+            raise GGUFError(f"{self.gguf.path}: metadata key {full!r} is missing")
+        return default, False
+
+    def integer(self, key: str, default=_REQUIRED, *, lo: int = 1, hi: int = MAX_COUNT, per_layer: int | None = None):
+        """An integer in [lo, hi]; with per_layer=n an array of n equal entries is read as its one value."""
+        value, present = self._get(key, default)
+        if present and isinstance(value, np.ndarray) and per_layer is not None:
+            if value.dtype.kind not in "iu":
+                raise self.error(key, value, f"must be integers (one per block), got a {value.dtype} array")
+            if value.size != per_layer:
+                raise self.error(key, value, f"has {value.size} entries, expected one per block ({per_layer})")
+            if np.any(value != value[0]):
+                raise self.error(key, value, "varies per block; ggufrun needs the same value in every block")
+            value = value[0].item()
+        if not _is_int(value):
+            what = "an array" if isinstance(value, (np.ndarray, list)) else type(value).__name__
+            raise self.error(key, value, f"must be an integer, got {what}")
+        value = int(value)
+        if not lo <= value <= hi:
+            derived = "" if present else " (the key is absent; this is the default derived from other keys)"
+            raise self.error(key, value, f"is out of range: expected {lo} .. {hi}{derived}")
+        return value
+
+    def number(
+        self,
+        key: str,
+        default=_REQUIRED,
+        *,
+        lo: float,
+        hi: float = MAX_FLOAT,
+        lo_open: bool = False,
+        hi_open: bool = False,
+    ) -> float:
+        """A finite number in the range lo .. hi (open or closed at each end), as float32 and as given."""
+        value, _ = self._get(key, default)
+        if not _is_number(value):
+            what = "an array" if isinstance(value, (np.ndarray, list)) else type(value).__name__
+            raise self.error(key, value, f"must be a number, got {what}")
+        value = float(value)
+        as_f32 = float(np.float32(value)) if abs(value) <= MAX_FLOAT else math.inf
+        ok = all(
+            math.isfinite(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+            for v in (value, as_f32)
+        )
+        if not ok:
+            interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+            raise self.error(key, value, f"is out of range: expected a finite number in {interval}")
+        return value
+
+    def choice(self, key: str, default, *, choices: tuple[str, ...]) -> str:
+        value, _ = self._get(key, default)
+        if not isinstance(value, str) or value not in choices:
+            raise self.error(key, value, f"is not supported (supported: {', '.join(choices)})")
+        return value
+
+    def swa_layers(self, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
+        """Per layer: uses the sliding window. `attention.sliding_window_pattern` is one flag per layer or n, where
+        the last layer of every group of n is global (llama_hparams::set_swa_pattern; 0: every layer local)."""
+        key = "attention.sliding_window_pattern"
+        value, present = self._get(key, default_pattern)
+        if present and isinstance(value, np.ndarray):
+            if value.dtype.kind not in "biu" or value.size != n_layer:
+                raise self.error(key, value, f"must hold one flag (bool or 0/1) per block ({n_layer})")
+            if value.dtype.kind != "b" and np.any((value != 0) & (value != 1)):
+                raise self.error(key, value, "must hold flags: 0 (global) or 1 (sliding window)")
+            return tuple(bool(p) for p in value)
+        n = self.integer(key, default_pattern, lo=0)
+        return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))

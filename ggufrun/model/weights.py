@@ -53,60 +53,76 @@ class Weights:
 
 
 def load_weights(gguf, cfg: ModelConfig) -> Weights:
-    """Look up, shape-check and type-check every tensor the model uses; GGUFError names the offending tensor.
+    """Look up, shape-check and type-check every tensor the model uses; GGUFError names the offending tensor (and,
+    for a shape, the metadata keys the expected shape comes from).
 
     A tensor the model would not use also fails, so that nothing in a file is silently ignored.
     """
     tensors = gguf.tensors
     used: set[str] = set()
+    c, spec, a = cfg, cfg.spec, f"{cfg.arch}."
+    # each dimension with the metadata it comes from, so that a mismatch names the keys as well as the tensor
+    embd = (c.n_embd, f"{a}embedding_length {c.n_embd}")
+    ff = (c.n_ff, f"{a}feed_forward_length {c.n_ff}")
+    key_length = (c.head_dim_k, f"{a}attention.key_length {c.head_dim_k}")
+    heads = f"{a}attention.head_count {c.n_head}"
+    kv_heads = f"{a}attention.head_count_kv {c.n_head_kv}"
+    q_dim = (c.n_head * c.head_dim_k, f"{heads} x {key_length[1]}")
+    k_dim = (c.n_head_kv * c.head_dim_k, f"{kv_heads} x {key_length[1]}")
+    v_dim = (c.n_head_kv * c.head_dim_v, f"{kv_heads} x {a}attention.value_length {c.head_dim_v}")
+    att_dim = (c.n_head * c.head_dim_v, f"{heads} x {a}attention.value_length {c.head_dim_v}")
+    vocab = (c.n_vocab, "the rows of output.weight (or token_embd.weight)")
+    rot_half = (c.n_rot // 2, f"{a}rope.dimension_count {c.n_rot} / 2")
 
-    def get(name: str, shape: tuple[int, ...], required: bool = True):
+    def get(name: str, dims: tuple[tuple[int, str], ...], required: bool = True):
         t = tensors.get(name)
         if t is None:
             if required:
                 raise GGUFError(f"{gguf.path}: tensor {name!r} is missing (a {cfg.arch} model needs it)")
             return None
+        shape = tuple(n for n, _ in dims)
         if tuple(t.shape) != shape:
-            raise GGUFError(f"{gguf.path}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
+            raise GGUFError(
+                f"{gguf.path}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from "
+                f"{', '.join(source for _, source in dims)}"
+            )
         used.add(name)
         return t
 
-    def matrix(name: str, rows: int, cols: int, required: bool = True) -> Linear | None:
+    def matrix(name: str, rows: tuple[int, str], cols: tuple[int, str], required: bool = True) -> Linear | None:
         t = get(name, (rows, cols), required)
         return Linear.of(t) if t is not None else None
 
-    def vector(name: str, n: int, required: bool = True) -> np.ndarray:
+    def vector(name: str, n: tuple[int, str], required: bool = True) -> np.ndarray:
         t = get(name, (n,), required)
         if t is None:
             return NONE
         if t.type == GGMLQuantizationType.F32:
             return np.ascontiguousarray(t.data)
         quants.check_supported(name, t.type)
-        return np.ascontiguousarray(quants.dequantize(t.data, t.type), dtype=np.float32).reshape(n)
+        return np.ascontiguousarray(quants.dequantize(t.data, t.type), dtype=np.float32).reshape(n[0])
 
-    c, spec = cfg, cfg.spec
-    q_dim, k_dim, v_dim = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k, c.n_head_kv * c.head_dim_v
     layers = []
     for il in range(c.n_layer):
         p = f"blk.{il}."
         layers.append(
             LayerWeights(
-                attn_norm=vector(p + "attn_norm.weight", c.n_embd),
-                attn_q=matrix(p + "attn_q.weight", q_dim, c.n_embd),
-                attn_k=matrix(p + "attn_k.weight", k_dim, c.n_embd),
-                attn_v=matrix(p + "attn_v.weight", v_dim, c.n_embd),
-                attn_output=matrix(p + "attn_output.weight", c.n_embd, c.n_head * c.head_dim_v),
-                ffn_norm=vector(p + "ffn_norm.weight", c.n_embd),
-                ffn_gate=matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd),
-                ffn_up=matrix(p + "ffn_up.weight", c.n_ff, c.n_embd),
-                ffn_down=matrix(p + "ffn_down.weight", c.n_embd, c.n_ff),
+                attn_norm=vector(p + "attn_norm.weight", embd),
+                attn_q=matrix(p + "attn_q.weight", q_dim, embd),
+                attn_k=matrix(p + "attn_k.weight", k_dim, embd),
+                attn_v=matrix(p + "attn_v.weight", v_dim, embd),
+                attn_output=matrix(p + "attn_output.weight", embd, att_dim),
+                ffn_norm=vector(p + "ffn_norm.weight", embd),
+                ffn_gate=matrix(p + "ffn_gate.weight", ff, embd),
+                ffn_up=matrix(p + "ffn_up.weight", ff, embd),
+                ffn_down=matrix(p + "ffn_down.weight", embd, ff),
                 attn_q_bias=vector(p + "attn_q.bias", q_dim, required=False),
                 attn_k_bias=vector(p + "attn_k.bias", k_dim, required=False),
                 attn_v_bias=vector(p + "attn_v.bias", v_dim, required=False),
-                attn_q_norm=vector(p + "attn_q_norm.weight", c.head_dim_k, required=spec.qk_norm),
-                attn_k_norm=vector(p + "attn_k_norm.weight", c.head_dim_k, required=spec.qk_norm),
-                post_attention_norm=vector(p + "post_attention_norm.weight", c.n_embd, required=spec.post_norms),
-                post_ffw_norm=vector(p + "post_ffw_norm.weight", c.n_embd, required=spec.post_norms),
+                attn_q_norm=vector(p + "attn_q_norm.weight", key_length, required=spec.qk_norm),
+                attn_k_norm=vector(p + "attn_k_norm.weight", key_length, required=spec.qk_norm),
+                post_attention_norm=vector(p + "post_attention_norm.weight", embd, required=spec.post_norms),
+                post_ffw_norm=vector(p + "post_ffw_norm.weight", embd, required=spec.post_norms),
             )
         )
         lw = layers[-1]
@@ -117,12 +133,17 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
         if (lw.attn_q_norm.size > 0) != (lw.attn_k_norm.size > 0):
             raise GGUFError(f"{gguf.path}: block {il} has only one of attn_q_norm / attn_k_norm")
 
-    token_embd = matrix("token_embd.weight", c.n_vocab, c.n_embd)
-    output = matrix("output.weight", c.n_vocab, c.n_embd, required=False) or token_embd
-    rope_freqs = vector("rope_freqs.weight", c.n_rot // 2, required=False)
+    token_embd = matrix("token_embd.weight", vocab, embd)
+    output = matrix("output.weight", vocab, embd, required=False) or token_embd
+    rope_freqs = vector("rope_freqs.weight", rot_half, required=False)
+    if rope_freqs.size and not (np.all(np.isfinite(rope_freqs)) and np.all(rope_freqs > 0)):
+        raise GGUFError(
+            f"{gguf.path}: tensor 'rope_freqs.weight' must hold finite positive divisors of the rope frequencies, "
+            f"got {rope_freqs[:8]}"
+        )
     weights = Weights(
         token_embd=token_embd,
-        output_norm=vector("output_norm.weight", c.n_embd),
+        output_norm=vector("output_norm.weight", embd),
         output=output,
         rope_freqs=rope_freqs if rope_freqs.size else None,
         layers=tuple(layers),

@@ -208,7 +208,6 @@ print("bad", len(bad), bad[:2])
 """
 
 
-@pytest.mark.slow
 def test_threads_hammering_one_model_get_their_own_answers(tiny_path):
     """Four threads (one prefilling 63 tokens of a 64-token context, three decoding) share one model, with a tiny
     switch interval; each run is a fresh process, so a crash shows as a non-zero exit instead of killing pytest."""

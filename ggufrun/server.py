@@ -41,8 +41,9 @@ OpenAI-style `data: {"error": ...}` event and `data: [DONE]` (the `openai` clien
 
 How requests meet the model:
 - One model, one generation at a time. All model work runs on one dedicated thread (Numba's thread count is a
-  per-thread setting, and the model is not thread-safe); requests wait their turn in FIFO order, and past
-  `max_queue` waiting requests the server answers 503 with Retry-After instead of piling up.
+  per-thread setting, and concurrent generations on one model take turns step by step, each slower than alone);
+  requests wait their turn in FIFO order, and past `max_queue` waiting requests the server answers 503 with
+  Retry-After instead of piling up.
 - Backpressure: the next token is computed only when the previous chunk has been handed to the client's socket
   (one `next()` per chunk), so a stalled client stalls its own generation instead of growing a buffer.
 - A client that disconnects, streaming or not, cancels its request: a task watches the connection and sets the

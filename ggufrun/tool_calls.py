@@ -380,7 +380,12 @@ def tool_call_grammar(fmt: str, tools, tool_choice="required", parallel_tool_cal
         return f'start: "<tool_call>" {_lark_json(array)} "</tool_call>"\n'
     if fmt == "mistral":
         return f'start: "[TOOL_CALLS]" {_lark_json(array)}\n'
-    schema = {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"]}
+    schema = {
+        "type": "object",
+        "properties": {"tool_calls": array},
+        "required": ["tool_calls"],
+        "additionalProperties": False,
+    }
     return f"start: {_lark_json(schema)}\n"  # generic
 
 

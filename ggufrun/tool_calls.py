@@ -313,34 +313,51 @@ def _chosen(functions: list[tuple[str, dict]], tool_choice) -> list[tuple[str, d
     return named
 
 
-def _call_schema(functions: list[tuple[str, dict]], args_key: str) -> dict:
-    """JSON Schema of one call: anyOf one {"name": const, args_key: parameters} object per function."""
-    options = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": name}, args_key: params},
-            "required": ["name", args_key],
-            "additionalProperties": False,
-        }
-        for name, params in functions
-    ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+def _call_schema(functions: list[tuple[str, dict]], args_key: str) -> tuple[dict, dict]:
+    """(JSON Schema of one call, definitions): anyOf one {"name": const, args_key: parameters} object per function.
+
+    Each function's `$defs`/`definitions` are taken out, to go to the root of the grammar's schema (_lark_json),
+    where its "#/$defs/..." references point once the parameters are nested; two functions defining one name
+    differently is a GrammarError."""
+    shared: dict[str, dict] = {}
+    options = []
+    for name, params in functions:
+        params = dict(params)
+        for key in ("$defs", "definitions"):
+            defs = params.pop(key, None)
+            if not isinstance(defs, Mapping):
+                continue
+            for def_name, definition in defs.items():
+                if shared.setdefault(key, {}).setdefault(def_name, definition) != definition:
+                    raise GrammarError(f"tools: functions define {key}/{def_name} differently; rename one of them")
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, args_key: params},
+                "required": ["name", args_key],
+                "additionalProperties": False,
+            }
+        )
+    return (options[0] if len(options) == 1 else {"anyOf": options}), shared
 
 
-def _lark_json(schema: dict) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+def _lark_json(schema: dict, definitions: dict | None = None) -> str:
+    """An inline JSON Schema in llguidance's Lark, with the definitions at its root and our whitespace rule."""
+    return "%json " + json.dumps({**schema, **(definitions or {}), "x-guidance": JSON_OPTIONS})
 
 
 def _kwargs_lark(params: dict) -> str:
     """Lark for the keyword arguments `a=..., b=...` of one call: required parameters in schema order, then any
-    of the optional ones in schema order; each value a JSON value of the parameter's schema (JSON literals are
-    Python literals but for true/false/null, which the parser reads too)."""
+    of the optional ones in schema order; each value a JSON value of the parameter's schema, with the function's
+    definitions at its root (JSON literals are Python literals but for true/false/null, which the parser reads
+    too)."""
     props = params.get("properties", {}) if isinstance(params.get("properties"), Mapping) else {}
+    definitions = {k: params[k] for k in ("$defs", "definitions") if isinstance(params.get(k), Mapping)}
     required = [p for p in params.get("required", []) if p in props]
     optional = [p for p in props if p not in required]
 
     def item(p: str) -> str:
-        return f"{json.dumps(p + '=')} {_lark_json(props[p])}"
+        return f"{json.dumps(p + '=')} {_lark_json(props[p], definitions)}"
 
     def later(ps: list[str]) -> str:  # each of ps, or not, in order, each after a comma
         return " ".join(f'(", " {item(p)})?' for p in ps)
@@ -366,27 +383,28 @@ def tool_call_grammar(fmt: str, tools, tool_choice="required", parallel_tool_cal
         return f"{call} ({json.dumps(separator)} {call})*" if parallel_tool_calls else call
 
     if fmt == "hermes":
-        call = f'"<tool_call>\\n" {_lark_json(_call_schema(chosen, "arguments"))} "\\n</tool_call>"'
+        call = f'"<tool_call>\\n" {_lark_json(*_call_schema(chosen, "arguments"))} "\\n</tool_call>"'
         return f"start: {repeated('call', chr(10))}\ncall: {call}\n"
     if fmt == "llama3":
-        return f"start: {repeated('call', '; ')}\ncall: {_lark_json(_call_schema(chosen, 'parameters'))}\n"
+        return f"start: {repeated('call', '; ')}\ncall: {_lark_json(*_call_schema(chosen, 'parameters'))}\n"
     if fmt == "pythonic":  # one ```tool_code block, a call per line
         calls = " | ".join(f'{json.dumps(name + "(")} {_kwargs_lark(params)} ")"' for name, params in chosen)
         return f'start: "```tool_code\\n" {repeated("call", chr(10))} "\\n```"\ncall: {calls}\n'
-    array = {"type": "array", "items": _call_schema(chosen, "arguments"), "minItems": 1}
+    call, definitions = _call_schema(chosen, "arguments")
+    array = {"type": "array", "items": call, "minItems": 1}
     if not parallel_tool_calls:
         array["maxItems"] = 1
     if fmt == "smollm2":
-        return f'start: "<tool_call>" {_lark_json(array)} "</tool_call>"\n'
+        return f'start: "<tool_call>" {_lark_json(array, definitions)} "</tool_call>"\n'
     if fmt == "mistral":
-        return f'start: "[TOOL_CALLS]" {_lark_json(array)}\n'
+        return f'start: "[TOOL_CALLS]" {_lark_json(array, definitions)}\n'
     schema = {
         "type": "object",
         "properties": {"tool_calls": array},
         "required": ["tool_calls"],
         "additionalProperties": False,
     }
-    return f"start: {_lark_json(schema)}\n"  # generic
+    return f"start: {_lark_json(schema, definitions)}\n"  # generic
 
 
 def tool_call_constraint(

@@ -266,3 +266,24 @@ def test_required_call_on_smollm2(smollm2_path):
     for name, args in calls:
         jsonschema.validate(args, SCHEMAS[name])
     assert calls[0][0] == "get_weather", text
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_parameters_with_refs(smol_tok, fmt):
+    """A function's $defs move to the grammar's root, so its "#/$defs/..." references still resolve."""
+    params = {
+        "type": "object",
+        "properties": {"unit": {"$ref": "#/$defs/unit"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["unit", "days"],
+        "additionalProperties": False,
+        "$defs": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+    }
+    tools = [{"type": "function", "function": {"name": "forecast", "parameters": params}}]
+    c = tool_call_constraint(fmt, tools, "required", smol_tok, parallel_tool_calls=False)
+    calls = calls_of(parse_tool_calls(random_run(c, smol_tok, 1), fmt))
+    assert [name for name, _ in calls] == ["forecast"]
+    jsonschema.validate(calls[0][1], params)
+    clash = [tools[0], {"type": "function", "function": {"name": "other", "parameters": {"$defs": {"unit": {}}}}}]
+    if fmt != "pythonic":  # pythonic arguments are separate schemas, each with its own function's definitions
+        with pytest.raises(GrammarError, match=r"\$defs/unit"):
+            tool_call_grammar(fmt, clash)

@@ -87,12 +87,13 @@ class _VocabularyView(llguidance.TokenizerWrapper):
         n = tokenizer.n_vocab
         tokens: list[bytes] = []
         special: list[int] = []
+        piece = tokenizer.token_piece
         for i in range(n):
-            piece = tokenizer.token_piece(i, special=True)
-            if tokenizer.is_control(i):
-                piece = b"\xff" + piece  # cannot be produced by text, only named as a special token
+            full = piece(i, special=True)
+            if full and not piece(i, special=False):  # control/unknown: rendered only when special tokens are
+                full = b"\xff" + full  # cannot be produced by text, only named as a special token
                 special.append(i)
-            tokens.append(piece)
+            tokens.append(full)
         eog = sorted(tokenizer.eog_ids)
         self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else (eog[0] if eog else None)
         self.bos_token_id = tokenizer.bos_id

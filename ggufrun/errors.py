@@ -26,3 +26,8 @@ class ContextOverflowError(ValueError):
 
 class PullError(RuntimeError):
     """Fetching a known model failed: pip could not download it, or the file is not the expected one."""
+
+
+class GrammarError(ValueError):
+    """A response_format, grammar, regex, JSON Schema or tool list cannot be used to constrain generation, or a
+    token was not allowed by the constraint. The message names the field that was wrong."""

@@ -4,7 +4,7 @@ The chain, in the order of llama.cpp's default sampler sequence (common/common.h
 common/sampling.cpp with the logit bias first and the `dist` sampler last; DRY, top-n-sigma, typical-p and XTC are
 off by default there and not implemented here):
 
-    logit_bias -> penalties -> logits_processors -> top_k -> top_p -> min_p -> temperature -> sample
+    logit_bias -> penalties -> logits_processors -> constraint -> top_k -> top_p -> min_p -> temperature -> sample
 
 - logit_bias: `logit += bias` per token id; -inf forbids a token, a large value (e.g. +100) forces it.
 - penalties over the last `penalty_last_n` history tokens (-1 = the whole history, 0 = off), as
@@ -12,6 +12,10 @@ off by default there and not implemented here):
   `logit = logit / repetition_penalty` if logit > 0 else `logit * repetition_penalty`, then
   `logit -= count * frequency_penalty + presence_penalty` (OpenAI's frequency/presence semantics).
 - logits_processors: user callables `f(token_ids, logits) -> logits`, in order (mlx-lm's signature).
+- constraint (a `ggufrun.grammar.Constraint`, passed per call): sets the tokens its grammar does not allow next to
+  -inf. llama.cpp applies the grammar before the chain (common_sampler_sample with grammar_first); bias and
+  penalties only shift logits, so what matters is that the mask comes before the filters: top-k/top-p/min-p see
+  only allowed tokens and greedy takes the best allowed token. After the processors, none can re-allow a token.
 - top_k: keep the k largest logits (0 = off); ties at the k-th value keep the lowest token ids.
 - top_p: softmax over what is left, keep the smallest most-probable prefix whose cumulative probability reaches
   top_p, including the token that crosses it (1 = off).
@@ -22,11 +26,20 @@ off by default there and not implemented here):
 
 As in llama.cpp, top_p and min_p see the distribution *before* temperature; temperature only reshapes the kept
 set. Same seed + same inputs => same tokens, in any process: the draw depends only on the generator state and on
-a candidate order that is fully determined by the logits (logit descending, then token id).
+a candidate order that is fully determined by the logits (logit descending, then token id). seed -1 (llama.cpp's
+LLAMA_DEFAULT_SEED convention) or None draws fresh entropy.
+
+Reported log-probabilities (token_logprobs; OpenAI `logprobs`/`top_logprobs`, llama-server `n_probs`) are those
+of the model's own distribution: the log-softmax of the raw logits, before logit_bias, penalties, the constraint,
+the filters and temperature. This is what llama-server reports by default (server `post_sampling_probs: false`
+takes `llama_get_logits_ith` through a plain softmax), and it does not change with the sampling settings. The
+sampled token's entry comes from the same distribution, so it is <= the best alternative's and equal to its own
+entry whenever it is among the top k.
 
 >>> params = SamplingParams.preset("chat", seed=1)
 >>> sampler = Sampler(params, n_vocab=len(logits))
 >>> token, logprob = sampler.sample(logits, history=prompt_ids)
+>>> token_logprobs(logits, token, top_k=5)   # OpenAI-style logprob + top_logprobs of the raw logits
 """
 
 from __future__ import annotations
@@ -34,8 +47,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .grammar import Constraint
 
 LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -78,7 +95,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # any; subtracted once if present
     penalty_last_n: int = 64  # >= -1; history window for the penalties; -1 = whole history, 0 = off
     logit_bias: Mapping[int, float] | None = None  # {token id: bias}; -inf forbids the token
-    seed: int | None = None  # >= 0; None = fresh entropy
+    seed: int | None = None  # >= 0; None or -1 = fresh entropy
     logits_processors: Sequence[LogitsProcessor] = field(default=())  # f(token_ids, logits) -> logits
 
     def __post_init__(self):
@@ -103,7 +120,9 @@ class SamplingParams:
         number("presence_penalty", lambda v: True, "a finite number")
         integer("penalty_last_n", lambda v: v >= -1, "an integer >= -1 (-1 = whole history, 0 = off)")
         if self.seed is not None:
-            integer("seed", lambda v: v >= 0, "None or an integer >= 0")
+            integer("seed", lambda v: v >= -1, "None, -1 (random) or an integer >= 0")
+            if self.seed == -1:
+                object.__setattr__(self, "seed", None)
 
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
@@ -246,20 +265,28 @@ class Sampler:
         self.reset()
 
     def reset(self, seed: int | None = None) -> None:
-        """Restart the random generator: from `seed`, else from params.seed (None -> fresh entropy)."""
-        if seed is not None and (not _is_int(seed) or seed < 0):
-            raise ValueError(f"seed must be None or an integer >= 0, got {seed!r}")
+        """Restart the random generator: from `seed`, else from params.seed (None -> fresh entropy); seed -1 is
+        fresh entropy too."""
+        if seed is not None and (not _is_int(seed) or seed < -1):
+            raise ValueError(f"seed must be None, -1 (random) or an integer >= 0, got {seed!r}")
+        if seed == -1:
+            self.rng = np.random.default_rng()
+            return
         self.rng = np.random.default_rng(self.params.seed if seed is None else int(seed))
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> tuple[int, float]:
+    def sample(
+        self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (), *, constraint: Constraint | None = None
+    ) -> tuple[int, float]:
         """(token, log-probability) for one step. `logits` float [n_vocab] is not modified; `history` is every
         token so far (prompt + generated), read for the penalties and passed to the logits processors.
+        `constraint` (ggufrun.grammar.Constraint) masks the tokens its grammar does not allow next; the caller then
+        calls `constraint.advance(token)`.
 
         The log-probability is under the distribution the token was drawn from (after every filter and the
         temperature, renormalised); for greedy, the log-softmax of the biased, penalised, processed logits.
         """
         p = self.params
-        x, best = self._prepare(logits, history)  # float32 [n_vocab], its argmax
+        x, best = self._prepare(logits, history, constraint)  # float32 [n_vocab], its argmax
         m = float(x[best])
         if p.temperature == 0.0:
             np.subtract(x, np.float32(m), out=self._scratch)
@@ -284,14 +311,14 @@ class Sampler:
         return int(ids[j]), float(z[j]) - math.log(cdf[-1])
 
     def distribution(
-        self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()
+        self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (), *, constraint: Constraint | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """(ids int64 [n_kept], probs float64 [n_kept]): the distribution `sample` draws from for these inputs,
         after every filter and the temperature; for greedy, the argmax with probability 1. Draws nothing.
 
         >>> ids, probs = sampler.distribution(logits)   # e.g. the top alternatives for an API's top_logprobs
         """
-        x, best = self._prepare(logits, history)
+        x, best = self._prepare(logits, history, constraint)
         if self.params.temperature == 0.0:
             return np.array([best], dtype=np.int64), np.ones(1)
         ids = self._filter(x, float(x[best]))
@@ -301,9 +328,9 @@ class Sampler:
         w = np.exp(z)
         return ids, w / w.sum()
 
-    def _prepare(self, logits: np.ndarray, history) -> tuple[np.ndarray, int]:
-        """Copy logits into the work buffer, apply logit_bias, penalties and the logits processors; return the
-        buffer and its argmax, checked finite."""
+    def _prepare(self, logits: np.ndarray, history, constraint) -> tuple[np.ndarray, int]:
+        """Copy logits into the work buffer, apply logit_bias, penalties, the logits processors and the constraint;
+        return the buffer and its argmax, checked finite."""
         p = self.params
         if getattr(logits, "shape", None) != (self.n_vocab,):
             raise ValueError(f"logits must have shape ({self.n_vocab},) (n_vocab), got {np.shape(logits)}")
@@ -329,12 +356,14 @@ class Sampler:
                             f"logits_processors[{i}] returned shape {np.shape(out)}, expected ({self.n_vocab},)"
                         )
                     np.copyto(x, out)
+        if constraint is not None:
+            constraint.apply(x)
         best = int(np.argmax(x))  # the first of equal maxima (as llama.cpp's greedy); NaN counts as a maximum
         m = float(x[best])
         if not math.isfinite(m):
             what = "NaN" if math.isnan(m) else "+inf" if m > 0 else "-inf everywhere"
             raise ValueError(
-                f"logits are {what} after logit_bias, penalties and logits_processors (token {best}); "
+                f"logits are {what} after logit_bias, penalties, logits_processors and constraint (token {best}); "
                 f"expected finite values with at least one above -inf"
             )
         return x, best
@@ -372,3 +401,56 @@ class Sampler:
         if ids is not None:
             ids = ids[x[ids] > -np.inf]  # -inf survives top_k when fewer than k logits are finite
         return ids
+
+
+# --- reported log-probabilities -----------------------------------------------------------------------------------
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A token's log-probability and the top alternatives, under the model's raw distribution.
+
+    top_ids int64 [k] and top_logprobs float64 [k] are sorted by log-probability descending (ties: lower id
+    first); every value is <= 0.
+    """
+
+    token: int
+    logprob: float
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+    def top(self) -> list[tuple[int, float]]:
+        """[(token id, logprob), ...] best first."""
+        return [(int(i), float(v)) for i, v in zip(self.top_ids, self.top_logprobs)]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_k: int = 0) -> TokenLogprobs:
+    """log-softmax of the raw `logits` (float [n_vocab], not modified) at `token`, and its `top_k` (0..20) best
+    entries: what OpenAI's `logprobs`/`top_logprobs` and llama-server's `n_probs` report (see the module docstring).
+
+    One pass for the log-normaliser and an exact partial selection for the top k (top_k_ids), never a full sort.
+
+    >>> lp = token_logprobs(logits, token, top_k=5)
+    >>> lp.logprob, lp.top()
+    """
+    if not _is_int(top_k) or not 0 <= top_k <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_k!r}")
+    x = np.asarray(logits)
+    if x.ndim != 1 or x.shape[0] == 0:
+        raise ValueError(f"logits must be a non-empty 1-D array, got shape {x.shape}")
+    if not _is_int(token) or not 0 <= token < x.shape[0]:
+        raise ValueError(f"token must be an id in [0, {x.shape[0]}), got {token!r}")
+    m = float(np.max(x))
+    if not math.isfinite(m):
+        raise ValueError(f"logits must be finite with at least one above -inf to report logprobs, max is {m}")
+    w = np.exp(x - np.float32(m), dtype=np.float32)  # float32 [n_vocab] in (0, 1]
+    log_z = m + math.log(float(np.sum(w, dtype=np.float64)))
+    ids = top_k_ids(x, int(top_k)) if top_k else np.zeros(0, dtype=np.int64)
+    return TokenLogprobs(
+        token=int(token),
+        logprob=min(0.0, float(x[token]) - log_z),
+        top_ids=ids.astype(np.int64),
+        top_logprobs=np.minimum(0.0, x[ids].astype(np.float64) - log_z),
+    )

@@ -10,7 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggufrun.sampling import PRESETS, Sampler, SamplingParams, apply_penalties, draw, top_k_ids
+from ggufrun.sampling import (
+    PRESETS,
+    Sampler,
+    SamplingParams,
+    apply_penalties,
+    draw,
+    token_logprobs,
+    top_k_ids,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_FILTERS = dict(top_k=0, top_p=1.0, min_p=0.0)
@@ -59,7 +67,7 @@ def test_defaults_are_llama_cpp_python_create_completion():
         ("top_p", -0.5), ("top_p", math.nan), ("min_p", -0.01), ("min_p", 1.01), ("min_p", math.nan),
         ("repetition_penalty", 0.0), ("repetition_penalty", -1.1), ("repetition_penalty", math.inf),
         ("frequency_penalty", math.nan), ("frequency_penalty", -math.inf), ("presence_penalty", math.inf),
-        ("penalty_last_n", -2), ("penalty_last_n", 64.0), ("seed", -1), ("seed", 1.5), ("seed", "1"),
+        ("penalty_last_n", -2), ("penalty_last_n", 64.0), ("seed", -2), ("seed", 1.5), ("seed", "1"),
         ("logit_bias", {"5": 1.0}), ("logit_bias", {1.5: 1.0}), ("logit_bias", {-1: 1.0}), ("logit_bias", {True: 1}),
         ("logit_bias", {3: math.nan}), ("logit_bias", {3: math.inf}), ("logit_bias", {3: "x"}), ("logit_bias", [1]),
         ("logits_processors", [1]), ("logits_processors", lambda ids, x: x), ("logits_processors", 3),
@@ -474,3 +482,74 @@ def test_large_vocabulary_default_params():
     for _ in range(5):
         token, logprob = s.sample(x, [])
         assert token in top40 and logprob <= 0
+
+
+def test_seed_minus_one_is_random():
+    """llama.cpp's convention: seed -1 draws fresh entropy, like None."""
+    assert SamplingParams(seed=-1).seed is None
+    x = (np.random.default_rng(1).standard_normal(100) * 2).astype(np.float32)
+    a, b = (Sampler(SamplingParams(seed=-1, **NO_FILTERS), 100) for _ in range(2))
+    assert [a.sample(x)[0] for _ in range(40)] != [b.sample(x)[0] for _ in range(40)]
+    s = Sampler(SamplingParams(seed=5, **NO_FILTERS), 100)
+    first = [s.sample(x)[0] for _ in range(40)]
+    s.reset(seed=-1)
+    assert [s.sample(x)[0] for _ in range(40)] != first
+    with pytest.raises(ValueError, match="-1 \\(random\\)"):
+        s.reset(seed=-2)
+
+
+# --- reported log-probabilities ----------------------------------------------------------------------------------
+
+
+def log_softmax64(x) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max()
+    return x - m - math.log(np.exp(x - m).sum())
+
+
+@pytest.mark.parametrize("n", [10, 49_152, 262_144])
+def test_token_logprobs_match_a_float64_log_softmax(n):
+    x = (np.random.default_rng(n).standard_normal(n) * 4).astype(np.float32)
+    before = x.copy()
+    ref = log_softmax64(x)
+    order = sorted(range(n), key=lambda i: (-ref[i], i))
+    for k in (0, 1, 5, 20):
+        token = order[3] if n > 3 else 0
+        lp = token_logprobs(x, token, top_k=k)
+        k_eff = min(k, n)
+        assert lp.top_ids.tolist() == order[:k_eff]
+        np.testing.assert_allclose(lp.top_logprobs, ref[order[:k_eff]], atol=2e-5)
+        assert np.all(lp.top_logprobs <= 0) and np.all(np.diff(lp.top_logprobs) <= 0)
+        assert abs(lp.logprob - ref[token]) < 2e-5 and lp.logprob <= 0
+        if k > 3:  # the sampled token is among the alternatives: the very same number
+            assert dict(lp.top())[token] == lp.logprob
+    np.testing.assert_array_equal(x, before)  # not modified
+
+
+def test_token_logprobs_ties_bias_and_edges():
+    tie = np.array([1.0, 3.0, 3.0, 0.0, 3.0], np.float32)
+    lp = token_logprobs(tie, 0, top_k=2)
+    assert lp.top_ids.tolist() == [1, 2] and lp.top_logprobs[0] == lp.top_logprobs[1]
+    assert abs(lp.logprob - log_softmax64(tie)[0]) < 1e-6
+    peaked = np.array([0.0, 1000.0], np.float32)  # all mass on one token: exactly 0, never above
+    assert token_logprobs(peaked, 1, top_k=2).top_logprobs[0] == 0.0
+    masked = np.array([-np.inf, 2.0, 1.0], np.float32)  # -inf entries are allowed: probability 0
+    assert token_logprobs(masked, 0, top_k=3).logprob == -np.inf
+    for bad in (-1, 21, 2.0, True):
+        with pytest.raises(ValueError, match="top_logprobs"):
+            token_logprobs(tie, 0, top_k=bad)
+    with pytest.raises(ValueError, match="token"):
+        token_logprobs(tie, 5)
+    with pytest.raises(ValueError, match="finite"):
+        token_logprobs(np.array([np.nan, 1.0], np.float32), 0)
+    with pytest.raises(ValueError, match="1-D"):
+        token_logprobs(np.zeros((2, 2), np.float32), 0)
+
+
+def test_reported_logprobs_are_the_raw_distribution_not_the_sampled_one():
+    """OpenAI/llama-server report the model's distribution: temperature, filters and bias do not change it."""
+    x = (np.random.default_rng(3).standard_normal(1000) * 2).astype(np.float32)
+    token, sampled_lp = Sampler(SamplingParams(temperature=0.3, top_k=5, seed=1, logit_bias={7: 5.0}), 1000).sample(x)
+    reported = token_logprobs(x, token, top_k=5)
+    assert abs(reported.logprob - log_softmax64(x)[token]) < 1e-5
+    assert reported.logprob < sampled_lp  # the sampled distribution is much sharper

@@ -84,7 +84,7 @@ def bench_model(name: str, tokens: int, repeats: int, threads: int) -> dict:
     plain, masked, mask_only, logprobs = [], [], [], []
     for _ in range(repeats):
         for with_mask in (False, True):
-            tf.truncate(len(prompt))
+            tf.cache.truncate(len(prompt))
             c.reset()
             logits = first
             for t in seq:

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ContextOverflowError
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, token_logprobs
 from .tokenizer import StreamingDetokenizer
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_CANCELLED = "cancelled"
+FINISH_TOOL_CALLS = "tool_calls"
 
 
 @dataclass
@@ -58,9 +59,14 @@ class Chunk:
 
     text:          new text, never part of a UTF-8 character, never part of a stop string (may be "")
     token:         the token sampled at this step (None on a closing chunk that sampled nothing)
-    logprob:       its log-probability under the distribution it was sampled from
-    finish_reason: None until the last chunk, then "stop" | "length" | "cancelled"
+    logprob:       its log-probability under the distribution it was sampled from; when the caller asked for
+                   `logprobs=k`, under the model's raw distribution instead (log-softmax of the logits, before
+                   bias, penalties and filters: what OpenAI's API reports)
+    finish_reason: None until the last chunk, then "stop" | "length" | "cancelled" | "tool_calls"
     stats:         on the last chunk only
+    top_logprobs:  with `logprobs=k`: the k most likely tokens and their raw log-probabilities, best first
+    tool_calls:    chat with tools, last chunk: the calls parsed from the reply, as OpenAI `tool_calls`
+    content:       chat with tools, last chunk: the reply's text without the tool-call markup
     """
 
     text: str
@@ -68,6 +74,9 @@ class Chunk:
     logprob: float | None = None
     finish_reason: str | None = None
     stats: GenerationStats | None = field(default=None, repr=False)
+    top_logprobs: list[tuple[int, float]] | None = None
+    tool_calls: list[dict] | None = None
+    content: str | None = None
 
 
 def peak_rss_mb() -> float:
@@ -155,9 +164,15 @@ def generate_tokens(
     stats: GenerationStats,
     cancel=None,
     n_threads: int | None = None,
-) -> Iterator[tuple[int, float]]:
-    """Yield (token, logprob) from the model `tf` (a model.Transformer) appending to `cache` (a model.KVCache),
-    until the caller stops asking, max_tokens, or the context is full.
+    constraint=None,
+    logprobs: int | None = None,
+) -> Iterator[tuple[int, float, list[tuple[int, float]] | None]]:
+    """Yield (token, logprob, top_logprobs) from the model `tf` (a model.Transformer) appending to `cache` (a
+    model.KVCache), until the caller stops asking, max_tokens, the context is full, or `constraint` is done.
+
+    constraint: a grammar.Constraint that masks each step's logits (after bias and penalties, before the filters)
+    and advances with every sampled token. logprobs: None, or k in 0..20 to report each token's raw log-probability
+    and the k best alternatives (sampling.token_logprobs); top_logprobs is None when logprobs is None.
 
     Every step holds tf.lock from the forward pass to the sample, so one model can be used from several threads,
     and checks that the cache still holds this generation's tokens (cache.version unchanged since its last step).
@@ -184,7 +199,7 @@ def generate_tokens(
             return
         t_prefill = time.perf_counter() - t_start
         stats.prompt_tps = (n_prompt - stats.cached_tokens) / t_prefill if t_prefill > 0 else 0.0
-        token, logprob = sampler.sample(logits, history[:n_hist])
+        token, logprob, top = _pick(sampler, logits, history[:n_hist], constraint, logprobs)
         version = cache.version
     t_first = 0.0
     for i in range(max_tokens):
@@ -197,9 +212,11 @@ def generate_tokens(
             stats.ttft_s = now - t_start
         else:
             stats.generation_tps = i / (now - t_first)
-        yield token, logprob
+        yield token, logprob, top
         # Resumed: the caller wants another token. Evaluate this one unless the context is full.
         if i + 1 == max_tokens or n_hist > cache.n_ctx or _is_cancelled(cancel):
+            return
+        if constraint is not None and constraint.is_done:
             return
         with tf.lock:
             if n_threads is not None:
@@ -210,8 +227,19 @@ def generate_tokens(
                 logits, _ = eval_prompt(tf, cache, history[:n_hist], cancel)
                 if logits is None:
                     return
-            token, logprob = sampler.sample(logits, history[:n_hist])
+            token, logprob, top = _pick(sampler, logits, history[:n_hist], constraint, logprobs)
             version = cache.version
+
+
+def _pick(sampler: Sampler, logits, history, constraint, logprobs):
+    """One sampled token: (token, logprob, top_logprobs), with the constraint advanced past it."""
+    token, logprob = sampler.sample(logits, history, constraint=constraint)
+    if constraint is not None:
+        constraint.advance(token)
+    if logprobs is None:
+        return token, logprob, None
+    lp = token_logprobs(logits, token, logprobs)
+    return token, lp.logprob, lp.top()
 
 
 def stream(
@@ -225,9 +253,11 @@ def stream(
     cancel=None,
     skip_special: bool = True,
     n_threads: int | None = None,
+    constraint=None,
+    logprobs: int | None = None,
 ) -> Iterator[Chunk]:
-    """Chunks of text for a prompt; see Chunk. Stops at an end-of-generation token, a stop string,
-    max_tokens or a full context."""
+    """Chunks of text for a prompt; see Chunk. Stops at an end-of-generation token, a stop string, max_tokens, a
+    full context, or when `constraint` (a grammar.Constraint) is complete. logprobs: see generate_tokens."""
     if isinstance(stop, str):
         stop = [stop]
     stops = StopMatcher(stop or [])
@@ -236,30 +266,31 @@ def stream(
     sampler = Sampler(params, tf.config.n_vocab)
     stats = GenerationStats()
 
-    def finish(reason: str, text: str, token=None, logprob=None) -> Chunk:
+    def finish(reason: str, text: str, token=None, logprob=None, top=None) -> Chunk:
         stats.peak_rss_mb = peak_rss_mb()
-        return Chunk(text, token, logprob, reason, stats)
+        return Chunk(text, token, logprob, reason, stats, top)
 
     # the last sampled token is never evaluated, so it needs no KV slot of its own
     budget = min(max_tokens, cache.n_ctx - len(prompt_ids) + 1)
-    tokens = generate_tokens(prompt_ids, tf, cache, sampler, budget, stats, cancel, n_threads)
+    tokens = generate_tokens(prompt_ids, tf, cache, sampler, budget, stats, cancel, n_threads, constraint, logprobs)
     try:
-        for n, (token, logprob) in enumerate(tokens, 1):
+        for n, (token, logprob, top) in enumerate(tokens, 1):
             if token in eog:
                 tail, _ = stops.push(detok.finalize() if detok else "")
-                yield finish(FINISH_STOP, tail + stops.flush(), token, logprob)
+                yield finish(FINISH_STOP, tail + stops.flush(), token, logprob, top)
                 return
             text = detok.add_token(token) if detok else ""
             text, hit = stops.push(text)
             if hit:
-                yield finish(FINISH_STOP, text, token, logprob)
+                yield finish(FINISH_STOP, text, token, logprob, top)
                 return
-            if n == budget:
+            grammar_done = constraint is not None and constraint.is_done
+            if n == budget or grammar_done:
                 tail, hit = stops.push(detok.finalize() if detok else "")
-                reason = FINISH_STOP if hit else FINISH_LENGTH
-                yield finish(reason, text + tail + ("" if hit else stops.flush()), token, logprob)
+                reason = FINISH_STOP if hit or grammar_done else FINISH_LENGTH
+                yield finish(reason, text + tail + ("" if hit else stops.flush()), token, logprob, top)
                 return
-            yield Chunk(text, token, logprob)
+            yield Chunk(text, token, logprob, top_logprobs=top)
         # The token loop ended early: cancelled, or nothing to generate.
         tail, _ = stops.push(detok.finalize() if detok else "")
         reason = FINISH_CANCELLED if _is_cancelled(cancel) else FINISH_LENGTH

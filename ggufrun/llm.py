@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +138,9 @@ class Model:
         cancel=None,
         add_special: bool = True,
         skip_special: bool = True,
+        response_format=None,
+        logprobs: int | None = None,
+        constraint=None,
         **sampling,
     ) -> Iterator[_gen.Chunk]:
         """Stream a completion of `prompt` (text, or token ids) as Chunk objects.
@@ -144,22 +149,58 @@ class Model:
         frequency_penalty, presence_penalty, penalty_last_n, logit_bias, seed, logits_processors) or a `preset`
         ("code", "chat", "creative", "agent"). `cancel` is a threading.Event or a callable returning True to stop;
         breaking out of the loop also stops all work at once. The last chunk has finish_reason and stats.
+
+        response_format: constrain the output (ggufrun.grammar): {"type": "json_object"}, {"type": "json_schema",
+        "json_schema": {"schema": {...}}}, {"type": "grammar", "grammar": GBNF} or {"type": "regex", "regex": ...};
+        {"type": "text"} or None for free text. logprobs: None, or k in 0..20 to get each chunk's raw log-probability
+        and its k best alternatives (Chunk.top_logprobs). constraint: a ready grammar.Constraint instead of a
+        response_format (chat() passes its tool-call constraint this way).
         """
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
         params = self._params(preset, sampling)
         stop = _check_stop(stop)
+        _check_logprobs(logprobs)
+        if response_format is not None:
+            if constraint is not None:
+                raise ValueError("give response_format or constraint, not both")
+            from .grammar import compile_constraint
+
+            constraint = compile_constraint(response_format, self.tokenizer)
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special, parse_special=True)
         else:
             ids = self._check_ids(prompt)
         _gen.check_prompt_fits(len(ids), self.n_ctx)  # raise now, not at the first next()
-        return self._stream(ids, params, max_tokens, stop, cancel, skip_special)
+        return self._stream(ids, params, max_tokens, stop, cancel, skip_special, constraint, logprobs)
 
-    def _stream(self, ids, params, max_tokens, stop, cancel, skip_special):
+    def _stream(self, ids, params, max_tokens, stop, cancel, skip_special, constraint, logprobs):
         # Validation above runs at call time; the work starts at the first next().
         yield from _gen.stream(ids, self.transformer, self.cache, self.tokenizer, params, max_tokens, stop, cancel,
-                               skip_special, n_threads=self.n_threads)  # fmt: skip
+                               skip_special, self.n_threads, constraint, logprobs)  # fmt: skip
+
+    def logprobs(self, prompt: str | Sequence[int], continuation: str | Sequence[int] | None = None,
+                 top_logprobs: int = 0) -> list:  # fmt: skip
+        """Score a text: the raw log-probability of each token of `continuation` after `prompt` (teacher-forced), as
+        sampling.TokenLogprobs with `top_logprobs` (0..20) alternatives each. Without a continuation, every token of
+        `prompt` after the first is scored. Text is tokenized as generate() does (the prompt with BOS, the
+        continuation without).
+
+        >>> [lp.logprob for lp in model.logprobs("The capital of France is", " Paris")]
+        """
+        from .sampling import token_logprobs
+
+        _check_logprobs(top_logprobs)
+        p = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
+        if continuation is None:
+            ids, first = p, 1
+        else:
+            c = self.tokenize(continuation, add_special=False) if isinstance(continuation, str) else continuation
+            ids, first = p + self._check_ids(c), len(p)
+        if not p or len(ids) <= first:
+            raise ValueError("nothing to score: give a prompt and at least one token after it")
+        rows = self.logits(ids)  # [len(ids), n_vocab]; row i predicts token i + 1
+        return [token_logprobs(rows[i - 1], ids[i], top_logprobs) for i in range(first, len(ids))]
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, **extra) -> str:
         template = self.chat_template
@@ -198,20 +239,64 @@ class Model:
         stop: str | Sequence[str] | None = None,
         *,
         tools: list | None = None,
+        tool_choice="auto",
+        parallel_tool_calls: bool = True,
         preset: str | None = None,
         cancel=None,
         special_in_content: bool = False,
-        **sampling,
+        **kwargs,
     ) -> Iterator[_gen.Chunk]:
-        """Stream the assistant's reply to `messages` ([{"role": ..., "content": ...}, ...]).
+        """Stream the assistant's reply to `messages` ([{"role": ..., "content": ...}, ...]); takes generate()'s
+        arguments too (sampling, response_format, logprobs).
 
         Message text is never parsed for control tokens (see chat_ids; special_in_content=True allows it).
-
         Multi-turn chats reuse the KV cache of the shared prefix, so later turns cost only their new tokens.
+
+        Tools (OpenAI's shape: [{"type": "function", "function": {"name", "description", "parameters"}}]) are
+        rendered by the model's own chat template; the reply is parsed in the model family's tool-call format
+        (ggufrun.tool_calls), and the last chunk carries `tool_calls` (finish_reason "tool_calls") and `content` (the
+        text without the calls). tool_choice: "auto" (the model decides), "none" (no tools offered),
+        "required" or {"type": "function", "function": {"name": ...}} (the output is constrained to valid calls
+        whose arguments validate against the function's parameter schema).
         """
-        extra = {"tools": tools} if tools is not None else {}
+        rf = kwargs.pop("response_format", None)
+        prepared = self.prepare_chat(messages, tools=tools, tool_choice=tool_choice,
+                                     parallel_tool_calls=parallel_tool_calls, response_format=rf,
+                                     special_in_content=special_in_content)  # fmt: skip
+        chunks = self.generate(prepared.ids, max_tokens, stop, preset=preset, cancel=cancel,
+                               constraint=prepared.constraint, **kwargs)  # fmt: skip
+        return _with_tool_calls(chunks, prepared.tool_format) if prepared.tools_offered else chunks
+
+    def prepare_chat(self, messages: Sequence[dict], *, tools=None, tool_choice="auto", parallel_tool_calls=True,
+                     response_format=None, special_in_content: bool = False) -> PreparedChat:  # fmt: skip
+        """What chat() generates from: the prompt ids, the output constraint (response_format, or the tool-call
+        grammar of a required call) and the model family's tool-call format. For servers that drive generate()
+        themselves. Assistant turns' `tool_calls` in `messages` are rendered by the template when it knows them,
+        else written into the turn's text in the family's format; `tool` turns are rendered as the template does."""
+        from . import tool_calls as tc
+
+        if tools is not None and not isinstance(tools, (list, tuple)):
+            raise TypeError(f"tools must be a list of tool definitions, got {type(tools).__name__}")
+        offered = list(tools) if tools and tool_choice != "none" else None
+        if not offered and tool_choice not in ("auto", "none"):
+            raise ValueError(f"tool_choice {tool_choice!r} needs tools")
+        template = self.chat_template
+        if template is None:
+            self.apply_chat_template(messages)  # raises the "no chat template" error
+        fmt = tc.detect_format(template.source, self.architecture)
+        messages = _history_tool_calls(messages, fmt, "tool_calls" in template.source)
+        extra = {"tools": offered} if offered else {}
         ids = self.chat_ids(messages, special_in_content=special_in_content, **extra)
-        return self.generate(ids, max_tokens, stop, preset=preset, cancel=cancel, **sampling)
+        constraint = None
+        if offered:
+            constraint = tc.tool_call_constraint(fmt, offered, tool_choice, self.tokenizer, parallel_tool_calls)
+        if response_format not in (None, {"type": "text"}):
+            if constraint is not None:
+                raise ValueError("response_format cannot be combined with a required tool call (tool_choice)")
+            from .grammar import compile_constraint
+
+            constraint = compile_constraint(response_format, self.tokenizer)
+        return PreparedChat(ids, constraint, fmt, bool(offered))
 
     def complete(self, prompt: str | Sequence[int], max_tokens: int = 256, stop=None, **kwargs) -> str:
         """The whole completion of `prompt` as one string."""
@@ -230,6 +315,73 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass
+class PreparedChat:
+    """A chat request ready for generate(): see Model.prepare_chat."""
+
+    ids: list[int]  # the rendered, tokenized conversation
+    constraint: object | None  # grammar.Constraint for response_format or a required tool call, else None
+    tool_format: str  # the model family's tool-call format (tool_calls.FORMATS)
+    tools_offered: bool  # tools were rendered into the prompt: parse the reply for calls
+
+
+def _history_tool_calls(messages: Sequence[dict], fmt: str, template_knows: bool) -> list[dict]:
+    """Messages with assistant `tool_calls` made renderable: arguments as JSON objects for templates that render
+    tool_calls themselves (as llama.cpp passes them), else the calls written into the turn's content in the family's
+    format, so that no call in the history is dropped."""
+    from .tool_calls import format_tool_calls
+
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if not calls:
+            out.append(m)
+            continue
+        m = dict(m)
+        if template_knows:
+            m["tool_calls"] = [_call_with_object_arguments(c) for c in calls]
+        else:
+            del m["tool_calls"]
+            text = m.get("content") or ""
+            m["content"] = (text + "\n" if text else "") + format_tool_calls(calls, fmt)
+        out.append(m)
+    return out
+
+
+def _call_with_object_arguments(call: dict) -> dict:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            args = json.loads(fn["arguments"])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"tool_calls: function.arguments is not JSON: {e}") from None
+        return {**call, "function": {**fn, "arguments": args}}
+    return call
+
+
+def _with_tool_calls(chunks, fmt: str):
+    """Pass chunks through; on the last one, parse the whole reply for tool calls in format `fmt`."""
+    from .tool_calls import parse_tool_calls
+
+    text = []
+    for chunk in chunks:
+        text.append(chunk.text)
+        if chunk.finish_reason is not None and chunk.finish_reason != _gen.FINISH_CANCELLED:
+            reply = parse_tool_calls("".join(text), fmt)
+            chunk.content = reply.content
+            if reply.tool_calls:
+                chunk.tool_calls = reply.tool_calls
+                chunk.finish_reason = _gen.FINISH_TOOL_CALLS
+        yield chunk
+
+
+def _check_logprobs(k) -> None:
+    from .sampling import MAX_TOP_LOGPROBS
+
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_TOP_LOGPROBS):
+        raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {k!r}")
 
 
 def _check_stop(stop) -> list[str]:

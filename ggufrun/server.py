@@ -66,8 +66,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 
-from .errors import ContextOverflowError
-from .sampling import SamplingParams
+from .errors import ContextOverflowError, GrammarError
+from .sampling import MAX_TOP_LOGPROBS, SamplingParams
+from .tool_calls import parse_tool_calls
 
 MAX_BODY_BYTES = 1 << 20  # a request body above this is answered 413
 MAX_DEPTH = 32  # JSON nesting deeper than this is answered 400 (no valid request comes close)
@@ -302,13 +303,8 @@ def _never(v) -> bool:
 # name -> (accepts(value), the accepted value and why the others are refused)
 _DEFAULT_ONLY = {
     "n": (lambda v: _is_int(v) and v == 1, "1 (one choice per request; send several requests for more)"),
-    "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"} (structured output is not supported yet)'),
-    "tools": (lambda v: v == [], "[] (tool calling is not supported yet)"),
-    "functions": (lambda v: v == [], "[] (function calling is not supported yet)"),
-    "tool_choice": (lambda v: v == "none", '"none" (tool calling is not supported yet)'),
-    "function_call": (lambda v: v == "none", '"none" (function calling is not supported yet)'),
-    "top_logprobs": (_never, "null (log-probabilities are not returned yet)"),
-    "echo": (lambda v: v is False, "false (echoing the prompt is not supported yet)"),
+    "functions": (lambda v: v == [], '[] (the deprecated "functions": send "tools")'),
+    "function_call": (lambda v: v == "none", '"none" (the deprecated "function_call": send "tool_choice")'),
     "best_of": (lambda v: _is_int(v) and v == 1, "1 (best-of sampling is not supported yet)"),
     "suffix": (lambda v: v == "", '"" (insertion with a suffix is not supported yet)'),
     "store": (lambda v: v is False, "false (this server stores nothing)"),
@@ -319,8 +315,6 @@ _DEFAULT_ONLY = {
     "reasoning_effort": (_never, "null (reasoning effort is not supported)"),
     "web_search_options": (_never, "null (this server cannot search the web)"),
 }
-_LOGPROBS_CHAT = (lambda v: v is False, "false (log-probabilities are not returned yet)")
-_LOGPROBS_COMPLETION = (_never, "null (log-probabilities are not returned yet)")
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                    "repetition_penalty", "penalty_last_n", "seed", "logit_bias")  # fmt: skip
@@ -385,7 +379,7 @@ def _check_field_set(body: dict, chat: bool) -> None:
             raise APIError(400, f"unknown field {describe(name)}{hint}", param=name)
         if v is None:
             continue
-        rule = (_LOGPROBS_CHAT if chat else _LOGPROBS_COMPLETION) if name == "logprobs" else _DEFAULT_ONLY.get(name)
+        rule = _DEFAULT_ONLY.get(name)
         if rule is not None and not rule[0](v):
             raise _bad(name, rule[1], v)
 
@@ -435,7 +429,7 @@ def _parse_stream_options(body: dict, stream: bool) -> bool:
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 # message keys beyond role/content: name and tool_call_id go to the chat template; the others only as null/[]
 _MESSAGE_PASSED = ("name", "tool_call_id")
-_MESSAGE_EMPTY = ("tool_calls", "refusal", "function_call", "audio")
+_MESSAGE_EMPTY = ("refusal", "function_call", "audio")
 
 
 def _message_content(m: dict, i: int) -> str:
@@ -457,6 +451,30 @@ def _message_content(m: dict, i: int) -> str:
                    param="messages")  # fmt: skip
 
 
+def _parse_message_tool_calls(calls, i: int) -> list[dict]:
+    """An assistant turn's tool_calls: [{"id", "type": "function", "function": {"name", "arguments": JSON text}}]."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise APIError(400, f"{where} must be a list of tool calls, got {describe(calls)}", param="messages")
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        ok = (isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments", ""), str)
+              and c.get("type", "function") == "function" and isinstance(c.get("id", ""), str))  # fmt: skip
+        if ok:
+            try:
+                json.loads(fn.get("arguments") or "{}")
+            except json.JSONDecodeError:
+                ok = False
+        if not ok:
+            raise APIError(400, f"{where}[{j}] must be {{\"id\": STRING, \"type\": \"function\", \"function\": "
+                                f"{{\"name\": STRING, \"arguments\": JSON TEXT}}}}, got {describe(c)}",
+                           param="messages")  # fmt: skip
+        out.append({"id": c.get("id", f"call_{j}"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn.get("arguments") or "{}"}})  # fmt: skip
+    return out
+
+
 def parse_messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -475,12 +493,14 @@ def parse_messages(body: dict) -> list[dict]:
                 continue
             if k in _MESSAGE_PASSED and isinstance(v, str):
                 msg[k] = v
+            elif k == "tool_calls":
+                msg[k] = _parse_message_tool_calls(v, i)
             elif k in _MESSAGE_EMPTY and v == []:
                 continue
             else:
                 want = "a string" if k in _MESSAGE_PASSED else "null (not supported yet)"
                 if k not in _MESSAGE_PASSED + _MESSAGE_EMPTY:
-                    want = f"absent: messages take role, content, {', '.join(_MESSAGE_PASSED)}"
+                    want = f"absent: messages take role, content, tool_calls, {', '.join(_MESSAGE_PASSED)}"
                 raise APIError(400, f"messages[{i}].{describe(k)[1:-1]} must be {want}, got {describe(v)}",
                                param="messages")  # fmt: skip
         out.append(msg)
@@ -518,7 +538,9 @@ class CompletionRequest:
     include_usage: bool = False
     messages: list[dict] | None = None  # chat
     prompt: str | list[int] | None = None  # completions
-    extra: dict = field(default_factory=dict)
+    logprobs: int | None = None  # None: off; k: each token's logprob and k alternatives
+    echo: bool = False  # completions: the prompt comes back before the completion
+    chat_options: dict = field(default_factory=dict)  # Model.prepare_chat keyword arguments (tools, response_format)
 
 
 def parse_request(body: dict, chat: bool, n_vocab: int) -> CompletionRequest:
@@ -542,9 +564,48 @@ def parse_request(body: dict, chat: bool, n_vocab: int) -> CompletionRequest:
     )
     if chat:
         req.messages = parse_messages(body)
+        req.chat_options = _parse_chat_options(body)
+        if _boolean(body, "logprobs", False):
+            req.logprobs = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+            req.logprobs = req.logprobs or 0
+        elif body.get("top_logprobs") is not None:
+            raise APIError(400, "'top_logprobs' needs \"logprobs\": true", param="top_logprobs")
     else:
         req.prompt = parse_prompt(body, n_vocab)
+        req.logprobs = _integer(body, "logprobs", 0, MAX_TOP_LOGPROBS, f"null or an integer in [0, {MAX_TOP_LOGPROBS}]")
+        req.echo = _boolean(body, "echo", False)
     return req
+
+
+def _parse_chat_options(body: dict) -> dict:
+    """response_format, tools, tool_choice, parallel_tool_calls, checked here so that a bad one is a 400 naming it
+    (the grammar itself is compiled against the vocabulary when the prompt is prepared)."""
+    from .errors import GrammarError
+    from .grammar import grammar_of
+    from .tool_calls import check_tools
+
+    options = {"parallel_tool_calls": _boolean(body, "parallel_tool_calls", True)}
+    rf = body.get("response_format")
+    if rf is not None:
+        try:
+            grammar_of(rf)
+        except GrammarError as e:
+            raise APIError(400, str(e), param="response_format") from None
+        options["response_format"] = rf
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools == []:
+        tools = None  # no tools offered
+    if tools is not None:
+        try:
+            check_tools(tools, choice)
+        except GrammarError as e:
+            raise APIError(400, str(e), param="tool_choice" if "tool_choice" in str(e) else "tools") from None
+        options["tools"] = tools
+    elif choice not in (None, "none", "auto"):
+        raise APIError(400, f"'tool_choice' {describe(choice)} needs 'tools'", param="tool_choice")
+    if choice is not None:
+        options["tool_choice"] = choice
+    return options
 
 
 # ---- the app -----------------------------------------------------------------------------------------------------
@@ -632,19 +693,48 @@ def create_app(
         p, c = stats.prompt_tokens, stats.generated_tokens
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    def finish_reason(chunk) -> str:
-        return "length" if chunk.finish_reason == "length" else "stop"
+    def finish_reason(chunk, calls=None) -> str:
+        return "tool_calls" if calls else "length" if chunk.finish_reason == "length" else "stop"
 
-    async def prompt_ids(req: CompletionRequest) -> list[int]:
-        """Token ids of the request's prompt (on the model thread); 400 for what the template/tokenizer refuse."""
+    def token_entry(token: int, logprob: float) -> dict:
+        piece = model.tokenizer.token_piece(token, special=True)
+        return {"token": piece.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(piece)}
+
+    def chat_logprobs(chunk) -> dict:
+        """OpenAI's chat `logprobs.content` entry for one generated token."""
+        return {**token_entry(chunk.token, chunk.logprob),
+                "top_logprobs": [token_entry(t, lp) for t, lp in chunk.top_logprobs]}  # fmt: skip
+
+    def completion_logprobs(tokens: list, offset0: int) -> dict:
+        """The legacy completions `logprobs` object for [(token, logprob or None, top or None), ...]."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        offset = offset0
+        for token, logprob, top in tokens:
+            text = token_entry(token, 0.0)["token"]
+            out["tokens"].append(text)
+            out["token_logprobs"].append(logprob)
+            out["top_logprobs"].append(None if top is None else {token_entry(t, 0.0)["token"]: lp for t, lp in top})
+            out["text_offset"].append(offset)
+            offset += len(text)
+        return out
+
+    async def prepare(req: CompletionRequest):
+        """(prompt ids, constraint, tool-call format or None) on the model thread; 400 for what the template,
+        tokenizer or grammar engine refuse."""
         param = "messages" if req.chat else "prompt"
+        constraint = fmt = None
         try:
             if req.chat:
-                ids = await runner.call(model.chat_ids, req.messages)
+                prepared = await runner.call(lambda: model.prepare_chat(req.messages, **req.chat_options))
+                ids, constraint = prepared.ids, prepared.constraint
+                fmt = prepared.tool_format if prepared.tools_offered else None
             elif isinstance(req.prompt, str):
                 ids = await runner.call(model.tokenize, req.prompt)
             else:
                 ids = req.prompt
+        except GrammarError as e:
+            where = "response_format" if "response_format" in req.chat_options else "tools"
+            raise APIError(400, str(e), param=where) from None
         except ValueError as e:  # ChatTemplateError, TokenizerError, no template
             raise APIError(400, str(e), param=param) from None
         if not ids:
@@ -653,7 +743,12 @@ def create_app(
             raise APIError(400, f"prompt has {len(ids)} tokens; this model's context holds {model.n_ctx} and "
                                 "at least one more is needed to generate", param=param,
                            code="context_length_exceeded")  # fmt: skip
-        return ids
+        return ids, constraint, fmt
+
+    async def echo_logprobs(req: CompletionRequest, ids: list[int]) -> list:
+        """(token, logprob, top) of every prompt token for `echo` with `logprobs` (the first has no logprob)."""
+        scored = await runner.call(lambda: model.logprobs(ids, top_logprobs=req.logprobs)) if len(ids) > 1 else []
+        return [(ids[0], None, None)] + [(lp.token, lp.logprob, lp.top()) for lp in scored]
 
     async def complete(request: Request, chat: bool):
         check_auth(request)
@@ -662,14 +757,19 @@ def create_app(
         watcher = asyncio.ensure_future(_watch_disconnect(request.receive, cancel))
         handed_off = False
         try:
-            ids = await prompt_ids(req)
+            ids, constraint, tool_format = await prepare(req)
             max_tokens = req.max_tokens
             if max_tokens is None:
                 max_tokens = model.n_ctx - len(ids) if chat else 16  # OpenAI's default for completions
+            echo_text = ""
+            if req.echo:
+                echo_text = req.prompt if isinstance(req.prompt, str) else model.detokenize(ids)
+            echoed = await echo_logprobs(req, ids) if req.echo and req.logprobs is not None else []
 
             def make_chunks():
                 try:
-                    return model.generate(ids, max_tokens, req.stop, cancel=cancel, **req.sampling)
+                    return model.generate(ids, max_tokens, req.stop, cancel=cancel, constraint=constraint,
+                                          logprobs=req.logprobs, **req.sampling)  # fmt: skip
                 except ContextOverflowError as e:
                     raise APIError(400, str(e), param="messages" if chat else "prompt",
                                    code="context_length_exceeded") from None  # fmt: skip
@@ -680,18 +780,33 @@ def create_app(
             chunks = runner.stream(make_chunks, cancel)
 
             if not req.stream:
-                text, last = [], None
+                text, scored, last = [], [], None
                 async for c in chunks:
                     text.append(c.text)
+                    if c.token is not None:
+                        scored.append(c)
                     last = c
                 if last is None or cancel.is_set():
                     return Response(status_code=499)  # the client has gone; nobody reads this
                 out = "".join(text)
                 if chat:
-                    choice = {"index": 0, "message": {"role": "assistant", "content": out}, "logprobs": None,
-                              "finish_reason": finish_reason(last)}  # fmt: skip
+                    message = {"role": "assistant", "content": out}
+                    calls = None
+                    if tool_format is not None:
+                        reply = parse_tool_calls(out, tool_format)
+                        calls = reply.tool_calls or None
+                        message = {"role": "assistant", "content": reply.content or (None if calls else ""),
+                                   **({"tool_calls": calls} if calls else {})}  # fmt: skip
+                    logprobs = {"content": [chat_logprobs(c) for c in scored]} if req.logprobs is not None else None
+                    choice = {"index": 0, "message": message, "logprobs": logprobs,
+                              "finish_reason": finish_reason(last, calls)}  # fmt: skip
                 else:
-                    choice = {"index": 0, "text": out, "logprobs": None, "finish_reason": finish_reason(last)}
+                    logprobs = None
+                    if req.logprobs is not None:
+                        generated = [(c.token, c.logprob, c.top_logprobs) for c in scored]
+                        logprobs = completion_logprobs(echoed + generated, 0)
+                    choice = {"index": 0, "text": echo_text + out, "logprobs": logprobs,
+                              "finish_reason": finish_reason(last)}  # fmt: skip
                 return JSON(
                     {
                         **base,
@@ -711,23 +826,47 @@ def create_app(
             if not handed_off:
                 watcher.cancel()
 
-        def event(choice_delta, finish=None) -> str:
+        def event(choice_delta, finish=None, logprobs=None) -> str:
             if chat:
-                choice = {"index": 0, "delta": choice_delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": 0, "delta": choice_delta, "logprobs": logprobs, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": choice_delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": 0, "text": choice_delta, "logprobs": logprobs, "finish_reason": finish}
             return sse_data({**base, "choices": [choice]})
+
+        def chunk_logprobs(c):
+            if req.logprobs is None or c.token is None:
+                return None
+            if chat:
+                return {"content": [chat_logprobs(c)]}
+            return completion_logprobs([(c.token, c.logprob, c.top_logprobs)], 0)
 
         async def sse():
             c = first
+            held = []  # with tools: the reply's text, sent once it has been parsed for calls
             try:
                 if chat:
                     yield event({"role": "assistant", "content": ""})
+                elif req.echo:
+                    yield event(echo_text, logprobs=completion_logprobs(echoed, 0) if echoed else None)
                 while True:
-                    if c.text:
-                        yield event({"content": c.text} if chat else c.text)
+                    lp = chunk_logprobs(c)
+                    if tool_format is not None:
+                        held.append(c.text)
+                        if lp is not None:
+                            yield event({}, logprobs=lp)
+                    elif c.text or lp is not None:
+                        yield event({"content": c.text} if chat else c.text, logprobs=lp)
                     if c.finish_reason is not None:
-                        yield event({} if chat else "", finish_reason(c))
+                        calls = None
+                        if tool_format is not None:
+                            reply = parse_tool_calls("".join(held), tool_format)
+                            calls = reply.tool_calls or None
+                            if reply.content:
+                                yield event({"content": reply.content})
+                            if calls:
+                                deltas = [{"index": i, **call} for i, call in enumerate(calls)]
+                                yield event({"tool_calls": deltas})
+                        yield event({} if chat else "", finish_reason(c, calls))
                         if req.include_usage:
                             yield sse_data({**base, "choices": [], "usage": usage(c.stats)})
                         break

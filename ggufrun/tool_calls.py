@@ -272,6 +272,43 @@ def parse_tool_calls(text: str, fmt: str) -> ParsedReply:
     raise ValueError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
+def format_tool_calls(calls: Sequence[Mapping], fmt: str) -> str:
+    """The text a model of format `fmt` writes for OpenAI `tool_calls` (the inverse of parse_tool_calls), for
+    rendering an assistant turn's calls into a template that does not handle `tool_calls` itself.
+
+    >>> format_tool_calls([{"function": {"name": "f", "arguments": '{"a": 1}'}}], "hermes")
+    '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    """
+    parsed = []
+    for i, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise ValueError(f"tool_calls[{i}] must be {{'function': {{'name': ..., 'arguments': ...}}}}, got {call!r}")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as e:
+                raise ValueError(f"tool_calls[{i}].function.arguments is not JSON: {e}") from None
+        parsed.append((fn["name"], args))
+    if fmt == "hermes":
+        return "\n".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in parsed)
+    if fmt == "smollm2":
+        return f"<tool_call>{json.dumps([{'name': n, 'arguments': a} for n, a in parsed])}</tool_call>"
+    if fmt == "mistral":
+        return f"[TOOL_CALLS]{json.dumps([{'name': n, 'arguments': a} for n, a in parsed])}"
+    if fmt == "llama3":
+        return "\n".join(json.dumps({"name": n, "parameters": a}) for n, a in parsed)
+    if fmt == "pythonic":
+        if not all(isinstance(a, Mapping) for _, a in parsed):
+            raise ValueError("pythonic tool calls need arguments that are JSON objects")
+        calls_text = ", ".join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})" for n, a in parsed)
+        return f"[{calls_text}]"
+    if fmt == "generic":
+        return json.dumps({"tool_calls": [{"name": n, "arguments": a} for n, a in parsed]})
+    raise ValueError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
 # ---- the constraint for tool_choice "required" / a named function --------------------------------------------
 
 
@@ -313,6 +350,21 @@ def _chosen(functions: list[tuple[str, dict]], tool_choice) -> list[tuple[str, d
     return named
 
 
+def check_tools(tools, tool_choice="auto") -> None:
+    """GrammarError naming what is wrong with an OpenAI `tools` list or `tool_choice`, before any grammar is built.
+    Each function's `parameters` must be a JSON Schema the engine accepts."""
+    functions = _functions(tools)
+    _chosen(functions, tool_choice)
+    for name, params in functions:
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(params), defaults=JSON_OPTIONS)
+            err = llguidance.LLMatcher.validate_grammar(grammar)
+        except (TypeError, ValueError) as e:
+            err = str(e)
+        if err:
+            raise GrammarError(f"tools: function {name!r} has parameters the schema engine refuses: {err}")
+
+
 def _call_schema(functions: list[tuple[str, dict]], args_key: str) -> tuple[dict, dict]:
     """(JSON Schema of one call, definitions): anyOf one {"name": const, args_key: parameters} object per function.
 
@@ -330,6 +382,10 @@ def _call_schema(functions: list[tuple[str, dict]], args_key: str) -> tuple[dict
             for def_name, definition in defs.items():
                 if shared.setdefault(key, {}).setdefault(def_name, definition) != definition:
                     raise GrammarError(f"tools: functions define {key}/{def_name} differently; rename one of them")
+        if params.get("type") == "object" and "additionalProperties" not in params:
+            # no arguments beyond the declared ones, as llama.cpp's json-schema-to-grammar reads a schema that
+            # does not say (common/json-schema-to-grammar.cpp); a call with unknown arguments is of no use
+            params["additionalProperties"] = False
         options.append(
             {
                 "type": "object",

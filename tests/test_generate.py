@@ -100,7 +100,7 @@ def test_generate_tokens_runs_on_a_transformer_and_cache(tiny):
     prompt = [10, 20, 30, 40]
     stats = GenerationStats()
     sampler = Sampler(SamplingParams(temperature=0), tf.config.n_vocab)
-    out = [t for t, _ in generate_tokens(prompt, tf, cache, sampler, 6, stats)]
+    out = [t for t, *_ in generate_tokens(prompt, tf, cache, sampler, 6, stats)]
     assert len(out) == 6 and stats.generated_tokens == 6 and stats.prompt_tokens == 4
     assert cache.tokens.tolist() == prompt + out[:-1]  # the last sampled token is never evaluated
     rows = tf.logits(prompt + out[:-1], cache=tf.new_cache())

@@ -285,34 +285,26 @@ MAX_TOKENS = 160
 
 
 class Driver:
-    """A prompt prefilled once; each run rewinds the KV cache to it and decodes under a constraint."""
+    """A model and a prompt; each run decodes under a constraint through the generation loop (generate.stream),
+    which reuses the prompt's cached K/V."""
 
     def __init__(self, path, prompt: str):
         import ggufrun
 
         self.model = ggufrun.load(path, n_ctx=512, n_threads=1)
         self.ids = self.model.tokenize(prompt, add_special=True, parse_special=True)
-        self.logits = self.model.transformer.forward(self.ids).copy()  # float32 [n_vocab] after the prompt
 
     def run(self, constraint: Constraint, params: SamplingParams, max_tokens: int = MAX_TOKENS) -> str:
-        tok, tf = self.model.tokenizer, self.model.transformer
-        tf.truncate(len(self.ids))
-        sampler = Sampler(params, self.model.n_vocab)
-        logits, history, out = self.logits, list(self.ids), []
-        for _ in range(max_tokens):
-            token, _ = sampler.sample(logits, history, constraint=constraint)
-            if token in tok.eog_ids:
-                assert constraint.is_accepting
-                break
-            constraint.advance(token)
-            out.append(token)
-            history.append(token)
-            if constraint.is_done:
-                break
-            logits = tf.forward([token])
-        else:
-            raise AssertionError(f"no end after {max_tokens} tokens: {tok.detokenize(out)!r}")
-        return tok.detokenize(out)
+        from ggufrun.generate import stream
+
+        m = self.model
+        chunks = list(stream(self.ids, m.transformer, m.cache, m.tokenizer, params, max_tokens, constraint=constraint))
+        text = "".join(c.text for c in chunks)
+        if chunks[-1].finish_reason == "length":
+            raise AssertionError(f"no end after {max_tokens} tokens: {text!r}")
+        if chunks[-1].token in m.tokenizer.eog_ids:
+            assert constraint.is_accepting
+        return text
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +332,6 @@ def test_at_least_twenty_schemas():
 
 
 @pytest.mark.real
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_json_schema_greedy_smollm2(smol, name):
     rf = {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True}}
@@ -349,7 +340,6 @@ def test_json_schema_greedy_smollm2(smol, name):
 
 
 @pytest.mark.real
-@pytest.mark.slow
 @pytest.mark.parametrize("name", SAMPLED_SCHEMAS)
 def test_json_schema_sampled_smollm2(smol, name):
     rf = {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name]}}
@@ -361,7 +351,6 @@ def test_json_schema_sampled_smollm2(smol, name):
 
 
 @pytest.mark.real
-@pytest.mark.slow
 def test_json_object_smollm2(smol):
     """Any object: plain greedy SmolLM2 repeats a key forever (valid JSON that never ends); the repetition penalty
     composes with the mask and ends it."""
@@ -371,7 +360,6 @@ def test_json_object_smollm2(smol):
 
 
 @pytest.mark.real
-@pytest.mark.slow
 @pytest.mark.parametrize("name", GEMMA_SCHEMAS)
 def test_json_schema_gemma3(gemma, name):
     rf = {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name]}}

@@ -190,27 +190,30 @@ def test_seed_reproduces_a_sample(server, no_eog):
     assert len(texts) == 1
 
 
-# ---- fields that are not implemented: 400 naming them, unless they ask for the default -------------------------
+# ---- fields that are not implemented, or wrong: 400 naming them, unless they ask for the default ---------------
 
 
 @pytest.mark.parametrize(
     "path, field, value",
     [
-        ("/v1/chat/completions", "response_format", {"type": "json_object"}),
-        ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("/v1/chat/completions", "tool_choice", "auto"),
-        ("/v1/chat/completions", "logprobs", True),
-        ("/v1/chat/completions", "top_logprobs", 2),
+        ("/v1/chat/completions", "response_format", {"type": "xml"}),
+        ("/v1/chat/completions", "response_format", {"type": "json_schema", "json_schema": {"schema": 5}}),
+        ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "no spaces allowed"}}]),
+        ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": 7}}}]),
+        ("/v1/chat/completions", "tool_choice", "required"),  # without tools
+        ("/v1/chat/completions", "functions", [{"name": "f"}]),
+        ("/v1/chat/completions", "logprobs", "yes"),
+        ("/v1/chat/completions", "top_logprobs", 2),  # without logprobs: true
         ("/v1/chat/completions", "n", 2),
         ("/v1/chat/completions", "store", True),
         ("/v1/chat/completions", "reasoning_effort", "low"),
         ("/v1/chat/completions", "modalities", ["text", "audio"]),
         ("/v1/chat/completions", "frobnicate", 1),
         ("/v1/chat/completions", "prompt", "hi"),
-        ("/v1/completions", "echo", True),
+        ("/v1/completions", "echo", "yes"),
         ("/v1/completions", "best_of", 3),
         ("/v1/completions", "suffix", "end"),
-        ("/v1/completions", "logprobs", 1),
+        ("/v1/completions", "logprobs", 21),
         ("/v1/completions", "n", 2),
         ("/v1/completions", "messages", HI),
         ("/v1/completions", "max_completion_tokens", 4),

@@ -240,7 +240,6 @@ SMOLLM2_TOOL_PROMPT = (
 
 
 @pytest.mark.real
-@pytest.mark.slow
 def test_required_call_on_smollm2(smollm2_path):
     import ggufrun
 
@@ -249,18 +248,7 @@ def test_required_call_on_smollm2(smollm2_path):
     system = SMOLLM2_TOOL_PROMPT.format(tools=json.dumps([t["function"] for t in TOOLS]))
     ids = model.chat_ids([{"role": "system", "content": system}, {"role": "user", "content": "Weather in Paris?"}])
     c = tool_call_constraint(fmt, TOOLS, "required", model.tokenizer)
-    sampler = Sampler(SamplingParams(temperature=0.0), model.n_vocab)
-    logits, out = model.transformer.forward(ids), []
-    for _ in range(80):
-        token, _ = sampler.sample(logits, ids + out, constraint=c)
-        if token in model.tokenizer.eog_ids:
-            break
-        c.advance(token)
-        out.append(token)
-        if c.is_done:
-            break
-        logits = model.transformer.forward([token])
-    text = model.detokenize(out)
+    text = "".join(ch.text for ch in model.generate(ids, 80, temperature=0, constraint=c))
     calls = calls_of(parse_tool_calls(text, fmt))
     assert calls and all(name in SCHEMAS for name, _ in calls), text
     for name, args in calls:

@@ -22,10 +22,10 @@ Any weight type with the same `REGISTRY[t].act` format can share one `qx`.
 
 Kernels compile lazily on first use (or load from Numba's on-disk cache); `warmup(qtypes)` does it up front.
 For Numba code that wants to skip Python dispatch: `REGISTRY[t].dot(w, *qx.arrays, out2d)` (parallel over
-rows), `REGISTRY[t].dequant(w, rows, out)`, `ACTIVATIONS[REGISTRY[t].act].quantize(x2d, *qx.arrays)`, and per
-output row `dot.row32(int(t), e.type_size, w, row_byte_offset, m, d, s, qs, sums)` (32-value block types) /
-`dot.rowk(int(t), e.type_size, w, row_byte_offset, qu, m, d, bsums16, bsums32, qs)` (K-quants, IQ4_XS),
-e = REGISTRY[t], the arrays those of qx.
+rows), `REGISTRY[t].dequant(w, rows, out)`, `ACTIVATIONS[REGISTRY[t].act].quantize(x2d, *qx.arrays)` (None
+for F32, whose arrays are (x2d,)), and per output row `dot.row32(int(t), e.type_size, w, row_byte_offset, m,
+d, s, qs, sums)` (32-value block types) / `dot.rowk(int(t), e.type_size, w, row_byte_offset, qu, m, d,
+bsums16, bsums32, qs)` (K-quants, IQ4_XS), e = REGISTRY[t], the arrays those of qx.
 Threads: the caller's `numba.set_num_threads`.
 
 >>> from ggufrun.reader import GGUFFile

@@ -12,7 +12,7 @@ import pytest
 CODE = """
 import sys, ggufrun
 m = ggufrun.load(sys.argv[1], n_threads=2, n_ctx=64)
-print(int(m.logits(m.tokenize("The capital of France is"))[-1].argmax()))
+print(m.detokenize([int(m.logits(m.tokenize("The capital of France is"))[-1].argmax())]))
 """
 
 
@@ -28,4 +28,4 @@ def test_empty_jit_cache_compiles_with_a_notice_then_is_cached(smollm2_path, tmp
     second = run()
     assert second.returncode == 0, second.stderr
     assert "compiling" not in second.stderr  # everything, helpers' kernels included, came from the cache
-    assert first.stdout == second.stdout and int(first.stdout) >= 0
+    assert first.stdout == second.stdout == " Paris\n"  # the greedy next token, from kernels compiled either way

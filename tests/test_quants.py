@@ -12,6 +12,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numba
 import numpy as np
 import pytest
@@ -79,6 +83,9 @@ def test_registry_matches_gguf_block_sizes():
     for t, e in Q.REGISTRY.items():
         assert (e.block_size, e.type_size) == GGML_QUANT_SIZES[t], t.name
         assert e.act in ("Q8_1", "Q8_K", t.name)
+        fmt = Q.ACTIVATIONS[e.act]
+        assert fmt.name == e.act and (fmt.block == 1) == (e.weight_dtype != np.uint8), t.name
+        assert e.block_size % fmt.block == 0, t.name  # a row of whole weight blocks is whole activation blocks
 
 
 def test_unsupported_type_names_tensor_and_type():
@@ -225,9 +232,8 @@ def test_q8_1_activations_match_llamacpp_x86():
     x[1, 32:64] = 0  # an all-zero block
     x[2, :32] = np.r_[127.0, np.arange(-15, 16) + 0.5]  # 127/amax = 1: exact half-integers, ties to even
     qx = Q.quantize_activations(x, T.Q4_1)
-    qu, d, s, qs, sums = qx.arrays
+    d, s, qs, sums = qx.arrays
     q_ref, d_ref, s_ref = _q8_x86_reference(x)
-    np.testing.assert_array_equal(qu.astype(np.int32) - 128, q_ref)
     np.testing.assert_array_equal(qs, q_ref)
     np.testing.assert_array_equal(d, d_ref)
     np.testing.assert_array_equal(s, s_ref)
@@ -244,8 +250,9 @@ def test_q8_0_activations_vs_gguf_quantize():
     ref = gguf_quantize(x, T.Q8_0).reshape(4, -1, 34)
     ref_d = ref[..., :2].copy().view(np.float16).astype(np.float32)[..., 0]
     ref_q = ref[..., 2:].copy().view(np.int8).astype(np.int32).reshape(4, -1)
-    np.testing.assert_array_equal(qx.arrays[1], ref_d)
-    ours = qx.arrays[0].astype(np.int32) - 128
+    d, _, qs, _ = qx.arrays
+    np.testing.assert_array_equal(d, ref_d)
+    ours = qs.astype(np.int32)
     v = np.abs(x.reshape(4, -1, 32) * (np.float32(127) / np.abs(x.reshape(4, -1, 32)).max(-1, keepdims=True)))
     near_tie = (np.abs(v - np.floor(v) - 0.5) < 1e-4).reshape(4, -1)
     assert np.all(np.abs(ours - ref_q) <= 1)
@@ -254,7 +261,7 @@ def test_q8_0_activations_vs_gguf_quantize():
     # an exact tie: 2.5 -> 2 (half to even, llama.cpp x86) where gguf-py gives 3
     t = np.zeros((1, 32), np.float32)
     t[0, 0], t[0, 1] = 127.0, 2.5
-    assert Q.quantize_activations(t, T.Q8_0).arrays[0][0, 1] - 128 == 2
+    assert Q.quantize_activations(t, T.Q8_0).arrays[2][0, 1] == 2
     assert gguf_quantize(t, T.Q8_0)[0, 3].view(np.int8) == 3
 
 
@@ -318,9 +325,9 @@ def _dequantized_activations(qx: Q.QuantizedActivations) -> np.ndarray:
     """The float64 values the kernels multiply: (quant) * d per block, or the rounded floats."""
     if qx.format not in ("Q8_1", "Q8_K"):
         return qx.arrays[0].astype(np.float64)
-    qu, d = qx.arrays[0], qx.arrays[1]
+    d, qs = (qx.arrays[0], qx.arrays[2]) if qx.format == "Q8_1" else (qx.arrays[1], qx.arrays[4])
     blk = qx.K // d.shape[1]
-    q = qu.astype(np.float64).reshape(qx.M, -1, blk) - 128
+    q = qs.astype(np.float64).reshape(qx.M, -1, blk)
     return (q * d.astype(np.float64)[..., None]).reshape(qx.M, qx.K)
 
 
@@ -331,7 +338,7 @@ def _min_term_error(w: np.ndarray, qtype: T, qx: Q.QuantizedActivations) -> np.n
         return 0.0
     e = Q.REGISTRY[qtype]
     mins = w.reshape(w.shape[0], -1, e.type_size)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
-    s = np.abs(qx.arrays[2].astype(np.float64))  # [M, nb]
+    s = np.abs(qx.arrays[1].astype(np.float64))  # Q8_1 s [M, nb]
     return 2.0**-11 * s @ np.abs(mins).T
 
 
@@ -445,5 +452,45 @@ def test_out_arguments_and_shape_errors():
         Q.matvec(w[:, :40], T.Q8_0, x)
 
 
-def test_warmup_reports_seconds():
-    assert Q.warmup([T.Q8_0, T.Q4_K, T.F32]) >= 0.0
+WARM_TYPES = "Q8_0,F16"
+WARMUP_CODE = """
+import sys
+from gguf import GGMLQuantizationType as T
+from ggufrun import quants
+print(quants.warmup([T[n] for n in sys.argv[1].split(",")]))
+"""
+# A model's first calls: read-only weights (as the reader's mmap views), every entry point warmup promises.
+FORWARD_CODE = """
+import sys
+import numba
+import numpy as np
+from numba.core.event import install_recorder
+from gguf import GGMLQuantizationType as T
+from ggufrun import quants
+with install_recorder("numba:compile") as rec:
+    for name in sys.argv[1].split(","):
+        e = quants.REGISTRY[T[name]]
+        w = np.zeros((3, 256 // e.block_size * e.type_size), np.uint8).view(e.weight_dtype)
+        w.setflags(write=False)
+        quants.get_rows(w, e.qtype, [2, 0])
+        quants.matvec(w, e.qtype, np.ones(256, np.float32))
+        quants.matmul(w, e.qtype, np.ones((5, 256), np.float32))
+with install_recorder("numba:compile") as control:  # a function no cache holds: the recorder does see compiles
+    numba.njit(lambda v: v + 1)(1)
+print(len(rec.buffer), len(control.buffer))
+"""
+
+
+def _run_python(code: str, cache_dir, *args: str) -> str:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir))
+    p = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_warmup_leaves_every_kernel_in_the_cache(tmp_path):
+    """warmup in one process; a second process runs get_rows / matvec / matmul without compiling anything."""
+    cache = tmp_path / "numba-cache"
+    assert float(_run_python(WARMUP_CODE, cache, WARM_TYPES)) > 0.0
+    assert _run_python(FORWARD_CODE, cache, WARM_TYPES) == "0 2"

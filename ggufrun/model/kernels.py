@@ -5,8 +5,13 @@ out; a zero-length array stands for an absent optional tensor (bias, norm weight
 or IEEE half floats stored as uint16 (Numba has no float16): `_kv_load` / `_kv_store` convert one value with the
 CPU's F16C instructions (LLVM `fpext`/`fptrunc` on `half`), so the loops still vectorise.
 
-All helpers a kernel calls are in this module (Numba's on-disk cache does not notice edits to other files); the one
-import is the F32x8 lane type of ggufrun.quants.dot, a type registration that generates no code.
+All helpers a kernel calls are in this module: Numba's on-disk cache keys a kernel on its own source file, so a
+kernel that inlined a helper from another file would keep running stale machine code after that file changed. The
+one import is the F32x8 lane type of ggufrun.quants.dot, a type registration that generates no code. For the same
+reason the few 8 x float32 intrinsics attention needs are written here rather than imported from the vector
+vocabulary of ggufrun.quants.dot; they are named after their counterparts there (_ld_f32x8 / ld_f32x8, _fma_v /
+fma_v, ...) but index arrays by element rather than by byte (a uint16 KV cache row holds IEEE halves), and their
+FMA is always llvm.fma (ggml's exp needs the single rounding even where the CPU has no FMA instruction).
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ def _i32_as_f32(typingctx, i):
 
 # ---- 8 x float32 vectors for attention (the lane type is ggufrun.quants.dot's F32x8) ------------------------------
 # Attention tiles keep their accumulators in registers through these. Multiply-adds are llvm.fma, as in the
-# scalar _fma, so a lane computes exactly what the scalar code would.
+# scalar _fma, so a lane computes exactly what the scalar code would. Why not ggufrun.quants.dot's: see the
+# module docstring.
 
 _V8 = ir.VectorType(ir.FloatType(), 8)
 
@@ -81,7 +87,7 @@ def _elem_ptr(context, builder, aryty, ary, idx, idxty):
 
 
 @intrinsic
-def _ld8(typingctx, a, i):
+def _ld_f32x8(typingctx, a, i):
     """a[i:i+8] (flat element index into a C-contiguous array) as float32 lanes; uint16 arrays hold IEEE halves."""
     if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype in (types.uint16, types.float32)):
         return None
@@ -97,7 +103,7 @@ def _ld8(typingctx, a, i):
 
 
 @intrinsic
-def _st8(typingctx, a, i, v):
+def _st_f32x8(typingctx, a, i, v):
     """a[i:i+8] = v, a float32 C-contiguous."""
     if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32):
         return None
@@ -111,7 +117,7 @@ def _st8(typingctx, a, i, v):
 
 
 @intrinsic
-def _bc8(typingctx, x):
+def _fbcast(typingctx, x):
     """x in every lane."""
     if x != types.float32:
         return None
@@ -124,7 +130,7 @@ def _bc8(typingctx, x):
 
 
 @intrinsic
-def _z8(typingctx):
+def _fzero(typingctx):
     def codegen(context, builder, sig, args):
         return ir.Constant(_V8, [0.0] * 8)
 
@@ -132,7 +138,7 @@ def _z8(typingctx):
 
 
 @intrinsic
-def _fma8(typingctx, acc, a, b):
+def _fma_v(typingctx, acc, a, b):
     """a * b + acc, lane-wise, rounded once (llvm.fma, like the scalar _fma)."""
 
     def codegen(context, builder, sig, args):
@@ -379,18 +385,18 @@ def _scores_one(q, qo, keys, t0, n, s):
     """s[:n] = q[qo:qo+hd] . keys[:, t0:t0+n], keys [hd, n_ctx + KV_PAD]; 32 positions at a time, 4 chains."""
     stride = keys.shape[1]
     for t in range(0, n, 32):
-        a0, a1, a2, a3 = _z8(), _z8(), _z8(), _z8()
+        a0, a1, a2, a3 = _fzero(), _fzero(), _fzero(), _fzero()
         for i in range(keys.shape[0]):
-            qi = _bc8(q[qo + i])
+            qi = _fbcast(q[qo + i])
             o = i * stride + t0 + t
-            a0 = _fma8(a0, qi, _ld8(keys, o))
-            a1 = _fma8(a1, qi, _ld8(keys, o + 8))
-            a2 = _fma8(a2, qi, _ld8(keys, o + 16))
-            a3 = _fma8(a3, qi, _ld8(keys, o + 24))
-        _st8(s, t, a0)
-        _st8(s, t + 8, a1)
-        _st8(s, t + 16, a2)
-        _st8(s, t + 24, a3)
+            a0 = _fma_v(a0, qi, _ld_f32x8(keys, o))
+            a1 = _fma_v(a1, qi, _ld_f32x8(keys, o + 8))
+            a2 = _fma_v(a2, qi, _ld_f32x8(keys, o + 16))
+            a3 = _fma_v(a3, qi, _ld_f32x8(keys, o + 24))
+        _st_f32x8(s, t, a0)
+        _st_f32x8(s, t + 8, a1)
+        _st_f32x8(s, t + 16, a2)
+        _st_f32x8(s, t + 24, a3)
 
 
 @numba.njit(inline="always", **ATT)
@@ -399,18 +405,18 @@ def _values_one(p, values, t0, n, out, oo):
     hd = values.shape[1]
     i = 0
     while i + 32 <= hd:
-        c0, c1, c2, c3 = _z8(), _z8(), _z8(), _z8()
+        c0, c1, c2, c3 = _fzero(), _fzero(), _fzero(), _fzero()
         for t in range(n):
-            pt = _bc8(p[t])
+            pt = _fbcast(p[t])
             o = (t0 + t) * hd + i
-            c0 = _fma8(c0, pt, _ld8(values, o))
-            c1 = _fma8(c1, pt, _ld8(values, o + 8))
-            c2 = _fma8(c2, pt, _ld8(values, o + 16))
-            c3 = _fma8(c3, pt, _ld8(values, o + 24))
-        _st8(out, oo + i, c0)
-        _st8(out, oo + i + 8, c1)
-        _st8(out, oo + i + 16, c2)
-        _st8(out, oo + i + 24, c3)
+            c0 = _fma_v(c0, pt, _ld_f32x8(values, o))
+            c1 = _fma_v(c1, pt, _ld_f32x8(values, o + 8))
+            c2 = _fma_v(c2, pt, _ld_f32x8(values, o + 16))
+            c3 = _fma_v(c3, pt, _ld_f32x8(values, o + 24))
+        _st_f32x8(out, oo + i, c0)
+        _st_f32x8(out, oo + i + 8, c1)
+        _st_f32x8(out, oo + i + 16, c2)
+        _st_f32x8(out, oo + i + 24, c3)
         i += 32
     for j in range(i, hd):
         acc = np.float32(0.0)
@@ -450,27 +456,27 @@ def _scores_block(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc):
     (in sc's rows 0..3); tiles of 16 positions x 4 queries, each lane the chain _scores_one computes."""
     stride = keys.shape[1]
     for t in range(lo, hi, 16):
-        a0, a1, b0, b1 = _z8(), _z8(), _z8(), _z8()
-        c0, c1, e0, e1 = _z8(), _z8(), _z8(), _z8()
+        a0, a1, b0, b1 = _fzero(), _fzero(), _fzero(), _fzero()
+        c0, c1, e0, e1 = _fzero(), _fzero(), _fzero(), _fzero()
         for i in range(keys.shape[0]):
             o = i * stride + t0 + t
-            k0, k1 = _ld8(keys, o), _ld8(keys, o + 8)
-            x = _bc8(q[r0, qo + i])
-            a0, a1 = _fma8(a0, x, k0), _fma8(a1, x, k1)
-            x = _bc8(q[r1, qo + i])
-            b0, b1 = _fma8(b0, x, k0), _fma8(b1, x, k1)
-            x = _bc8(q[r2, qo + i])
-            c0, c1 = _fma8(c0, x, k0), _fma8(c1, x, k1)
-            x = _bc8(q[r3, qo + i])
-            e0, e1 = _fma8(e0, x, k0), _fma8(e1, x, k1)
-        _st8(sc[0], t, a0)
-        _st8(sc[0], t + 8, a1)
-        _st8(sc[1], t, b0)
-        _st8(sc[1], t + 8, b1)
-        _st8(sc[2], t, c0)
-        _st8(sc[2], t + 8, c1)
-        _st8(sc[3], t, e0)
-        _st8(sc[3], t + 8, e1)
+            k0, k1 = _ld_f32x8(keys, o), _ld_f32x8(keys, o + 8)
+            x = _fbcast(q[r0, qo + i])
+            a0, a1 = _fma_v(a0, x, k0), _fma_v(a1, x, k1)
+            x = _fbcast(q[r1, qo + i])
+            b0, b1 = _fma_v(b0, x, k0), _fma_v(b1, x, k1)
+            x = _fbcast(q[r2, qo + i])
+            c0, c1 = _fma_v(c0, x, k0), _fma_v(c1, x, k1)
+            x = _fbcast(q[r3, qo + i])
+            e0, e1 = _fma_v(e0, x, k0), _fma_v(e1, x, k1)
+        _st_f32x8(sc[0], t, a0)
+        _st_f32x8(sc[0], t + 8, a1)
+        _st_f32x8(sc[1], t, b0)
+        _st_f32x8(sc[1], t + 8, b1)
+        _st_f32x8(sc[2], t, c0)
+        _st_f32x8(sc[2], t + 8, c1)
+        _st_f32x8(sc[3], t, e0)
+        _st_f32x8(sc[3], t + 8, e1)
 
 
 @numba.njit(inline="always", **ATT)
@@ -481,30 +487,30 @@ def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo):
     p0, p1, p2, p3 = sc[0], sc[1], sc[2], sc[3]
     i = 0
     while i + 16 <= hd:
-        a0, a1, b0, b1 = _z8(), _z8(), _z8(), _z8()
-        c0, c1, e0, e1 = _z8(), _z8(), _z8(), _z8()
+        a0, a1, b0, b1 = _fzero(), _fzero(), _fzero(), _fzero()
+        c0, c1, e0, e1 = _fzero(), _fzero(), _fzero(), _fzero()
         for t in range(lo, hi):
             o = (t0 + t) * hd + i
-            v0, v1 = _ld8(values, o), _ld8(values, o + 8)
-            x = _bc8(p0[t])
-            a0, a1 = _fma8(a0, x, v0), _fma8(a1, x, v1)
-            x = _bc8(p1[t])
-            b0, b1 = _fma8(b0, x, v0), _fma8(b1, x, v1)
-            x = _bc8(p2[t])
-            c0, c1 = _fma8(c0, x, v0), _fma8(c1, x, v1)
-            x = _bc8(p3[t])
-            e0, e1 = _fma8(e0, x, v0), _fma8(e1, x, v1)
-        _st8(out[r0], oo + i, a0)
-        _st8(out[r0], oo + i + 8, a1)
+            v0, v1 = _ld_f32x8(values, o), _ld_f32x8(values, o + 8)
+            x = _fbcast(p0[t])
+            a0, a1 = _fma_v(a0, x, v0), _fma_v(a1, x, v1)
+            x = _fbcast(p1[t])
+            b0, b1 = _fma_v(b0, x, v0), _fma_v(b1, x, v1)
+            x = _fbcast(p2[t])
+            c0, c1 = _fma_v(c0, x, v0), _fma_v(c1, x, v1)
+            x = _fbcast(p3[t])
+            e0, e1 = _fma_v(e0, x, v0), _fma_v(e1, x, v1)
+        _st_f32x8(out[r0], oo + i, a0)
+        _st_f32x8(out[r0], oo + i + 8, a1)
         if nr > 1:
-            _st8(out[r0 + 1], oo + i, b0)
-            _st8(out[r0 + 1], oo + i + 8, b1)
+            _st_f32x8(out[r0 + 1], oo + i, b0)
+            _st_f32x8(out[r0 + 1], oo + i + 8, b1)
         if nr > 2:
-            _st8(out[r0 + 2], oo + i, c0)
-            _st8(out[r0 + 2], oo + i + 8, c1)
+            _st_f32x8(out[r0 + 2], oo + i, c0)
+            _st_f32x8(out[r0 + 2], oo + i + 8, c1)
         if nr > 3:
-            _st8(out[r0 + 3], oo + i, e0)
-            _st8(out[r0 + 3], oo + i + 8, e1)
+            _st_f32x8(out[r0 + 3], oo + i, e0)
+            _st_f32x8(out[r0 + 3], oo + i + 8, e1)
         i += 16
     for r in range(nr):
         for j in range(i, hd):

@@ -17,9 +17,6 @@ from gguf import GGMLQuantizationType
 from .. import quants
 from ..reader import TensorInfo
 
-# the activation quantizers quants documents for callers that skip its Python checks: format -> njit(x, *arrays)
-_QUANTIZERS = {"Q8_1": quants.dot.quantize_q8_1, "Q8_K": quants.dot.quantize_q8_k}
-
 
 @dataclass(frozen=True)
 class Linear:
@@ -57,12 +54,12 @@ class Projector:
         """x: float32 [M, K], C-contiguous."""
         key = (lin.act, x.shape[0], x.shape[1])
         qx = self._buffers.get(key)
-        if qx is not None and lin.act in _QUANTIZERS:  # reuse: straight to the kernel, skipping the checks
-            _QUANTIZERS[lin.act](x, *qx.arrays)
+        if qx is not None:  # reuse: straight to the quantizer kernel, skipping the checks
+            quants.ACTIVATIONS[lin.act].quantize(x, *qx.arrays)
             return qx
-        qx = quants.quantize_activations(x, lin.qtype, out=qx)
-        if lin.act != "F32" and x.shape[0] in (1, self.max_rows):  # F32 "quantization" is x itself
-            self._buffers[key] = qx
+        qx = quants.quantize_activations(x, lin.qtype)
+        if quants.ACTIVATIONS[lin.act].quantize is not None and x.shape[0] in (1, self.max_rows):
+            self._buffers[key] = qx  # (F32 "quantization" is x itself: nothing to keep)
         return qx
 
     def __call__(self, x: np.ndarray, *pairs: tuple[Linear, np.ndarray]) -> None:

@@ -22,10 +22,10 @@ Any weight type with the same `REGISTRY[t].act` format can share one `qx`.
 
 Kernels compile lazily on first use (or load from Numba's on-disk cache); `warmup(qtypes)` does it up front.
 For Numba code that wants to skip Python dispatch: `REGISTRY[t].dot(w, *qx.arrays, out2d)` (parallel over
-rows), `REGISTRY[t].dequant(w, rows, out)`, the activation quantizers `ggufrun.quants.dot.quantize_q8_1 /
-quantize_q8_k`, and per output row `dot.row32(e.kind, e.type_size, w, row_byte_offset, qu, m, d, s, qs, sums)`
-(32-value block types) / `dot.rowk(e.kind, e.type_size, w, row_byte_offset, qu, m, d, bsums16, bsums32, qs)`
-(K-quants, IQ4_XS), e = REGISTRY[t], the arrays those of qx.
+rows), `REGISTRY[t].dequant(w, rows, out)`, `ACTIVATIONS[REGISTRY[t].act].quantize(x2d, *qx.arrays)` (None
+for F32, whose arrays are (x2d,)), and per output row `dot.row32(int(t), e.type_size, w, row_byte_offset, m,
+d, s, qs, sums)` (32-value block types) / `dot.rowk(int(t), e.type_size, w, row_byte_offset, qu, m, d,
+bsums16, bsums32, qs)` (K-quants, IQ4_XS), e = REGISTRY[t], the arrays those of qx.
 Threads: the caller's `numba.set_num_threads`.
 
 >>> from ggufrun.reader import GGUFFile
@@ -42,10 +42,11 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ..errors import GGUFError
-from . import dot as _dot
-from .registry import REGISTRY, SUPPORTED_TYPES, QuantType
+from .registry import ACTIVATIONS, REGISTRY, SUPPORTED_TYPES, ActivationFormat, QuantType
 
 __all__ = [
+    "ACTIVATIONS",
+    "ActivationFormat",
     "REGISTRY",
     "SUPPORTED_TYPES",
     "QuantType",
@@ -164,10 +165,10 @@ def _out(out, shape, what) -> np.ndarray:
 
 @dataclass(frozen=True)
 class QuantizedActivations:
-    """M rows of K activations in the format a weight type's dot kernel takes (see ggufrun.quants.dot).
+    """M rows of K activations in the format a weight type's dot kernel takes (`ACTIVATIONS[format]`).
 
-    format "Q8_1": arrays = (qu uint8 [M, K] (quant + 128), d float32 [M, K/32], s float32 [M, K/32],
-                             qs int8 [M, K] (quant), sums int32 [M, K/32])
+    format "Q8_1": arrays = (d float32 [M, K/32], s float32 [M, K/32], qs int8 [M, K] (quant),
+                             sums int32 [M, K/32])
     format "Q8_K": arrays = (qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16 int32 [M, K/16],
                              bsums32 int32 [M, K/32], qs int8 [M, K] (quant))
     format "F32" / "F16" / "BF16": arrays = (x float32 [M, K],), rounded to the weight's precision
@@ -179,54 +180,27 @@ class QuantizedActivations:
     arrays: tuple[np.ndarray, ...]
 
 
-_BLOCK = {"Q8_1": 32, "Q8_K": 256}
-
-
 def quantize_activations(x: np.ndarray, qtype, out: QuantizedActivations | None = None) -> QuantizedActivations:
     """Quantize x (float32 [K] or [M, K]) once for weights of type `qtype` (and any type sharing its format).
 
     `out`: a previous result of the same format and shape whose buffers are reused.
     """
-    fmt = _entry(qtype).act
+    fmt = ACTIVATIONS[_entry(qtype).act]
     x2 = np.ascontiguousarray(x, dtype=np.float32)
     x2 = x2.reshape(1, -1) if x2.ndim == 1 else x2
     if x2.ndim != 2:
         raise ValueError(f"activations must be [K] or [M, K], got shape {np.shape(x)}")
     M, K = x2.shape
-    if out is not None and (out.format != fmt or out.M != M or out.K != K):
-        raise ValueError(f"out holds {out.format} [{out.M}, {out.K}], need {fmt} [{M}, {K}]")
-    if fmt in _BLOCK:
-        blk = _BLOCK[fmt]
-        if K % blk:
-            raise ValueError(f"{fmt} activations need K divisible by {blk}, got K={K}")
-        if out is None:
-            qu = np.empty((M, K), np.uint8)
-            d = np.empty((M, K // blk), np.float32)
-            if fmt == "Q8_1":
-                arrays = (
-                    qu,
-                    d,
-                    np.empty((M, K // 32), np.float32),
-                    np.empty((M, K), np.int8),
-                    np.empty((M, K // 32), np.int32),
-                )
-            else:
-                arrays = (
-                    qu,
-                    d,
-                    np.empty((M, K // 16), np.int32),
-                    np.empty((M, K // 32), np.int32),
-                    np.empty((M, K), np.int8),
-                )
-            out = QuantizedActivations(fmt, M, K, arrays)
-        (_dot.quantize_q8_1 if fmt == "Q8_1" else _dot.quantize_q8_k)(x2, *out.arrays)
-        return out
-    if fmt == "F32":
-        # the dot kernel is compiled for writable arrays; a read-only x would compile a second variant
-        return QuantizedActivations(fmt, M, K, (x2 if x2.flags.writeable else x2.copy(),))
+    if out is not None and (out.format != fmt.name or out.M != M or out.K != K):
+        raise ValueError(f"out holds {out.format} [{out.M}, {out.K}], need {fmt.name} [{M}, {K}]")
+    if K % fmt.block:
+        raise ValueError(f"{fmt.name} activations need K divisible by {fmt.block}, got K={K}")
+    if fmt.quantize is None:
+        # F32: x itself. The dot kernel is compiled for writable arrays; a read-only x would compile a second variant
+        return QuantizedActivations(fmt.name, M, K, (x2 if x2.flags.writeable else x2.copy(),))
     if out is None:
-        out = QuantizedActivations(fmt, M, K, (np.empty((M, K), np.float32),))
-    (_dot.round_f16_rows if fmt == "F16" else _dot.round_bf16_rows)(x2, out.arrays[0])
+        out = QuantizedActivations(fmt.name, M, K, fmt.empty(M, K))
+    fmt.quantize(x2, *out.arrays)
     return out
 
 

@@ -14,21 +14,45 @@ vocabulary of vector intrinsics defined below (256-bit vectors: 32 x int8, 8 x i
 with a portable LLVM IR fallback for CPUs without AVX2 / VNNI / F16C. Offsets into arrays are flat byte
 offsets.
 
+Why one file: Numba's on-disk cache (`cache=True`) keys a kernel on its own source file only, so a kernel would
+keep running stale machine code after an edit to a helper or intrinsic in another file. Everything the kernels
+inline lives here instead (STYLE.md, point 5), and the sections below are in the order a block's data flows:
+
+    1. Target features and kinds  HAS_AVX2 / HAS_VNNI / HAS_F16C / HAS_FMA; the kind constants (GGML type numbers)
+    2. Vector vocabulary          Numba types I8x32 / I32x8 / F32x8 and the intrinsics on them: scalar loads,
+                                  32 x int8 (code decoding), 8 x int32 (integer dots, scales), 8 x float32.
+                                  Loads and stores say lane type and count (ld_i8x32, ld_f32x8, st_i8x8);
+                                  int32-lane operations start with i (izero, isum1, imadd16), float ones with
+                                  f (fzero, fma_v, fscale)
+    3. Activation quantizers      quantize_q8_1, quantize_q8_k, round_f16_rows, round_bf16_rows
+    4. Row dots                   per weight family, the dot of weight rows with activation rows:
+                                  32-value blocks (_block32, row32, rows8x1, rows8x4), K-quants (_scales_k,
+                                  _group_k, rowk, rowkx4), float weights (row_float, row_floatx4)
+    5. Kernels                    dot_<type>(w, *activation arrays, out): a prange over chunks of weight rows,
+                                  each calling a serial _rows_<type> worker
+
+A weight type's knowledge is its layout comment in registry.py, its dequant kernel, and here: its branch in
+_block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_k, _mins_k, _min_term, _signed_k (K-quants),
+plus one `_rows_<type>` / `dot_<type>` pair. `kind` is the weight's GGML type number, a compile-time constant in
+every kernel, so the branches on it fold away.
+
 Activation layouts (structure of arrays, leading dimension M = number of activation rows):
-    Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): qu uint8 [M, K] (quant + 128), d float32 [M, K/32]
-        (fp16-rounded scale), s float32 [M, K/32] (fp16(d * sum of quants), Q8_1's s), qs int8 [M, K]
-        (the quants), sums int32 [M, K/32]
+    Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): d float32 [M, K/32] (fp16-rounded scale), s float32
+        [M, K/32] (fp16(d * sum of quants), Q8_1's s), qs int8 [M, K] (the quants), sums int32 [M, K/32]
     Q8_K (for Q2_K..Q6_K, IQ4_XS): qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16 int32
         [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values), qs int8 [M, K]
     F32 / F16 / BF16 weights: x float32 [M, K], rounded to f16 / bf16 first for F16 / BF16 weights
-Two forms of the same quants: qs (signed) meets unsigned weight codes; qu (+128, unsigned) meets signed codes,
-corrected by -128 * sum(codes) (corr128). The 32-value types use qs only; K-quants with a code offset use qu.
+vpdpbusd multiplies unsigned bytes by signed bytes. Weight codes without an offset (Q4_K, Q5_K, Q2_K) and the
+unsigned codes of the 32-value types (their offset is taken off afterwards, times the block's quant sum) meet
+the signed quants qs. K-quant codes with an offset (Q3_K, Q6_K, IQ4_XS) stay signed and meet qu = q + 128,
+corrected by -128 * sum(codes) (corr128): Q8_K stores the quants in both forms, Q8_1 only as qs.
 """
 
 from __future__ import annotations
 
 import llvmlite.binding as llb
 import numpy as np
+from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils, config
@@ -37,7 +61,7 @@ from numba.extending import intrinsic, models, register_model
 from .jit import DOT, DOT_PARALLEL, EXACT
 
 # ---------------------------------------------------------------------------------------------------------
-# Target features: x86 intrinsics only where the CPU Numba compiles for has them.
+# 1. Target features: x86 intrinsics only where the CPU Numba compiles for has them.
 
 
 def _target_features() -> set[str]:
@@ -54,8 +78,13 @@ HAS_AVX2 = "avx2" in _FEATS
 HAS_F16C = "f16c" in _FEATS
 HAS_FMA = "fma" in _FEATS
 
+# Kinds: the row dots and workers take the weight's GGML type number as a compile-time constant and branch on it.
+F32, F16, BF16 = T.F32.value, T.F16.value, T.BF16.value
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (t.value for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL))
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (t.value for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS))
+
 # ---------------------------------------------------------------------------------------------------------
-# Vector types: Numba values backed by LLVM vectors.
+# 2. Vector vocabulary. Types: Numba values backed by LLVM vectors.
 
 
 class Vec(types.Type):
@@ -246,7 +275,7 @@ def prefetch(typingctx, a, off):
 
 
 @intrinsic
-def ld32(typingctx, a, off):
+def ld_i8x32(typingctx, a, off):
     """32 bytes at byte `off`."""
     if not _is_ptr_args(a, off):
         return None
@@ -505,6 +534,20 @@ def isum1(typingctx, p):
         return builder.call(fn, [args[0]])
 
     return types.int32(I32x8), codegen
+
+
+@intrinsic
+def st_i8x8(typingctx, a, off, v):
+    """Store the low byte of each int32 lane of v (8 bytes) at byte `off` of `a`: int8 quants from int32 lanes."""
+    if not _is_ptr_args(a, off) or v != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.VectorType(_i8, 8))
+        builder.store(builder.trunc(args[2], ir.VectorType(_i8, 8)), ptr, align=1)
+        return context.get_dummy_value()
+
+    return types.none(a, off, I32x8), codegen
 
 
 @intrinsic
@@ -813,6 +856,19 @@ def fadd_v(typingctx, a, b):
 
 
 @intrinsic
+def rint_i32x8(typingctx, v):
+    """float32 lanes -> the nearest integers, ties to even, as int32 lanes (np.int32(np.rint(x)) per lane)."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8f32, [_v8f32]), "llvm.rint.v8f32")
+        return builder.fptosi(builder.call(fn, [args[0]]), _v8i32)
+
+    return I32x8(F32x8), codegen
+
+
+@intrinsic
 def fcvt(typingctx, v):
     """int32 lanes -> float32 lanes (exact below 2^24)."""
 
@@ -920,14 +976,14 @@ def ld_bf16x8(typingctx, a, off):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Activation quantization. Rounding follows llama.cpp's x86 build, which produced the reference logits:
+# 3. Activation quantization. Rounding follows llama.cpp's x86 build, which produced the reference logits:
 # quantize_row_q8_0 / q8_1 (ggml-cpu/arch/x86/quants.c): d = amax/127, q = round-half-even(x * (127/amax)),
 # d stored as fp16; Q8_1 also stores s = fp16(d * sum(q)) with the unrounded d.
 # quantize_row_q8_K_ref (ggml-quants.c, also used on x86): iscale = -127/max (max = the first element of
 # largest magnitude, with its sign), q = min(127, nearest_int(iscale * x)), d = 1/iscale as float32,
 # plus sums of q over each 16 values (bsums; we also keep sums over 32).
-# The quants are stored twice, as q + 128 (uint8, 1..255: vpdpbusd wants its first operand unsigned) for the
-# 4-row kernels and as q (int8) for the 1-row kernels (see the module docstring).
+# The quants are stored as q (int8); Q8_K also stores them as q + 128 (uint8, 1..255: vpdpbusd wants its first
+# operand unsigned) for the K-quants whose codes stay signed (see the module docstring).
 
 
 @njit(inline="always", **EXACT)
@@ -942,9 +998,9 @@ def _amax(xi, m, o, n):
 
 
 @njit(**EXACT)
-def quantize_q8_1(x, qu, d, s, qs, sums):
-    """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d float32 [M, K/32] (fp16-rounded), s [M, K/32],
-    qs int8 [M, K] (q), sums int32 [M, K/32] (sum of q per block)."""
+def quantize_q8_1(x, d, s, qs, sums):
+    """x float32 [M, K] -> d float32 [M, K/32] (fp16-rounded), s [M, K/32], qs int8 [M, K] (q),
+    sums int32 [M, K/32] (sum of q per block)."""
     M, K = x.shape
     xi = x.view(np.int32)
     for m in range(M):
@@ -952,12 +1008,11 @@ def quantize_q8_1(x, qu, d, s, qs, sums):
             amax = _amax(xi, m, b * 32, 32)
             dm = amax / np.float32(127.0)
             inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-            tot = 0
-            for j in range(b * 32, b * 32 + 32):
-                q = np.int32(np.rint(x[m, j] * inv))
-                qu[m, j] = q + 128
-                qs[m, j] = q
-                tot += q
+            tot = np.int32(0)
+            for j in range(b * 32, b * 32 + 32, 8):  # 8 lanes at a time: LLVM would unroll a scalar loop instead
+                q = rint_i32x8(fscale(ld_f32x8(x, 4 * (m * K + j)), inv))
+                st_i8x8(qs, m * K + j, q)
+                tot += isum1(q)
             d[m, b] = round_f16(dm)
             s[m, b] = round_f16(dm * np.float32(tot))
             sums[m, b] = tot
@@ -1015,7 +1070,7 @@ def round_bf16_rows(x, out):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Dot products. Each weight block is decoded to 8-bit codes in registers and multiplied with the 8-bit
+# 4. Row dots. Each weight block is decoded to 8-bit codes in registers and multiplied with the 8-bit
 # activation quants in int32 lanes (exact), then float multiply-adds fold the integers into the result:
 #   32-value types (row32, rows8x1, rows8x4): 8 weight rows at a time, lane r = output row r. Per block, the 8
 #     rows' exact integer dots (unsigned codes . signed quants, minus offset x the block's quant sum) are folded
@@ -1029,8 +1084,7 @@ def round_bf16_rows(x, out):
 # sequence, so a row's result never depends on the rows processed with it (tests/test_quants.py checks bit
 # equality). `kind` is a compile-time constant: the branches on it fold away (LLVM inlines the small helpers).
 
-# 32-value block types
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = range(6)
+# ---- 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) ------------------------------------------
 
 
 @njit(**DOT)
@@ -1048,7 +1102,7 @@ def _block32(kind, w, o, unsigned):
     if kind == Q5_1:
         return vor(ld_nib(w, o + 8), bits32_to(ld_u32(w, o + 4), 16)), ld_f16(w, o), ld_f16(w, o + 2)
     if kind == Q8_0:
-        q = ld32(w, o + 2)
+        q = ld_i8x32(w, o + 2)
         return (flip(q) if unsigned else q), ld_f16(w, o), np.float32(0.0)
     q = ld_nib(w, o + 2)  # IQ4_NL
     return (iq4_lut_u(q) if unsigned else iq4_lut(q)), ld_f16(w, o), np.float32(0.0)
@@ -1067,9 +1121,8 @@ def _offset32(kind):
 
 
 @njit(inline="always", **DOT)
-def row32(kind, bsize, w, wo, qu, m, d, s, qs, sums):
-    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes (qu unused: kept so
-    that every 32-value kernel takes the activation arrays in the order quantize_q8_1 fills them).
+def row32(kind, bsize, w, wo, m, d, s, qs, sums):
+    """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes.
 
     Per block: the exact integer dot (unsigned codes . signed quants, minus offset x the block's quant sum),
     then acc = fma(float(isum), d_w * d_x, acc); rows8x1 / rows8x4 compute each of their lanes the same way."""
@@ -1079,7 +1132,7 @@ def row32(kind, bsize, w, wo, qu, m, d, s, qs, sums):
     accm = np.float32(0.0)
     for b in range(K // 32):
         u, dw, mw = _block32(kind, w, wo + b * bsize, True)
-        isum = isum1(dpbusd(izero(), u, ld32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
+        isum = isum1(dpbusd(izero(), u, ld_i8x32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
         acc = sfma(np.float32(isum), dw * d[m, b], acc)
         if kind == Q4_1 or kind == Q5_1:
             accm = sfma(mw, s[m, b], accm)  # the min term m * d_x * sum(q_x) (Q8_1's s), fused as llama.cpp's
@@ -1101,7 +1154,7 @@ def _codes8(kind, w, o, rb):
 def _dots8(u, qs, xo, corr):
     """Exact integer dots of 8 blocks' unsigned codes u (from _codes8) with the quants at byte xo, minus corr,
     one per lane."""
-    x = ld32(qs, xo)
+    x = ld_i8x32(qs, xo)
     p = isum8(
         dpbusd(izero(), u[0], x), dpbusd(izero(), u[1], x), dpbusd(izero(), u[2], x), dpbusd(izero(), u[3], x),
         dpbusd(izero(), u[4], x), dpbusd(izero(), u[5], x), dpbusd(izero(), u[6], x), dpbusd(izero(), u[7], x),
@@ -1154,8 +1207,8 @@ def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     return fadd_v(a0, m0), fadd_v(a1, m1), fadd_v(a2, m2), fadd_v(a3, m3)
 
 
-# 256-value super-block types: 8 groups of 32 values, each with two integer scales (values 0-15, 16-31)
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = range(6)
+# ---- K-quants and IQ4_XS: 256-value super-blocks of 8 groups of 32 values, each group with two integer scales
+# (values 0-15, 16-31) -----------------------------------------------------------------------------------------
 
 
 @njit(**DOT)
@@ -1184,19 +1237,19 @@ def _group_k(kind, w, o, g, sc0, sc1, unsigned):
     Written without branches on g, so it is cheap whether or not LLVM unrolls the loop over g.
     """
     if kind == Q4_K:  # low (g even) or high nibbles of qs[32*(g//2):]
-        return field(ld32(w, o + 16 + 32 * (g // 2)), 4 * (g % 2), 15, 0), ibcast(sc0, g)
+        return field(ld_i8x32(w, o + 16 + 32 * (g // 2)), 4 * (g % 2), 15, 0), ibcast(sc0, g)
     if kind == Q5_K:  # Q4_K's nibbles plus bit g of qh[l] as bit 4
-        low = field(ld32(w, o + 48 + 32 * (g // 2)), 4 * (g % 2), 15, 0)
-        return vor(low, bit_to(ld32(w, o + 16), g, 16)), ibcast(sc0, g)
+        low = field(ld_i8x32(w, o + 48 + 32 * (g // 2)), 4 * (g % 2), 15, 0)
+        return vor(low, bit_to(ld_i8x32(w, o + 16), g, 16)), ibcast(sc0, g)
     if kind == Q6_K:  # half h = g//4, k = g%4: nibble k//2 of ql[64h + 32(k%2):], bits 2k of qh[32h:]; q - 32
-        low = field(ld32(w, o + 64 * (g // 4) + 32 * (g % 2)), 4 * ((g % 4) // 2), 15, 0)
-        q = vor(low, field(ld32(w, o + 128 + 32 * (g // 4)), 2 * (g % 4), 3, 4))
+        low = field(ld_i8x32(w, o + 64 * (g // 4) + 32 * (g % 2)), 4 * ((g % 4) // 2), 15, 0)
+        q = vor(low, field(ld_i8x32(w, o + 128 + 32 * (g // 4)), 2 * (g % 4), 3, 4))
         return (q if unsigned else isub(q, 32)), ipair(ld_i8x8(w, o + 192 + 8 * (g // 4)), g % 4)
     if kind == Q3_K:  # bits 2(g%4) of qs[32*(g//4):], minus 4 unless bit g of hmask[l] is set
-        q = vor(field(ld32(w, o + 32 + 32 * (g // 4)), 2 * (g % 4), 3, 0), bit_to(ld32(w, o), g, 4))
+        q = vor(field(ld_i8x32(w, o + 32 + 32 * (g // 4)), 2 * (g % 4), 3, 0), bit_to(ld_i8x32(w, o), g, 4))
         return (q if unsigned else isub(q, 4)), ipair(sc0 if g < 4 else sc1, g % 4)
     if kind == Q2_K:  # bits 2(g%4) of qs[32*(g//4):]
-        return field(ld32(w, o + 16 + 32 * (g // 4)), 2 * (g % 4), 3, 0), ipair(sc0 if g < 4 else sc1, g % 4)
+        return field(ld_i8x32(w, o + 16 + 32 * (g // 4)), 2 * (g % 4), 3, 0), ipair(sc0 if g < 4 else sc1, g % 4)
     q = ld_nib(w, o + 8 + 16 * g)  # IQ4_XS: 16 bytes of nibbles per group at qs[16g:]
     return (iq4_lut_u(q) if unsigned else iq4_lut(q)), ibcast(sc0, g)
 
@@ -1245,8 +1298,8 @@ def _signed_k(kind):
 def _gdot(kind, wq, c, qu, qs, xo):
     """int32 lanes of one group's codes . activation quants at byte xo (c: corr128(wq) for signed codes)."""
     if _signed_k(kind):
-        return dpbusd(c, ld32(qu, xo), wq)
-    return dpbusd(izero(), wq, ld32(qs, xo))  # codes >= 0: unsigned operand as they are
+        return dpbusd(c, ld_i8x32(qu, xo), wq)
+    return dpbusd(izero(), wq, ld_i8x32(qs, xo))  # codes >= 0: unsigned operand as they are
 
 
 @njit(inline="always", **DOT)
@@ -1320,26 +1373,26 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     return hsum(a0) - m0, hsum(a1) - m1, hsum(a2) - m2, hsum(a3) - m3
 
 
-# Float weights: w is the typed matrix (float32, or uint16 bits of F16 / BF16), x float32 already rounded to
+# ---- Float weights (F32, F16, BF16) ----------------------------------------------------------------------
+# w is the typed matrix (float32, or uint16 bits of F16 / BF16), x float32 already rounded to
 # the weight's precision. Four accumulators per row hide the FMA latency; the tail (K % 32) is scalar.
-F32K, F16K, BF16K = range(3)
 
 
 @njit(inline="always", **DOT)
 def _ldw8(kind, w, off):
     """8 weights from element `off` as float32."""
-    if kind == F32K:
+    if kind == F32:
         return ld_f32x8(w, 4 * off)
-    if kind == F16K:
+    if kind == F16:
         return ld_f16x8(w, 2 * off)
     return ld_bf16x8(w, 2 * off)
 
 
 @njit(inline="always", **DOT)
 def _ldw1(kind, w, off):
-    if kind == F32K:
+    if kind == F32:
         return ld_f32(w, 4 * off)
-    if kind == F16K:
+    if kind == F16:
         return ld_f16(w, 2 * off)
     return np.uint32(ld_u16(w, 2 * off) << 16).view(np.float32)
 
@@ -1401,7 +1454,7 @@ def row_floatx4(kind, w, n, x, m):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernels: out[m, n] = row n of W . activation row m, parallel over chunks of weight rows.
+# 5. Kernels: out[m, n] = row n of W . activation row m, parallel over chunks of weight rows.
 # w: [N, row_bytes] uint8 (or [N, K] float32 / uint16 for the float types), read-only; out float32 [M, N].
 # The parallel loop only calls a serial worker: Numba's parfor passes are slow on large loop bodies, and
 # the inlined row functions are large (this keeps a kernel's cold compile at ~1-2 s instead of ~5 s).
@@ -1451,79 +1504,79 @@ def _rows32(kind, bsize, w, d, s, qs, sums, out, n0, n1):
             st_f32x8(out, 4 * (m * N + n), rows8x1(kind, bsize, w, n * rb, rb, m, d, s, qs, sums))
     for n in range(n8, n1):
         for m in range(M):
-            out[m, n] = row32(kind, bsize, w, n * rb, qs, m, d, s, qs, sums)
+            out[m, n] = row32(kind, bsize, w, n * rb, m, d, s, qs, sums)
 
 
 @njit(**DOT)
-def _rows_q4_0(w, qu, d, s, qs, sums, out, n0, n1):
+def _rows_q4_0(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q4_0, 18, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
-def dot_q4_0(w, qu, d, s, qs, sums, out):
+def dot_q4_0(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q4_0(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q4_0(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**DOT)
-def _rows_q4_1(w, qu, d, s, qs, sums, out, n0, n1):
+def _rows_q4_1(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q4_1, 20, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
-def dot_q4_1(w, qu, d, s, qs, sums, out):
+def dot_q4_1(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q4_1(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q4_1(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**DOT)
-def _rows_q5_0(w, qu, d, s, qs, sums, out, n0, n1):
+def _rows_q5_0(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q5_0, 22, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
-def dot_q5_0(w, qu, d, s, qs, sums, out):
+def dot_q5_0(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q5_0(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q5_0(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**DOT)
-def _rows_q5_1(w, qu, d, s, qs, sums, out, n0, n1):
+def _rows_q5_1(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q5_1, 24, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
-def dot_q5_1(w, qu, d, s, qs, sums, out):
+def dot_q5_1(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q5_1(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q5_1(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**DOT)
-def _rows_q8_0(w, qu, d, s, qs, sums, out, n0, n1):
+def _rows_q8_0(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q8_0, 34, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
-def dot_q8_0(w, qu, d, s, qs, sums, out):
+def dot_q8_0(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q8_0(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_q8_0(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(**DOT)
-def _rows_iq4_nl(w, qu, d, s, qs, sums, out, n0, n1):
+def _rows_iq4_nl(w, d, s, qs, sums, out, n0, n1):
     _rows32(IQ4_NL, 18, w, d, s, qs, sums, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
-def dot_iq4_nl(w, qu, d, s, qs, sums, out):
+def dot_iq4_nl(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq4_nl(w, qu, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _rows_iq4_nl(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(inline="always", **DOT)
@@ -1638,7 +1691,7 @@ def _rows_float(kind, width, w, x, out, n0, n1):
 
 @njit(**DOT)
 def _rows_f32(w, x, out, n0, n1):
-    _rows_float(F32K, 4, w, x, out, n0, n1)
+    _rows_float(F32, 4, w, x, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1650,7 +1703,7 @@ def dot_f32(w, x, out):
 
 @njit(**DOT)
 def _rows_f16(w, x, out, n0, n1):
-    _rows_float(F16K, 2, w, x, out, n0, n1)
+    _rows_float(F16, 2, w, x, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)
@@ -1662,7 +1715,7 @@ def dot_f16(w, x, out):
 
 @njit(**DOT)
 def _rows_bf16(w, x, out, n0, n1):
-    _rows_float(BF16K, 2, w, x, out, n0, n1)
+    _rows_float(BF16, 2, w, x, out, n0, n1)
 
 
 @njit(**DOT_PARALLEL)

@@ -1,6 +1,8 @@
-"""One entry per supported weight type: block geometry, byte layout, activation format, kernels.
+"""The tables of ggufrun.quants: one entry per supported weight type (block geometry, byte layout, activation
+format, kernels) and one per activation format (how the dot kernels want their input prepared).
 
 Byte layouts follow llama.cpp's ggml-common.h (multi-byte fields little-endian; d/dmin/m are IEEE halves).
+Activation formats follow the vec_dot_type of each type in llama.cpp's ggml-cpu/ggml-cpu.c type_traits_cpu.
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ class QuantType:
     type_size: int  # bytes per block
     act: str  # activation format its dot kernel takes: "Q8_1", "Q8_K", "F32", "F16" or "BF16"
     weight_dtype: np.dtype  # dtype of the weight view the kernels take: [N, row_bytes] uint8, or typed
-    dequant: Callable  # njit deq(w, rows int64 [R], out float32 [R, K]), parallel over rows
+    dequant: Callable  # njit deq(w, rows int64 [R], out float32 [R, K]), one thread
     dot: Callable  # njit dot(w, *activation arrays, out float32 [M, N]), parallel over weight rows
     f16_fields: tuple[int, ...] = ()  # byte offsets of the IEEE-half scale fields within a block
-    kind: int = -1  # the compile-time constant dot.row32 / dot.rowk take for this type (see dot.py)
 
     def row_bytes(self, n_values: int) -> int:
         return n_values // self.block_size * self.type_size
@@ -34,8 +35,7 @@ class QuantType:
 
 def _q(qtype, act, deq, dotk, f16_fields):
     block_size, type_size = GGML_QUANT_SIZES[qtype]
-    kind = getattr(dot, qtype.name)
-    return QuantType(qtype, block_size, type_size, act, np.dtype(np.uint8), deq, dotk, f16_fields, kind)
+    return QuantType(qtype, block_size, type_size, act, np.dtype(np.uint8), deq, dotk, f16_fields)
 
 
 def _f(qtype, view, deq, dotk):
@@ -76,3 +76,32 @@ REGISTRY: dict[T, QuantType] = {
 }
 
 SUPPORTED_TYPES: frozenset[T] = frozenset(REGISTRY)
+
+
+@dataclass(frozen=True)
+class ActivationFormat:
+    """The input a family of dot kernels takes: the arrays `quantize` fills (layouts in ggufrun.quants.dot)."""
+
+    name: str  # "Q8_1", "Q8_K", "F32", "F16" or "BF16" (QuantType.act)
+    block: int  # K must be a multiple of this (values per activation scale; 1 for float formats)
+    quantize: Callable | None  # njit quantize(x float32 [M, K], *arrays); None: the arrays are (x,) itself
+    arrays: tuple[tuple[int, np.dtype], ...]  # per array: (values of K per element, dtype); shape [M, K // that]
+
+    def empty(self, M: int, K: int) -> tuple[np.ndarray, ...]:
+        """Fresh buffers for M rows of K activations."""
+        return tuple(np.empty((M, K // per), dtype) for per, dtype in self.arrays)
+
+
+_f32, _i32, _i8, _u8 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int8), np.dtype(np.uint8)
+
+ACTIVATIONS: dict[str, ActivationFormat] = {
+    # d (fp16-rounded scale) and s (Q8_1's d * sum) per 32 values, qs the int8 quants, sums their sum per 32
+    "Q8_1": ActivationFormat("Q8_1", 32, dot.quantize_q8_1, ((32, _f32), (32, _f32), (1, _i8), (32, _i32))),
+    # qu = qs + 128, d per 256 values, bsums16 / bsums32 (sums of qs per 16 / 32 values), qs the int8 quants
+    "Q8_K": ActivationFormat("Q8_K", 256, dot.quantize_q8_k, ((1, _u8), (256, _f32), (16, _i32), (32, _i32), (1, _i8))),
+    # float32 as given
+    "F32": ActivationFormat("F32", 1, None, ((1, _f32),)),
+    # float32 rounded to IEEE half / bfloat16 precision, as llama.cpp converts them for F16 / BF16 weights
+    "F16": ActivationFormat("F16", 1, dot.round_f16_rows, ((1, _f32),)),
+    "BF16": ActivationFormat("BF16", 1, dot.round_bf16_rows, ((1, _f32),)),
+}

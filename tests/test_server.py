@@ -20,12 +20,9 @@ API_KEY = "test-key"
 
 
 @pytest.fixture(scope="module")
-def model(smollm2_path):
-    import ggufrun
-
-    m = ggufrun.load(smollm2_path, n_ctx=512, n_threads=2)
-    yield m
-    m.close()
+def model(smollm2_model):
+    smollm2_model.reset()
+    return smollm2_model
 
 
 @pytest.fixture(scope="module")

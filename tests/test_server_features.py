@@ -23,19 +23,10 @@ pytestmark = pytest.mark.real
 
 
 @pytest.fixture(scope="module")
-def model(smollm2_path):
-    import ggufrun
-
-    m = ggufrun.load(smollm2_path, n_ctx=1024, n_threads=2)
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
-def server(model):
+def server(smollm2_model):
     from ggufrun.server import create_app
 
-    with LiveServer(create_app(model, model_id="smollm2")) as s:
+    with LiveServer(create_app(smollm2_model, model_id="smollm2")) as s:
         yield s
 
 
@@ -96,7 +87,7 @@ def test_streamed_tool_call_deltas_equal_the_whole_answer(client):
     ]
 
 
-def test_two_turn_tool_conversation(client, model):
+def test_two_turn_tool_conversation(client, smollm2_model):
     messages = _weather_chat()
     first = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required",
                                            temperature=0, max_tokens=120)  # fmt: skip
@@ -111,34 +102,34 @@ def test_two_turn_tool_conversation(client, model):
     assert second.choices[0].finish_reason in ("stop", "length")
     assert second.choices[0].message.content and not second.choices[0].message.tool_calls
     # the call and the result are in the prompt the model saw, not dropped
-    prompt = model.detokenize(model.prepare_chat(messages).ids)
+    prompt = smollm2_model.detokenize(smollm2_model.prepare_chat(messages).ids)
     assert call.function.name in prompt and "18 degrees and sunny" in prompt
 
 
-def test_top_logprobs_match_the_library(client, model):
+def test_top_logprobs_match_the_library(client, smollm2_model):
     messages = [{"role": "user", "content": "Name a colour."}]
     r = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=8, logprobs=True,
                                        top_logprobs=5)  # fmt: skip
     entries = r.choices[0].logprobs.content
     assert len(entries) == r.usage.completion_tokens
-    library = [c for c in model.chat(messages, max_tokens=8, temperature=0, logprobs=5) if c.token is not None]
+    library = [c for c in smollm2_model.chat(messages, max_tokens=8, temperature=0, logprobs=5) if c.token is not None]
     assert len(library) == len(entries)
     for e, c in zip(entries, library):
         tops = [t.logprob for t in e.top_logprobs]
         assert len(tops) == 5 and tops == sorted(tops, reverse=True) and all(v <= 0 for v in tops)
         assert e.logprob == c.logprob  # the same float, through JSON
-        assert bytes(e.bytes) == model.tokenizer.token_piece(c.token, special=True)
+        assert bytes(e.bytes) == smollm2_model.tokenizer.token_piece(c.token, special=True)
 
 
-def test_completion_echo_with_logprobs_scores_the_prompt(client, model):
+def test_completion_echo_with_logprobs_scores_the_prompt(client, smollm2_model):
     r = client.completions.create(model="m", prompt="The capital of France is", max_tokens=3, temperature=0,
                                   logprobs=2, echo=True)  # fmt: skip
     choice = r.choices[0]
     assert choice.text.startswith("The capital of France is")
-    n_prompt = len(model.tokenize("The capital of France is"))
+    n_prompt = len(smollm2_model.tokenize("The capital of France is"))
     lp = choice.logprobs
     assert lp.token_logprobs[0] is None and len(lp.tokens) == n_prompt + 3
-    scored = model.logprobs("The capital of France is")
+    scored = smollm2_model.logprobs("The capital of France is")
     assert lp.token_logprobs[1:n_prompt] == [s.logprob for s in scored]
     assert "".join(lp.tokens) == choice.text
 

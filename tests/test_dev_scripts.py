@@ -18,7 +18,6 @@ def test_the_lab_has_scripts():
     assert len(SCRIPTS) >= 3, SCRIPTS
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
 def test_dev_script_runs_quick(script):
     env = dict(os.environ, PYTHONPATH=str(ROOT))

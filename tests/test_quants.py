@@ -488,7 +488,6 @@ def _run_python(code: str, cache_dir, *args: str) -> str:
     return p.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.slow
 def test_warmup_leaves_every_kernel_in_the_cache(tmp_path):
     """warmup in one process; a second process runs get_rows / matvec / matmul without compiling anything."""
     cache = tmp_path / "numba-cache"

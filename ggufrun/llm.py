@@ -1,5 +1,9 @@
 """The user-facing model: GGUF file + tokenizer + transformer + chat template, and the generation API.
 
+`ggufrun.Model` (here) is the API; the network it drives is `ggufrun.model.Transformer` (the `model` package:
+config from metadata, weight views, the KV cache, the forward pass and its kernels). A token goes
+Model.generate -> generate.stream / generate_tokens -> Transformer.forward -> kernels, and back as a Chunk.
+
 >>> import ggufrun
 >>> model = ggufrun.load("smollm2-135m-instruct", n_ctx=2048)
 >>> for chunk in model.generate("Once upon a time", max_tokens=32, temperature=0.7, seed=1):

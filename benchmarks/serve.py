@@ -155,17 +155,22 @@ def run_clients(target, prompts: list[list[int]], max_tokens: int) -> tuple[list
     return clients, max(c.t_tokens[-1] for c in clients) - t0
 
 
-def probe_ttft(target, background: list[list[int]], probes: list[list[int]], max_tokens: int) -> list[float]:
+def probe_ttft(
+    target, background: list[list[int]], probes: list[list[int]], max_tokens: int
+) -> tuple[list[float], int]:
     """TTFT of each of `probes` (1 token each), one after another, while `background` clients stream (up to
-    max_tokens each; they are stopped after the probes)."""
+    max_tokens each; they are stopped after the probes). Returns the TTFTs and how many background clients were
+    streaming when the probes started (a server that runs one request at a time streams only one of them)."""
     ready = [threading.Event() for _ in background]
     stop = threading.Event()
     clients = [Client(p) for p in background]
     threads = [threading.Thread(target=target.run, args=(c, max_tokens, e, stop)) for c, e in zip(clients, ready)]
     for t in threads:
         t.start()
+    deadline = time.perf_counter() + 60
     for e in ready:
-        e.wait()
+        e.wait(max(0.0, deadline - time.perf_counter()))
+    streaming = sum(e.is_set() for e in ready)
     out = []
     for probe in probes:
         c = Client(probe)
@@ -174,7 +179,7 @@ def probe_ttft(target, background: list[list[int]], probes: list[list[int]], max
     stop.set()
     for t in threads:
         t.join()
-    return out
+    return out, streaming
 
 
 def chart(path: str, results: dict) -> None:
@@ -263,9 +268,9 @@ def main() -> None:
             )
             for i, c in enumerate(clients):
                 print(f"      client {i:2d}: TTFT {c.ttft:6.2f} s, decode {c.decode_tps:6.1f} tok/s")
-        busy = 7
-        alone = probe_ttft(target, [], prompts.take(args.probes), args.max_tokens)
-        beside = probe_ttft(target, prompts.take(busy), prompts.take(args.probes), args.n_ctx - args.prompt_tokens)
+        alone, _ = probe_ttft(target, [], prompts.take(args.probes), args.max_tokens)
+        long = min(512, args.n_ctx - args.prompt_tokens)
+        beside, busy = probe_ttft(target, prompts.take(7), prompts.take(args.probes), long)
         results.update(ttft_busy_clients=busy, ttft_alone_median_s=statistics.median(alone),
                        ttft_busy_median_s=statistics.median(beside))  # fmt: skip
         print(

@@ -224,8 +224,11 @@ class BatchEngine:
         with self._cond:
             if self._closed:
                 raise RuntimeError("this BatchEngine is closed")
-            self._waiting.append(request)
-            self._cond.notify()
+            if request.budget <= 0:  # nothing to generate: no work at all
+                self._finish(request, FINISH_LENGTH, "")
+            else:
+                self._waiting.append(request)
+                self._cond.notify()
         return Stream(self, request)
 
     def _cancel(self, request: _Request) -> None:
@@ -295,16 +298,24 @@ class BatchEngine:
         if not seqs:
             return
         sampled: list[tuple[_Request, int, float]] = []
+        failed: list[tuple[_Request, Exception]] = []
         with self.tf.lock:
             if self.n_threads is not None:
                 set_threads(self.n_threads)
             logits = self.tf.forward_batch(seqs)
-            for r, row in zip(decoding, logits):
-                sampled.append((r, *r.sampler.sample(row, r.history[: r.n_hist])))
             if chunk is not None:
                 prefilling.n_eval += chunk.shape[0]
-                if prefilling.n_eval == prefilling.prompt.shape[0]:
-                    sampled.append((prefilling, *prefilling.sampler.sample(logits[-1], prefilling.prompt)))
+            to_sample = list(zip(decoding, logits))
+            if chunk is not None and prefilling.n_eval == prefilling.prompt.shape[0]:
+                to_sample.append((prefilling, logits[-1]))
+            for r, row in to_sample:
+                try:  # a request's own logits processor may raise: that request ends with its error
+                    sampled.append((r, *r.sampler.sample(row, r.history[: r.n_hist])))
+                except Exception as e:
+                    failed.append((r, e))
+        for request, error in failed:
+            self._release(request)
+            request.chunks.put(error)
         self.steps += 1
         self.decode_rows += len(decoding)
         self.prefill_rows += 0 if chunk is None else chunk.shape[0]
@@ -317,12 +328,9 @@ class BatchEngine:
         free = [s for s in range(self.n_slots) if self._owner[s] is None]
         while self._waiting and free:
             request = self._waiting[0]
-            if request.is_cancelled():
-                self._finish_cancelled(request)
-            elif request.budget <= 0:  # nothing to generate: no work at all
-                self._finish(request, FINISH_LENGTH, "")
-            else:
+            if not request.is_cancelled():
                 break
+            self._finish_cancelled(request)
         if not self._waiting or not free:
             return
         request = self._waiting.popleft()

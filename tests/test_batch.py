@@ -369,3 +369,21 @@ def test_close_cancels_unfinished_requests(tiny, monkeypatch):
     assert not closer.is_alive()
     assert list(running)[-1].finish_reason == "cancelled"
     assert [(c.text, c.finish_reason) for c in waiting] == [("", "cancelled")]
+
+
+def test_a_failing_logits_processor_ends_only_its_request(tiny):
+    def broken(ids, logits):
+        if len(ids) > 12:
+            raise RuntimeError("processor broke")
+        return logits
+
+    good_ids = _prompts(1, seed=6)[0]
+    with BatchEngine.from_model(tiny, n_slots=2) as engine:
+        bad = engine.submit(
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], SamplingParams(temperature=0, logits_processors=[broken]), 10
+        )
+        good = engine.submit(good_ids, GREEDY, max_tokens=10)
+        with pytest.raises(RuntimeError, match="processor broke"):
+            list(bad)
+        assert _key(good) == _solo(tiny, good_ids, 10)
+        assert engine.n_active == 0

@@ -91,6 +91,8 @@ class Transformer:
     >>> logits = tf.forward([int(logits.argmax())])  # one decode step
     >>> tf.cache.truncate(2)  # keep the first two positions (prefix reuse)
     >>> rows = tf.logits([1, 2, 3])  # [3, n_vocab], fresh context, teacher-forced
+    >>> a, b = tf.new_cache(), tf.new_cache()
+    >>> last = tf.forward_batch([(a, [1, 2, 3]), (b, [4, 5])])  # [2, n_vocab]: two sequences, one pass
 
     gguf_file: an open ggufrun.reader.GGUFFile (kept open by the caller: weights are views into its mmap).
     n_ctx: positions the KV cache holds (default min(4096, trained context); above it: a warning).

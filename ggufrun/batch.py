@@ -1,12 +1,11 @@
 """Continuous batching: many generations on one model at once, every step one forward pass for all of them.
 
 Follows llama.cpp's server (tools/server/server.cpp, `update_slots`): `n_slots` slots, each with its own KV cache;
-each step batches the next token of every generating request with at most `prefill_chunk` tokens of the prompts
-being evaluated (chunked prefill: a long prompt costs the others one chunk's time per step, not its whole
-prefill; short prompts arriving together share a chunk), in one `Transformer.forward_batch`. Requests join
-between steps and leave as soon as they finish or are cancelled. Every request gets the tokens it would get
-alone (forward_batch is batch-invariant; each has its own Sampler, so a seed gives the same draws), with the
-text, stop strings, finish reasons and stats of ggufrun.generate.stream.
+each step batches the next token of every generating request with at most one chunk of a prompt that is being
+evaluated (chunked prefill: a long prompt costs the others one chunk's time per step, not its whole prefill), in
+one `Transformer.forward_batch`. Requests join between steps and leave as soon as they finish or are cancelled.
+Every request gets the tokens it would get alone (forward_batch is batch-invariant; each has its own Sampler,
+so a seed gives the same draws), with the text, stop strings, finish reasons and stats of ggufrun.generate.stream.
 
     engine = BatchEngine.from_model(model, n_slots=8)
     for chunk in engine.submit(model.tokenize("Once upon a time"), SamplingParams(temperature=0), max_tokens=32):
@@ -15,12 +14,10 @@ text, stop strings, finish reasons and stats of ggufrun.generate.stream.
     texts = batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=32, temperature=0)
 
 Slots and prefix reuse (server.cpp's `get_available_slot` by longest common prefix, plus a copy): a request is
-given a slot when its prompt evaluation starts, in arrival order, as many per step as the step's prompt budget
-(`prefill_chunk` tokens) holds, except that a prompt sharing a prefix with one still being evaluated waits for
-it to finish. It takes the free slot whose cache shares the longest prefix with its prompt (a later turn of a chat
-finds its earlier turns there), else the least recently used free one; if another slot (busy or not) shares a
-longer prefix, those K/V positions are copied from it (KVCache.copy_prefix), so a system prompt shared by many
-requests is computed once.
+given a slot when its prompt evaluation starts, one prompt at a time in arrival order. It takes the free slot whose
+cache shares the longest prefix with its prompt (a later turn of a chat finds its earlier turns there), else the
+least recently used free one; if another slot (busy or not) shares a longer prefix, those K/V positions are copied
+from it (KVCache.copy_prefix), so a system prompt shared by many requests is computed once.
 
 Threads: one background thread runs the steps, holding the transformer's lock during each forward pass and the
 samples that read its logits, so the model stays usable from elsewhere (Model.generate takes turns with it).
@@ -282,31 +279,22 @@ class BatchEngine:
                     request.chunks.put(e)
 
     def _step(self) -> None:
-        """Drop cancelled requests, start waiting prompts while the step's prefill budget lasts, then run one
-        forward pass: one token for every generating request plus at most `prefill_chunk` prompt tokens."""
+        """Drop cancelled requests, start the next prompt if none is being evaluated, then run one forward pass:
+        one token for every generating request plus one prompt chunk."""
         with self._cond:
             for request in [r for r in (*self._active, *self._waiting) if r.is_cancelled()]:
                 self._finish_cancelled(request)
-            decoding = [r for r in self._active if r.token is not None]
-            prefilling = [r for r in self._active if r.n_eval < r.prompt.shape[0]]
-            budget = min(self.prefill_chunk, max(1, self.tf.n_batch - len(decoding)))  # one pass when it fits
-            left = budget - sum(r.prompt.shape[0] - r.n_eval for r in prefilling)
-            while left > 0:
-                request = self._admit(prefilling)
-                if request is None:
-                    break
-                prefilling.append(request)
-                left -= request.prompt.shape[0] - request.n_eval
+            if not any(r.n_eval < r.prompt.shape[0] for r in self._active):
+                self._admit()
+            active = list(self._active)
+        decoding = [r for r in active if r.token is not None]
+        prefilling = next((r for r in active if r.n_eval < r.prompt.shape[0]), None)
         seqs = [(self.slots[r.slot], r.history[r.n_hist - 1 : r.n_hist]) for r in decoding]
-        chunks = []  # (request, its prompt ids evaluated in this step)
-        left = budget
-        for r in prefilling:
-            if left <= 0:
-                break
-            chunk = r.prompt[r.n_eval : r.n_eval + left]
-            chunks.append((r, chunk))
-            seqs.append((self.slots[r.slot], chunk))
-            left -= chunk.shape[0]
+        chunk = None
+        if prefilling is not None:
+            size = min(self.prefill_chunk, max(1, self.tf.n_batch - len(decoding)))
+            chunk = prefilling.prompt[prefilling.n_eval : prefilling.n_eval + size]
+            seqs.append((self.slots[prefilling.slot], chunk))
         if not seqs:
             return
         sampled: list[tuple[_Request, int, float]] = []
@@ -315,11 +303,11 @@ class BatchEngine:
             if self.n_threads is not None:
                 set_threads(self.n_threads)
             logits = self.tf.forward_batch(seqs)
+            if chunk is not None:
+                prefilling.n_eval += chunk.shape[0]
             to_sample = list(zip(decoding, logits))
-            for (r, chunk), row in zip(chunks, logits[len(decoding) :]):
-                r.n_eval += chunk.shape[0]
-                if r.n_eval == r.prompt.shape[0]:
-                    to_sample.append((r, row))
+            if chunk is not None and prefilling.n_eval == prefilling.prompt.shape[0]:
+                to_sample.append((prefilling, logits[-1]))
             for r, row in to_sample:
                 try:  # a request's own logits processor may raise: that request ends with its error
                     sampled.append((r, *r.sampler.sample(row, r.history[: r.n_hist])))
@@ -330,29 +318,26 @@ class BatchEngine:
             request.chunks.put(error)
         self.steps += 1
         self.decode_rows += len(decoding)
-        self.prefill_rows += sum(chunk.shape[0] for _, chunk in chunks)
+        self.prefill_rows += 0 if chunk is None else chunk.shape[0]
         self.rows = self.decode_rows + self.prefill_rows
         for request, token, logprob in sampled:
             self._emit(request, token, logprob)
 
-    def _admit(self, prefilling: list[_Request]) -> _Request | None:
-        """Give the first waiting request a slot, reusing or copying the longest cached prefix of its prompt, and
-        return it; None if no slot is free, or if it shares more of its prompt with one still being evaluated
-        than any cache holds yet (it waits for that prefix instead of computing it a second time)."""
+    def _admit(self) -> None:
+        """Give the first waiting request a slot, reusing or copying the longest cached prefix of its prompt."""
         free = [s for s in range(self.n_slots) if self._owner[s] is None]
+        while self._waiting and free:
+            request = self._waiting[0]
+            if not request.is_cancelled():
+                break
+            self._finish_cancelled(request)
         if not self._waiting or not free:
-            return None
-        request = self._waiting[0]
+            return
+        request = self._waiting.popleft()
         prompt, n = request.prompt, request.prompt.shape[0]
         shared = [min(cache.common_prefix(prompt), n - 1) for cache in self.slots]  # at least one id to evaluate
-        donor = max(range(self.n_slots), key=lambda s: shared[s])
-        for other in prefilling:
-            m = min(n - 1, other.prompt.shape[0])
-            diff = np.flatnonzero(other.prompt[:m] != prompt[:m])
-            if (int(diff[0]) if diff.size else m) > shared[donor]:
-                return None
-        self._waiting.popleft()
         slot = max(free, key=lambda s: (shared[s], -self._last_used[s]))
+        donor = max(range(self.n_slots), key=lambda s: shared[s])
         cache = self.slots[slot]
         if shared[donor] > shared[slot]:
             cache.copy_prefix(self.slots[donor], shared[donor])
@@ -364,7 +349,6 @@ class BatchEngine:
         request.t_prefill = time.perf_counter()
         self._owner[slot] = request
         self._active.append(request)
-        return request
 
     def _emit(self, request: _Request, token: int, logprob: float) -> None:
         """A sampled token: text out through the detokenizer and the stop strings, or the request's end."""

@@ -318,19 +318,6 @@ def test_chunked_prefill_interleaves_with_decode(tiny, monkeypatch):
     assert _key(b_chunks) == _solo(tiny, b_ids, 5)
 
 
-def test_short_prompts_arriving_together_share_a_step(tiny, monkeypatch):
-    prompts = _prompts(6, seed=8, lo=4, hi=9)
-    with BatchEngine.from_model(tiny, n_slots=6) as engine:
-        steps = Steps(tiny.transformer, monkeypatch, gated=True)
-        streams = [engine.submit(p, GREEDY, max_tokens=6) for p in prompts]
-        steps.open()
-        results = [list(s) for s in streams]
-    # the first step may have started before the others arrived; the rest were evaluated together
-    prefill_steps = [call for call in steps.calls if any(rows > 1 for _, rows in call)]
-    assert len(prefill_steps) <= 2 and sum(rows > 1 for call in prefill_steps for _, rows in call) == 6
-    assert [_key(r) for r in results] == [_solo(tiny, p, 6) for p in prompts]
-
-
 def test_batch_generate_returns_results_in_order(tiny):
     prompts = _prompts(5, seed=7)
     solo = [_solo(tiny, p, 12) for p in prompts]

@@ -96,6 +96,20 @@ class KVCache:
         """Forget every cached position."""
         self.truncate(0)
 
+    def copy_prefix(self, src: KVCache, n: int) -> None:
+        """Hold the first n positions of `src` (K/V and ids) instead of what this cache held: a prefix another
+        sequence already computed (a shared system prompt) is copied, not recomputed. Both caches must be of
+        one model and dtype; K/V of a prefix depend only on its tokens, so the copy equals a recomputation."""
+        if not isinstance(src, KVCache) or src.k.shape[:3] != self.k.shape[:3] or src.dtype != self.dtype:
+            raise ValueError(f"copy_prefix: src must be a KVCache of the same model and dtype as {self!r}")
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 0 <= n <= min(src.n_past, self.n_ctx):
+            raise ValueError(f"copy_prefix: n must be an integer in [0, {min(src.n_past, self.n_ctx)}], got {n!r}")
+        self.k[..., :n] = src.k[..., :n]
+        self.v[:, :, :n] = src.v[:, :, :n]
+        self._ids[:n] = src._ids[:n]
+        self.n_past = int(n)
+        self.version += 1
+
     def reserve(self, n: int) -> int:
         """Check that n more positions fit; return the first one. Called by the forward pass before it writes."""
         if self.n_past + n > self.n_ctx:

@@ -12,6 +12,13 @@ Prefill runs `n_batch` tokens at a time through the batched kernels; a single to
 matvec kernels and `kernels.attend_one` without allocating anything. Both give every token the same bits (batch
 invariance): logits do not depend on how a prompt is split into chunks, nor on a reused prefix. Everything runs
 on Numba's threads: no BLAS, whose own thread pool would fight Numba's for the same cores.
+
+`forward_batch([(cache, ids), ...])` advances several sequences in one pass, as llama.cpp's `llama_decode` does
+with a multi-sequence `llama_batch` (tools/server/server.cpp batches every slot's next token, plus prompt chunks,
+into one decode): the rows of all sequences go through each matrix product together (the weights are read once
+for all of them), while RoPE, the K/V store and attention run per sequence on its own cache and positions. A
+matrix product's row is the same bits as a matvec of that row (ggufrun.quants.dot), and attention of one
+sequence never sees another's rows, so a sequence's logits are the same bits batched or alone.
 """
 
 from __future__ import annotations
@@ -25,12 +32,17 @@ import numba
 import numpy as np
 
 from .. import quants
+from ..errors import ContextOverflowError
 from . import kernels
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .linear import Projector
 from .rope import rope_table
 from .weights import LayerWeights, Weights, load_weights
+
+# forward_batch keeps the quantized-activation buffers of passes up to this many rows (the decode batches of a
+# server: a few hundred KB in all) instead of allocating them in every pass
+BATCH_PROJECTOR_ROWS = 64
 
 
 @dataclass
@@ -79,6 +91,8 @@ class Transformer:
     >>> logits = tf.forward([int(logits.argmax())])  # one decode step
     >>> tf.cache.truncate(2)  # keep the first two positions (prefix reuse)
     >>> rows = tf.logits([1, 2, 3])  # [3, n_vocab], fresh context, teacher-forced
+    >>> a, b = tf.new_cache(), tf.new_cache()
+    >>> last = tf.forward_batch([(a, [1, 2, 3]), (b, [4, 5])])  # [2, n_vocab]: two sequences, one pass
 
     gguf_file: an open ggufrun.reader.GGUFFile (kept open by the caller: weights are views into its mmap).
     n_ctx: positions the KV cache holds (default min(4096, trained context); above it: a warning).
@@ -110,6 +124,8 @@ class Transformer:
         self.state = RunState.allocate(c, n_ctx, self.n_batch)
         self.lock = threading.RLock()
         self._project = Projector(self.n_batch)
+        self._batch_projectors: dict[int, Projector] = {}  # forward_batch passes of other row counts
+        self._batch_logits = np.zeros((0, c.n_vocab), np.float32)  # [n_seqs, n_vocab] grown on demand
 
         # rope tables per layer (gemma3's local layers use their own base); layers share equal tables
         tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
@@ -169,17 +185,9 @@ class Transformer:
         the tokens do not fit in n_ctx, before anything changes.
         """
         cache = self.cache if cache is None else cache
-        ids = np.asarray(ids)
-        n = ids.shape[0] if ids.ndim == 1 else 0
-        if n == 0 or ids.dtype.kind not in "iu":
-            raise ValueError(f"ids must be a non-empty 1-D sequence of token ids, got shape {ids.shape} {ids.dtype}")
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= self.config.n_vocab:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is out of range [0, {self.config.n_vocab}) (n_vocab)")
-        c = self.config
-        if cache.n_ctx > self.n_ctx or cache.k.shape[:3] != (c.n_layer, c.n_head_kv, c.head_dim_k):
-            raise ValueError(f"{cache!r} was not made for this model (n_ctx {self.n_ctx}); use new_cache()")
+        ids = self._check_ids(ids, "ids")
+        n = ids.shape[0]
+        self._check_cache(cache, "cache")
         with self.lock:
             cache.reserve(n)
             out = np.empty((n, self.config.n_vocab), np.float32) if all_logits else None
@@ -188,65 +196,187 @@ class Transformer:
                 self._eval(ids[start:stop], cache, out[start:stop] if out is not None else None)
             return out if all_logits else self.state.logits[0]
 
+    def forward_batch(self, seqs) -> np.ndarray:
+        """Advance several sequences in one forward pass; return float32 logits [len(seqs), n_vocab], row i after
+        the last token of sequence i.
+
+        seqs: [(cache, ids), ...]: each sequence appends its token ids (one for a decode step, several for a prompt
+        chunk) to its own KVCache at that cache's n_past; no cache may appear twice. Row i is the same bits as
+        `forward(ids_i, cache=cache_i)` would return (batch invariance). The rows of all sequences share the
+        matrix products, n_batch rows per pass (more rows take several passes).
+
+        The array returned is a buffer of this model, overwritten by the next forward_batch: copy it, or hold
+        `lock` while reading it. ContextOverflowError (naming the sequence) if any sequence's tokens do not fit
+        in its cache, and ValueError for bad ids or caches, before anything changes.
+
+        >>> a, b = tf.new_cache(), tf.new_cache()
+        >>> rows = tf.forward_batch([(a, prompt_a), (b, prompt_b)])  # two prefills in one pass
+        >>> rows = tf.forward_batch([(a, [int(rows[0].argmax())]), (b, [int(rows[1].argmax())])])  # two decodes
+        """
+        if isinstance(seqs, (str, bytes)) or not hasattr(seqs, "__len__") or len(seqs) == 0:
+            raise ValueError(f"seqs must be a non-empty list of (cache, ids) pairs, got {type(seqs).__name__}")
+        caches, id_lists, seen = [], [], set()
+        for i, pair in enumerate(seqs):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ValueError(f"seqs[{i}] must be a (cache, ids) pair, got {type(pair).__name__}")
+            cache, ids = pair
+            self._check_cache(cache, f"seqs[{i}] cache")
+            if id(cache) in seen:
+                raise ValueError(f"seqs[{i}]: the same KVCache appears twice; one sequence per cache")
+            seen.add(id(cache))
+            caches.append(cache)
+            id_lists.append(self._check_ids(ids, f"seqs[{i}] ids"))
+        with self.lock:
+            for i, (cache, ids) in enumerate(zip(caches, id_lists)):
+                try:
+                    cache.reserve(ids.shape[0])
+                except ContextOverflowError as e:
+                    raise ContextOverflowError(f"seqs[{i}]: {e}") from None
+            n_seqs = len(caches)
+            if self._batch_logits.shape[0] < n_seqs:
+                self._batch_logits = np.zeros((n_seqs, self.config.n_vocab), np.float32)
+            logits = self._batch_logits[:n_seqs]
+            # passes of up to n_batch rows, filled with the sequences in order; a sequence may straddle passes
+            part: list[tuple[int, int, int]] = []  # (sequence, first id, end id) in the pass being filled
+            rows = 0
+            for i, ids in enumerate(id_lists):
+                start, n = 0, ids.shape[0]
+                while start < n:
+                    take = min(n - start, self.n_batch - rows)
+                    part.append((i, start, start + take))
+                    rows += take
+                    start += take
+                    if rows == self.n_batch:
+                        self._eval_pass(part, caches, id_lists, logits)
+                        part, rows = [], 0
+            if part:
+                self._eval_pass(part, caches, id_lists, logits)
+            return logits
+
+    def _check_ids(self, ids, name: str) -> np.ndarray:
+        ids = np.asarray(ids)
+        n = ids.shape[0] if ids.ndim == 1 else 0
+        if n == 0 or ids.dtype.kind not in "iu":
+            raise ValueError(f"{name} must be a non-empty 1-D sequence of token ids, got shape {ids.shape} {ids.dtype}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.config.n_vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name}: token id {bad} is out of range [0, {self.config.n_vocab}) (n_vocab)")
+        return ids
+
+    def _check_cache(self, cache, name: str) -> None:
+        c = self.config
+        if not isinstance(cache, KVCache):
+            raise ValueError(f"{name} must be a KVCache (Transformer.new_cache()), got {type(cache).__name__}")
+        if cache.n_ctx > self.n_ctx or cache.k.shape[:3] != (c.n_layer, c.n_head_kv, c.head_dim_k):
+            raise ValueError(f"{name}: {cache!r} was not made for this model (n_ctx {self.n_ctx}); use new_cache()")
+
     def _eval(self, ids: np.ndarray, cache: KVCache, out: np.ndarray | None) -> None:
         """Run len(ids) <= n_batch tokens at positions cache.n_past.. through the model; logits of the last token
         go to state.logits, or of every token to `out` [M, n_vocab]. The kernels write K/V rows unchecked, so the
         positions are checked here, right before them."""
-        c, w, s = self.config, self.weights, self.state
+        w, s = self.weights, self.state
         m = ids.shape[0]
         pos0 = cache.reserve(m)
-        x, h = s.x[:m], s.h[:m]
+        self._blocks(ids, ((cache, 0, m, pos0),), self._project)
+        # h now holds output_norm(x)
+        if out is not None:
+            self._project(s.h[:m], (w.output, out))
+            self._softcap(out)
+        else:
+            self._project(s.h[m - 1 : m], (w.output, s.logits))
+            self._softcap(s.logits)
+        cache.commit(ids)
 
+    def _eval_pass(self, part, caches: list[KVCache], id_lists: list[np.ndarray], logits: np.ndarray) -> None:
+        """One forward_batch pass: part = [(sequence, start, stop), ...], rows ids[start:stop] of each sequence, in
+        sequence order, at most n_batch rows in all. Sequences whose last id is in this pass get their logits row."""
+        w, s = self.weights, self.state
+        pieces, spans, r = [], [], 0
+        for i, start, stop in part:
+            cache = caches[i]
+            pieces.append(id_lists[i][start:stop])
+            spans.append((cache, r, r + stop - start, cache.reserve(stop - start)))
+            r += stop - start
+        m = r
+        ids = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        project = self._project_rows(m)
+        self._blocks(ids, spans, project)
+        # the sequences that end in this pass are consecutive: all but perhaps the last of the pass
+        done = [(i, span[2] - 1) for (i, _, stop), span in zip(part, spans) if stop == id_lists[i].shape[0]]
+        if done:
+            first, k = done[0][0], len(done)
+            if k == 1:
+                last_rows = s.h[done[0][1] : done[0][1] + 1]
+            else:  # gathered into o, free until the next pass
+                last_rows = np.take(s.h, [row for _, row in done], axis=0, out=s.o[:k])
+            out = logits[first : first + k]
+            self._project_rows(k)(last_rows, (w.output, out))
+            self._softcap(out)
+        for piece, (cache, *_) in zip(pieces, spans):
+            cache.commit(piece)
+
+    def _project_rows(self, m: int) -> Projector:
+        """The Projector for passes of m rows: its buffers are kept for the common sizes."""
+        if m in (1, self.n_batch) or m > BATCH_PROJECTOR_ROWS:
+            return self._project
+        project = self._batch_projectors.get(m)
+        if project is None:
+            project = self._batch_projectors[m] = Projector(m)
+        return project
+
+    def _softcap(self, logits: np.ndarray) -> None:
+        if self.config.final_logit_softcap:
+            kernels.softcap(logits, np.float32(self.config.final_logit_softcap))
+
+    def _blocks(self, ids: np.ndarray, spans, project: Projector) -> None:
+        """Embed ids [M] (M <= n_batch) and run every block; h ends as output_norm(x).
+
+        spans: ((cache, r0, r1, pos0), ...): rows r0..r1-1 are consecutive tokens of the sequence in `cache`, at
+        positions pos0.. (checked by the caller); attention runs per span, on its own cache."""
+        c, w, s = self.config, self.weights, self.state
+        m = ids.shape[0]
+        x, h = s.x[:m], s.h[:m]
         quants.get_rows(w.token_embd.w, w.token_embd.qtype, ids, out=x)
         if self._embed_scale is not None:
             kernels.scale_rows(x, self._embed_scale)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
         for il, lw in enumerate(w.layers):
-            self._attention_block(il, lw, m, pos0, cache)
+            self._attention_block(il, lw, m, spans, project)
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
-            self._ffn_block(lw, m, next_norm)
-        # h now holds output_norm(x)
+            self._ffn_block(lw, m, next_norm, project)
 
-        if out is not None:
-            self._project(h, (w.output, out))
-            logits = out
-        else:
-            self._project(h[m - 1 : m], (w.output, s.logits))
-            logits = s.logits
-        if c.final_logit_softcap:
-            kernels.softcap(logits, np.float32(c.final_logit_softcap))
-        cache.commit(ids)
-
-    def _attention_block(self, il: int, lw: LayerWeights, m: int, pos0: int, cache: KVCache) -> None:
+    def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector) -> None:
         """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x)."""
         c, s = self.config, self.state
         h, q, k, v, att, o = s.h[:m], s.q[:m], s.k[:m], s.v[:m], s.att[:m], s.o[:m]
-        self._project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
+        project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
         cos, sin = self._rope[il]
-        k_cache, v_cache = cache.k[il], cache.v[il]
-        kernels.qkv_rope_store(
-            q, k, v,
-            lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
-            cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), pos0, k_cache, v_cache,
-        )  # fmt: skip
         window = self._window[il]
-        end = pos0 + m  # keys at positions [t0, end) can be visible to some query of this batch
-        t0 = max(0, pos0 - window + 1) if window else 0
-        if m == 1:
-            kernels.attend_one(q[0], k_cache, v_cache, t0, end, s.head_scores, att[0])
-        else:
-            kernels.attend_rows(q, k_cache, v_cache, pos0, t0, end - t0, window, s.block_scores, att)
-        self._project(att, (lw.attn_output, o))
+        for cache, r0, r1, pos0 in spans:
+            k_cache, v_cache = cache.k[il], cache.v[il]
+            kernels.qkv_rope_store(
+                q[r0:r1], k[r0:r1], v[r0:r1],
+                lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
+                cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), pos0, k_cache, v_cache,
+            )  # fmt: skip
+            end = pos0 + r1 - r0  # keys at positions [t0, end) can be visible to some query of this span
+            t0 = max(0, pos0 - window + 1) if window else 0
+            if r1 - r0 == 1:
+                kernels.attend_one(q[r0], k_cache, v_cache, t0, end, s.head_scores, att[r0])
+            else:
+                kernels.attend_rows(q[r0:r1], k_cache, v_cache, pos0, t0, end - t0, window, s.block_scores, att[r0:r1])
+        project(att, (lw.attn_output, o))
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 
-    def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray) -> None:
+    def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray, project: Projector) -> None:
         """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))); then h = next_norm(x)."""
         c, s = self.config, self.state
         h, gate, up, o = s.h[:m], s.gate[:m], s.up[:m], s.o[:m]
-        self._project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
+        project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
         if self._gelu_table is not None:
             kernels.geglu(gate, up, self._gelu_table)
         else:
             kernels.swiglu(gate, up)
-        self._project(gate, (lw.ffn_down, o))
+        project(gate, (lw.ffn_down, o))
         kernels.add_norm(s.x[:m], o, lw.post_ffw_norm, next_norm, c.rms_eps, h)

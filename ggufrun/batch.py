@@ -1,0 +1,440 @@
+"""Continuous batching: many generations on one model at once, every step one forward pass for all of them.
+
+Follows llama.cpp's server (tools/server/server.cpp, `update_slots`): `n_slots` slots, each with its own KV cache;
+each step batches the next token of every generating request with at most one chunk of a prompt that is being
+evaluated (chunked prefill: a long prompt costs the others one chunk's time per step, not its whole prefill), in
+one `Transformer.forward_batch`. Requests join between steps and leave as soon as they finish or are cancelled.
+Every request gets the tokens it would get alone (forward_batch is batch-invariant; each has its own Sampler,
+so a seed gives the same draws), with the text, stop strings, finish reasons and stats of ggufrun.generate.stream.
+
+    engine = BatchEngine.from_model(model, n_slots=8)
+    for chunk in engine.submit(model.tokenize("Once upon a time"), SamplingParams(temperature=0), max_tokens=32):
+        print(chunk.text, end="")
+    engine.close()
+    texts = batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=32, temperature=0)
+
+Slots and prefix reuse (server.cpp's `get_available_slot` by longest common prefix, plus a copy): a request is
+given a slot when its prompt evaluation starts, one prompt at a time in arrival order. It takes the free slot whose
+cache shares the longest prefix with its prompt (a later turn of a chat finds its earlier turns there), else the
+least recently used free one; if another slot (busy or not) shares a longer prefix, those K/V positions are copied
+from it (KVCache.copy_prefix), so a system prompt shared by many requests is computed once.
+
+Threads: one background thread runs the steps, holding the transformer's lock during each forward pass and the
+samples that read its logits, so the model stays usable from elsewhere (Model.generate takes turns with it).
+`submit` may be called from any thread; each returned Stream is an iterator read by one consumer, fed through a
+queue. Breaking out of a loop over a Stream (dropping it), `Stream.close()`, or a `cancel` event ends the request
+before the next step.
+
+Wiring: `Model.batch_generate(prompts, **kw)` is `batch_generate(model, prompts, **kw)`; a server's `--parallel N`
+is one `BatchEngine.from_model(model, n_slots=N)` whose `submit` each request iterates from its worker thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from .generate import (
+    FINISH_CANCELLED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Chunk,
+    GenerationStats,
+    StopMatcher,
+    check_prompt_fits,
+    peak_rss_mb,
+)
+from .runtime import set_threads
+from .sampling import Sampler, SamplingParams
+from .tokenizer import StreamingDetokenizer
+
+
+def _positive_int(value, name: str) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _stop_list(stop) -> list[str]:
+    """stop: None, a string, or a sequence of strings (OpenAI's `stop`)."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+
+
+class _Request:
+    """One submitted generation: what it asked for, where it is, and the queue its chunks go to."""
+
+    def __init__(self, prompt: np.ndarray, sampler: Sampler, max_tokens: int, stops: list[str], cancel, detok, n_ctx):
+        self.prompt = prompt  # int64 [n_prompt]
+        self.sampler = sampler
+        self.budget = min(max_tokens, n_ctx - prompt.shape[0] + 1)  # the last token sampled needs no KV slot
+        self.stops = StopMatcher(stops)
+        self.cancel_event = cancel  # the caller's threading.Event or callable, or None
+        self.cancelled = threading.Event()  # set by Stream.close()
+        self.detok = detok
+        self.stats = GenerationStats(prompt_tokens=prompt.shape[0])
+        self.chunks: queue.SimpleQueue = queue.SimpleQueue()  # Chunk objects, or an exception to raise
+        self.history = np.empty(prompt.shape[0] + max(self.budget, 0), np.int64)  # prompt + sampled ids
+        self.history[: prompt.shape[0]] = prompt
+        self.n_hist = prompt.shape[0]
+        self.slot: int | None = None
+        self.n_eval = 0  # prompt positions in the slot's cache (prefill until n_eval == n_prompt)
+        self.token: int | None = None  # the last token sampled, evaluated by the next step
+        self.finished = False
+        self.t_submit = time.perf_counter()
+        self.t_prefill = 0.0
+        self.t_first = 0.0
+
+    def is_cancelled(self) -> bool:
+        if self.cancelled.is_set():
+            return True
+        c = self.cancel_event
+        if c is None:
+            return False
+        return c.is_set() if hasattr(c, "is_set") else bool(c())
+
+
+class Stream:
+    """The chunks of one submitted request, as the engine produces them: an iterator of generate.Chunk whose last
+    item has finish_reason and stats. close() (or dropping the iterator, as breaking out of a for loop does)
+    cancels the request: it leaves the batch before the next step."""
+
+    def __init__(self, engine: BatchEngine, request: _Request):
+        self._engine = engine
+        self._request = request
+        self._done = False
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Chunk:
+        if self._done:
+            raise StopIteration
+        item = self._request.chunks.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finish_reason is not None:
+            self._done = True
+        return item
+
+    def close(self) -> None:
+        """Cancel the request (no effect once it finished)."""
+        if not self._done:
+            self._done = True
+            self._engine._cancel(self._request)
+
+    def __del__(self):
+        if not self._done:
+            self._request.cancelled.set()
+
+
+class BatchEngine:
+    """Continuous batching over one transformer and tokenizer (see the module docstring).
+
+    n_slots: sequences generated at once (each slot owns a KVCache of n_ctx positions; requests beyond wait).
+    prefill_chunk: prompt tokens evaluated per step (default: the transformer's n_batch), fewer when decode
+    rows fill the pass. n_threads: Numba threads for the steps (default: leave the setting alone).
+    skip_special: hide control tokens in the streamed text.
+
+    Counters for tests and benchmarks: steps, rows (token rows through the model), prefill_rows, decode_rows,
+    copied_tokens (prompt positions copied from another slot).
+    """
+
+    def __init__(
+        self,
+        transformer,
+        tokenizer,
+        n_slots: int = 4,
+        prefill_chunk: int | None = None,
+        n_threads: int | None = None,
+        skip_special: bool = True,
+    ):
+        self.tf = transformer
+        self.tokenizer = tokenizer
+        self.n_slots = _positive_int(n_slots, "n_slots")
+        self.prefill_chunk = _positive_int(prefill_chunk if prefill_chunk is not None else transformer.n_batch,
+                                           "prefill_chunk")  # fmt: skip
+        self.n_threads = None if n_threads is None else _positive_int(n_threads, "n_threads")
+        self.skip_special = skip_special
+        self.n_vocab = transformer.config.n_vocab
+        self.slots = [transformer.new_cache() for _ in range(self.n_slots)]
+        self._owner: list[_Request | None] = [None] * self.n_slots
+        self._last_used = [0] * self.n_slots  # step at which each slot was last released
+        self._waiting: deque[_Request] = deque()  # submitted, no slot yet, in arrival order
+        self._active: list[_Request] = []  # holding a slot, in admission order
+        self._cond = threading.Condition(threading.RLock())
+        self._closed = False
+        self.steps = self.rows = self.prefill_rows = self.decode_rows = self.copied_tokens = 0
+        self._thread = threading.Thread(target=self._run, name="ggufrun-batch", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_model(cls, model, **kwargs) -> BatchEngine:
+        """An engine over a ggufrun.Model's transformer and tokenizer, on the model's thread count."""
+        kwargs.setdefault("n_threads", model.n_threads)
+        return cls(model.transformer, model.tokenizer, **kwargs)
+
+    # ---- the caller's side ------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        max_tokens: int = 256,
+        stop: str | Sequence[str] | None = None,
+        cancel=None,
+    ) -> Stream:
+        """Queue a generation of `prompt_ids`; return the Stream of its chunks. Thread-safe.
+
+        params: SamplingParams (default SamplingParams()); a seed gives the draws it gives alone. stop: stop
+        strings. cancel: a threading.Event or a callable returning True, checked before every step. Bad values
+        raise here (ValueError / TypeError naming the argument; ContextOverflowError for a prompt that leaves no
+        room to generate).
+        """
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if not isinstance(max_tokens, (int, np.integer)) or isinstance(max_tokens, bool) or max_tokens < 0:
+            raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+        stops = _stop_list(stop)
+        try:
+            ids = np.array([int(i) for i in prompt_ids], dtype=np.int64)
+        except (TypeError, ValueError):
+            raise ValueError("prompt_ids must be a sequence of integer token ids") from None
+        bad = ids[(ids < 0) | (ids >= self.n_vocab)]
+        if bad.size:
+            raise ValueError(f"prompt_ids: token id {int(bad[0])} is outside the vocabulary [0, {self.n_vocab})")
+        check_prompt_fits(ids.shape[0], self.tf.n_ctx)
+        sampler = Sampler(params, self.n_vocab)
+        has_text = self.tokenizer.model != "none"
+        detok = StreamingDetokenizer(self.tokenizer, skip_special=self.skip_special) if has_text else None
+        request = _Request(ids, sampler, int(max_tokens), stops, cancel, detok, self.tf.n_ctx)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("this BatchEngine is closed")
+            if request.budget <= 0:  # nothing to generate: no work at all
+                self._finish(request, FINISH_LENGTH, "")
+            else:
+                self._waiting.append(request)
+                self._cond.notify()
+        return Stream(self, request)
+
+    def _cancel(self, request: _Request) -> None:
+        request.cancelled.set()
+        with self._cond:
+            self._cond.notify()
+
+    @property
+    def n_active(self) -> int:
+        """Requests holding a slot (evaluating their prompt or generating)."""
+        return len(self._active)
+
+    def close(self) -> None:
+        """Stop the engine: unfinished requests end with finish_reason "cancelled"; the slots' caches stay."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __enter__(self) -> BatchEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- the engine's thread ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        if self.n_threads is not None:
+            set_threads(self.n_threads)  # Numba keeps the thread count per calling thread
+        while True:
+            with self._cond:
+                while not self._closed and not self._waiting and not self._active:
+                    self._cond.wait()
+                if self._closed:
+                    for request in [*self._active, *self._waiting]:
+                        self._finish_cancelled(request)
+                    self._waiting.clear()
+                    return
+            try:
+                self._step()
+            except BaseException as e:  # a bug or an out-of-memory: every request in flight gets the error
+                with self._cond:
+                    failed = [*self._active]
+                for request in failed:
+                    self._release(request)
+                    request.chunks.put(e)
+
+    def _step(self) -> None:
+        """Drop cancelled requests, start the next prompt if none is being evaluated, then run one forward pass:
+        one token for every generating request plus one prompt chunk."""
+        with self._cond:
+            for request in [r for r in (*self._active, *self._waiting) if r.is_cancelled()]:
+                self._finish_cancelled(request)
+            if not any(r.n_eval < r.prompt.shape[0] for r in self._active):
+                self._admit()
+            active = list(self._active)
+        decoding = [r for r in active if r.token is not None]
+        prefilling = next((r for r in active if r.n_eval < r.prompt.shape[0]), None)
+        seqs = [(self.slots[r.slot], r.history[r.n_hist - 1 : r.n_hist]) for r in decoding]
+        chunk = None
+        if prefilling is not None:
+            size = min(self.prefill_chunk, max(1, self.tf.n_batch - len(decoding)))
+            chunk = prefilling.prompt[prefilling.n_eval : prefilling.n_eval + size]
+            seqs.append((self.slots[prefilling.slot], chunk))
+        if not seqs:
+            return
+        sampled: list[tuple[_Request, int, float]] = []
+        failed: list[tuple[_Request, Exception]] = []
+        with self.tf.lock:
+            if self.n_threads is not None:
+                set_threads(self.n_threads)
+            logits = self.tf.forward_batch(seqs)
+            if chunk is not None:
+                prefilling.n_eval += chunk.shape[0]
+            to_sample = list(zip(decoding, logits))
+            if chunk is not None and prefilling.n_eval == prefilling.prompt.shape[0]:
+                to_sample.append((prefilling, logits[-1]))
+            for r, row in to_sample:
+                try:  # a request's own logits processor may raise: that request ends with its error
+                    sampled.append((r, *r.sampler.sample(row, r.history[: r.n_hist])))
+                except Exception as e:
+                    failed.append((r, e))
+        for request, error in failed:
+            self._release(request)
+            request.chunks.put(error)
+        self.steps += 1
+        self.decode_rows += len(decoding)
+        self.prefill_rows += 0 if chunk is None else chunk.shape[0]
+        self.rows = self.decode_rows + self.prefill_rows
+        for request, token, logprob in sampled:
+            self._emit(request, token, logprob)
+
+    def _admit(self) -> None:
+        """Give the first waiting request a slot, reusing or copying the longest cached prefix of its prompt."""
+        free = [s for s in range(self.n_slots) if self._owner[s] is None]
+        while self._waiting and free:
+            request = self._waiting[0]
+            if not request.is_cancelled():
+                break
+            self._finish_cancelled(request)
+        if not self._waiting or not free:
+            return
+        request = self._waiting.popleft()
+        prompt, n = request.prompt, request.prompt.shape[0]
+        shared = [min(cache.common_prefix(prompt), n - 1) for cache in self.slots]  # at least one id to evaluate
+        slot = max(free, key=lambda s: (shared[s], -self._last_used[s]))
+        donor = max(range(self.n_slots), key=lambda s: shared[s])
+        cache = self.slots[slot]
+        if shared[donor] > shared[slot]:
+            cache.copy_prefix(self.slots[donor], shared[donor])
+            self.copied_tokens += shared[donor]
+        else:
+            cache.truncate(shared[slot])
+        request.slot = slot
+        request.n_eval = request.stats.cached_tokens = cache.n_past
+        request.t_prefill = time.perf_counter()
+        self._owner[slot] = request
+        self._active.append(request)
+
+    def _emit(self, request: _Request, token: int, logprob: float) -> None:
+        """A sampled token: text out through the detokenizer and the stop strings, or the request's end."""
+        stats = request.stats
+        request.history[request.n_hist] = token
+        request.n_hist += 1
+        n = stats.generated_tokens = request.n_hist - request.prompt.shape[0]
+        now = time.perf_counter()
+        if n == 1:
+            request.t_first = now
+            stats.ttft_s = now - request.t_submit
+            prefill_s = now - request.t_prefill
+            stats.prompt_tps = (stats.prompt_tokens - stats.cached_tokens) / prefill_s if prefill_s > 0 else 0.0
+        else:
+            stats.generation_tps = (n - 1) / (now - request.t_first)
+        detok, stops = request.detok, request.stops
+        if token in self.tokenizer.eog_ids:
+            tail, _ = stops.push(detok.finalize() if detok else "")
+            self._finish(request, FINISH_STOP, tail + stops.flush(), token, logprob)
+            return
+        text, hit = stops.push(detok.add_token(token) if detok else "")
+        if hit:
+            self._finish(request, FINISH_STOP, text, token, logprob)
+        elif n == request.budget:
+            tail, hit = stops.push(detok.finalize() if detok else "")
+            reason = FINISH_STOP if hit else FINISH_LENGTH
+            self._finish(request, reason, text + tail + ("" if hit else stops.flush()), token, logprob)
+        else:
+            request.token = token
+            request.chunks.put(Chunk(text, token, logprob))
+
+    def _finish_cancelled(self, request: _Request) -> None:
+        tail, _ = request.stops.push(request.detok.finalize() if request.detok else "")
+        self._finish(request, FINISH_CANCELLED, tail + request.stops.flush())
+
+    def _finish(self, request: _Request, reason: str, text: str, token=None, logprob=None) -> None:
+        request.stats.peak_rss_mb = peak_rss_mb()
+        self._release(request)
+        request.chunks.put(Chunk(text, token, logprob, reason, request.stats))
+
+    def _release(self, request: _Request) -> None:
+        """Take the request out of the batch now; its slot's cache keeps its tokens for prefix reuse."""
+        with self._cond:
+            request.finished = True
+            if request in self._waiting:
+                self._waiting.remove(request)
+            if request.slot is not None:
+                self._owner[request.slot] = None
+                self._last_used[request.slot] = self.steps
+                self._active.remove(request)
+                request.slot = None
+
+
+def batch_generate(
+    model,
+    prompts: Sequence[str | Sequence[int]],
+    max_tokens: int = 256,
+    stop: str | Sequence[str] | None = None,
+    *,
+    chunks: bool = False,
+    n_slots: int | None = None,
+    prefill_chunk: int | None = None,
+    preset: str | None = None,
+    add_special: bool = True,
+    **sampling,
+) -> list[str] | list[list[Chunk]]:
+    """Generate from every prompt (text or token ids) at once on a ggufrun.Model; results in the prompts' order:
+    the text of each (or, with chunks=True, its list of Chunks, the last with finish_reason and stats).
+
+    Sampling arguments are SamplingParams fields or a preset, shared by every prompt; each prompt gets what
+    Model.generate gives it alone with the same arguments. n_slots: prompts generated at once (default: all of
+    them, at most 16).
+
+    >>> batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=16, temperature=0)
+    """
+    if isinstance(prompts, (str, bytes)):
+        raise TypeError("prompts must be a list of prompts (text or token ids), not one string")
+    prompts = list(prompts)
+    params = SamplingParams.preset(preset, **sampling) if preset is not None else SamplingParams(**sampling)
+    ids = [model.tokenize(p, add_special=add_special) if isinstance(p, str) else p for p in prompts]
+    if not ids:
+        return []
+    engine = BatchEngine.from_model(model, n_slots=n_slots or min(len(ids), 16), prefill_chunk=prefill_chunk)
+    try:
+        streams = [engine.submit(p, params, max_tokens, stop) for p in ids]
+        results = [list(s) for s in streams]
+    finally:
+        engine.close()
+    return results if chunks else ["".join(c.text for c in r) for r in results]

@@ -1,0 +1,389 @@
+"""Batched decoding: Transformer.forward_batch gives every sequence the bits forward() gives it alone (synthetic
+llama, qwen2 and gemma3 with a sliding window, and SmolLM2), and the continuous-batching engine (ggufrun.batch)
+gives every request the chunks it gets alone while requests join, leave, share prefixes and prefill in chunks.
+
+Engine tests watch the steps through a wrapper around forward_batch that records each call's (cache, rows) and,
+when gated, lets the engine run only as many steps as the test allows, so interleavings are deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+from synthetic import write_model
+
+from ggufrun.batch import BatchEngine, batch_generate
+from ggufrun.errors import ContextOverflowError
+from ggufrun.model import Transformer
+from ggufrun.reader import GGUFFile
+from ggufrun.sampling import SamplingParams
+
+VARIANTS = {
+    "llama": {},
+    "qwen2": {"arch": "qwen2"},
+    # 6 layers: 5 local (window 5) then 1 global
+    "gemma3": {"arch": "gemma3", "n_layer": 6, "n_kv": 1, "window": 5, "softcap": 5.0},
+}
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("batch")
+
+
+def _transformer(model_dir, name, **kwargs) -> Transformer:
+    path = model_dir / f"{name}.gguf"
+    if not path.exists():
+        write_model(path, **VARIANTS[name])
+    return Transformer(GGUFFile(path), **kwargs)
+
+
+def _alone(tf, ids) -> np.ndarray:
+    """Logits after the last of `ids`, evaluated alone in a fresh cache by forward()."""
+    return tf.forward(np.asarray(ids), cache=tf.new_cache()).copy()
+
+
+# ---- forward_batch -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_forward_batch_is_bit_identical_to_forward(model_dir, name):
+    """Prompts of 1..19 tokens (n_batch 8: some straddle passes, gemma3's window crosses them), then decode steps,
+    then a step mixing decode rows with a prompt chunk: every row equals forward() on that sequence alone."""
+    tf = _transformer(model_dir, name, n_ctx=64, n_batch=8)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 96, n).tolist() for n in (7, 1, 19, 3, 12)]
+    caches = [tf.new_cache() for _ in prompts]
+    rows = tf.forward_batch(list(zip(caches, prompts))).copy()
+    assert rows.shape == (len(prompts), tf.config.n_vocab)
+    for p, row in zip(prompts, rows):
+        np.testing.assert_array_equal(row, _alone(tf, p))
+    seqs = [list(p) for p in prompts]
+    for _ in range(3):
+        nxt = [int(r.argmax()) for r in rows]
+        rows = tf.forward_batch([(c, [t]) for c, t in zip(caches, nxt)]).copy()
+        for s, t, row in zip(seqs, nxt, rows):
+            s.append(t)
+            np.testing.assert_array_equal(row, _alone(tf, s))
+    assert [c.tokens.tolist() for c in caches] == seqs
+    # decode rows of two sequences + an 11-token chunk of a new one, in one call
+    new = tf.new_cache()
+    chunk = rng.integers(0, 96, 11).tolist()
+    nxt = [int(r.argmax()) for r in rows[:2]]
+    mixed = tf.forward_batch([(caches[0], [nxt[0]]), (new, chunk), (caches[1], [nxt[1]])]).copy()
+    np.testing.assert_array_equal(mixed[0], _alone(tf, seqs[0] + [nxt[0]]))
+    np.testing.assert_array_equal(mixed[1], _alone(tf, chunk))
+    np.testing.assert_array_equal(mixed[2], _alone(tf, seqs[1] + [nxt[1]]))
+
+
+@pytest.mark.real
+def test_forward_batch_smollm2(smollm2_path):
+    """Four sequences (one of them longer than n_batch) and two batched decode steps on SmolLM2 Q4_1."""
+    tf = Transformer(GGUFFile(smollm2_path), n_ctx=128, n_batch=16)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, tf.config.n_vocab, n).tolist() for n in (9, 1, 21, 4)]
+    caches = [tf.new_cache() for _ in prompts]
+    rows = tf.forward_batch(list(zip(caches, prompts))).copy()
+    for _ in range(2):
+        for p, row in zip(prompts, rows):
+            np.testing.assert_array_equal(row, _alone(tf, p))
+        nxt = [int(r.argmax()) for r in rows]
+        for p, t in zip(prompts, nxt):
+            p.append(t)
+        rows = tf.forward_batch([(c, [t]) for c, t in zip(caches, nxt)]).copy()
+
+
+def test_forward_batch_refuses_bad_input_before_any_change(model_dir):
+    tf = _transformer(model_dir, "llama", n_ctx=16)
+    a, b = tf.new_cache(), tf.new_cache()
+    tf.forward([1, 2, 3], cache=a)
+    tf.forward(list(range(10)), cache=b)
+    before = (a.tokens.tolist(), b.tokens.tolist(), a.version, b.version)
+    with pytest.raises(ContextOverflowError, match=r"seqs\[1\].*n_ctx=16"):
+        tf.forward_batch([(a, [4, 5]), (b, list(range(7)))])
+    with pytest.raises(ValueError, match="same KVCache appears twice"):
+        tf.forward_batch([(a, [4]), (a, [5])])
+    with pytest.raises(ValueError, match=r"seqs\[0\] ids: token id 96 is out of range"):
+        tf.forward_batch([(a, [96])])
+    with pytest.raises(ValueError, match=r"seqs\[1\] ids must be a non-empty"):
+        tf.forward_batch([(a, [4]), (b, [])])
+    with pytest.raises(ValueError, match=r"seqs\[0\] cache must be a KVCache"):
+        tf.forward_batch([("cache", [4])])
+    with pytest.raises(ValueError, match="non-empty list"):
+        tf.forward_batch([])
+    assert (a.tokens.tolist(), b.tokens.tolist(), a.version, b.version) == before
+
+
+def test_kv_cache_copy_prefix(model_dir):
+    tf = _transformer(model_dir, "qwen2", n_ctx=32)
+    src, dst = tf.new_cache(), tf.new_cache()
+    tf.forward([7, 8, 9, 10, 11], cache=src)
+    tf.forward([1, 1], cache=dst)
+    dst.copy_prefix(src, 3)
+    assert dst.tokens.tolist() == [7, 8, 9]
+    np.testing.assert_array_equal(tf.forward([12], cache=dst), _alone(tf, [7, 8, 9, 12]))
+    with pytest.raises(ValueError, match=r"n must be an integer in \[0, 5\]"):
+        dst.copy_prefix(src, 6)
+
+
+# ---- the engine --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import ggufrun
+
+    path = write_model(tmp_path_factory.mktemp("engine") / "tiny.gguf", tokenizer="bytes", ctx=256, seed=3)
+    m = ggufrun.load(path, n_ctx=128, n_threads=2)
+    yield m
+    m.close()
+
+
+class Steps:
+    """Wraps a transformer's forward_batch: records [(cache, rows), ...] per call; when gated, each call waits
+    for allow()."""
+
+    def __init__(self, tf, monkeypatch, gated: bool = False):
+        self.inner = tf.forward_batch
+        self.calls: list[list[tuple[object, int]]] = []
+        self.gate = threading.Semaphore(0) if gated else None
+        monkeypatch.setattr(tf, "forward_batch", self)
+
+    def __call__(self, seqs):
+        if self.gate is not None:
+            assert self.gate.acquire(timeout=60), "the test never allowed this step"
+        self.calls.append([(cache, len(ids)) for cache, ids in seqs])
+        return self.inner(seqs)
+
+    def allow(self, n: int = 1) -> None:
+        self.gate.release(n)
+
+    def wait_calls(self, n: int) -> None:
+        for _ in range(6000):
+            if len(self.calls) >= n:
+                return
+            threading.Event().wait(0.01)
+        raise AssertionError(f"the engine ran {len(self.calls)} steps, expected {n}")
+
+    def open(self) -> None:
+        self.allow(100000)
+
+
+def _prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 30) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, int(k)).tolist() for k in rng.integers(lo, hi, n)]
+
+
+def _solo(model, ids, max_tokens, stop=None, **sampling):
+    """(text, token, logprob, finish_reason) of every chunk Model.generate gives `ids` alone."""
+    sampling.setdefault("temperature", 0)
+    return [(c.text, c.token, c.logprob, c.finish_reason) for c in model.generate(ids, max_tokens, stop, **sampling)]
+
+
+def _key(chunks):
+    return [(c.text, c.token, c.logprob, c.finish_reason) for c in chunks]
+
+
+def test_eight_concurrent_submissions_get_their_solo_chunks(tiny):
+    """Eight threads submit at once to a 4-slot engine (so four wait for a slot): greedy and seeded sampling
+    give each exactly the chunks Model.generate gives it alone."""
+    prompts = _prompts(8)
+    sampling = [{"temperature": 0} if i % 2 else {"temperature": 0.9, "seed": i} for i in range(8)]
+    expected = [_solo(tiny, p, 20, **s) for p, s in zip(prompts, sampling)]
+    results: list = [None] * 8
+    with BatchEngine.from_model(tiny, n_slots=4) as engine:
+
+        def client(i):
+            results[i] = _key(engine.submit(prompts[i], SamplingParams(**sampling[i]), max_tokens=20))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert engine.n_active == 0
+    assert results == expected
+    assert engine.decode_rows > engine.steps  # some steps advanced several sequences
+
+
+def test_a_request_arriving_mid_stream_joins_the_batch(tiny, monkeypatch):
+    a_ids, b_ids = _prompts(2, seed=1)
+    with BatchEngine.from_model(tiny, n_slots=2) as engine:
+        steps = Steps(tiny.transformer, monkeypatch, gated=True)
+        a = engine.submit(a_ids, GREEDY, max_tokens=24)
+        steps.allow(5)  # prefill + 4 decode steps
+        head = [next(a) for _ in range(5)]
+        steps.wait_calls(5)
+        b = engine.submit(b_ids, GREEDY, max_tokens=10)
+        steps.open()
+        a_chunks, b_chunks = head + list(a), list(b)
+    assert _key(a_chunks) == _solo(tiny, a_ids, 24)
+    assert _key(b_chunks) == _solo(tiny, b_ids, 10)
+    a_cache = steps.calls[0][0][0]
+    joined = next(dict(call) for call in steps.calls if len(call) == 2)  # B's first step
+    b_cache = next(cache for cache in joined if cache is not a_cache)
+    assert joined[a_cache] == 1 and joined[b_cache] == len(b_ids)  # A's next token and B's prompt, one pass
+    assert sum(len(call) == 2 for call in steps.calls) >= 9  # B's decode steps ran beside A's
+
+
+def test_cancel_leaves_at_once(tiny, monkeypatch):
+    a_ids, b_ids, c_ids = _prompts(3, seed=4)
+    with BatchEngine.from_model(tiny, n_slots=3) as engine:
+        steps = Steps(tiny.transformer, monkeypatch, gated=True)
+        a = engine.submit(a_ids, GREEDY, max_tokens=40)
+        b = engine.submit(b_ids, GREEDY, max_tokens=12)
+        cancel = threading.Event()
+        c = engine.submit(c_ids, GREEDY, max_tokens=40, cancel=cancel)
+        steps.allow(6)  # three prefills, then every one decodes
+        steps.wait_calls(6)
+        a_cache = next(cache for cache, rows in steps.calls[0])
+        assert engine.n_active == 3
+        a.close()  # the consumer leaves
+        cancel.set()  # C's own cancel event
+        b_cache = next(cache for cache, _ in steps.calls[1] if cache is not a_cache)
+        steps.allow(2)  # the step in flight (built before the cancels), then the next one
+        steps.wait_calls(8)
+        assert [cache for cache, _ in steps.calls[7]] == [b_cache]
+        assert engine.n_active == 1
+        steps.open()
+        b_chunks = list(b)
+        c_chunks = list(c)
+    assert _key(b_chunks) == _solo(tiny, b_ids, 12)  # the others are unaffected
+    assert c_chunks[-1].finish_reason == "cancelled" and len(c_chunks) < 40
+    assert _key(c_chunks[:-1]) == _solo(tiny, c_ids, 40)[: len(c_chunks) - 1]
+    with pytest.raises(StopIteration):
+        next(a)
+
+
+def test_dropping_the_iterator_cancels(tiny, monkeypatch):
+    with BatchEngine.from_model(tiny, n_slots=2) as engine:
+        steps = Steps(tiny.transformer, monkeypatch, gated=True)
+        steps.allow(2)
+        first = next(iter(engine.submit(_prompts(1, seed=3)[0], GREEDY, max_tokens=100)))  # the Stream is dropped
+        steps.open()
+        other = list(engine.submit([5, 6, 7], GREEDY, max_tokens=5))
+    assert first.token is not None and other[-1].finish_reason == "length"
+    a_cache = steps.calls[0][0][0]
+    # the prefill, the decode step allowed, at most the step in flight: then it is gone
+    assert sum(any(cache is a_cache for cache, _ in call) for call in steps.calls) <= 3
+    assert engine.n_active == 0
+
+
+def test_shared_prefix_is_computed_once(tiny, monkeypatch):
+    """Four requests with one 40-token system prefix: only the first computes it, the others copy its K/V; a
+    later turn of a finished conversation reuses its own slot."""
+    rng = np.random.default_rng(4)
+    system = rng.integers(0, 256, 40).tolist()
+    prompts = [system + rng.integers(0, 256, 5 + i).tolist() for i in range(4)]
+    with BatchEngine.from_model(tiny, n_slots=4) as engine:
+        steps = Steps(tiny.transformer, monkeypatch)
+        streams = [engine.submit(p, GREEDY, max_tokens=8) for p in prompts]
+        results = [list(s) for s in streams]
+        assert engine.prefill_rows == 40 + sum(len(p) - 40 for p in prompts)
+        assert engine.copied_tokens == 3 * 40
+        assert [r[-1].stats.cached_tokens for r in results] == [0, 40, 40, 40]
+        # the next turn of conversation 2: its whole history is in its slot
+        turn = prompts[2] + [c.token for c in results[2]][:-1] + [9, 10]
+        again = list(engine.submit(turn, GREEDY, max_tokens=6))
+        assert again[-1].stats.cached_tokens == len(turn) - 2
+    for p, r in zip(prompts, results):
+        assert _key(r) == _solo(tiny, p, 8)
+    assert _key(again) == _solo(tiny, turn, 6)
+    assert sum(rows for call in steps.calls for _, rows in call) == engine.rows
+
+
+def test_chunked_prefill_interleaves_with_decode(tiny, monkeypatch):
+    """A 45-token prompt arriving while another request generates is evaluated 8 tokens per step, each step also
+    advancing the other request, which keeps streaming meanwhile."""
+    a_ids = _prompts(1, seed=5)[0]
+    b_ids = np.random.default_rng(6).integers(0, 256, 45).tolist()
+    with BatchEngine.from_model(tiny, n_slots=2, prefill_chunk=8) as engine:
+        steps = Steps(tiny.transformer, monkeypatch, gated=True)
+        a = engine.submit(a_ids, GREEDY, max_tokens=30)
+        steps.allow(math.ceil(len(a_ids) / 8) + 1)  # A's prompt, then one decode step
+        first = [next(a), next(a)]
+        b = engine.submit(b_ids, GREEDY, max_tokens=5)
+        steps.open()
+        a_chunks, b_chunks = first + list(a), list(b)
+    a_cache = steps.calls[0][0][0]
+    b_steps = [dict(call) for call in steps.calls if any(cache is not a_cache for cache, _ in call)]
+    prefill = [next(rows for cache, rows in call.items() if cache is not a_cache) for call in b_steps[:6]]
+    assert prefill == [8, 8, 8, 8, 8, 5]
+    assert all(call.get(a_cache) == 1 for call in b_steps[:6])  # A decoded in every one of them
+    assert _key(a_chunks) == _solo(tiny, a_ids, 30)
+    assert _key(b_chunks) == _solo(tiny, b_ids, 5)
+
+
+def test_batch_generate_returns_results_in_order(tiny):
+    prompts = _prompts(5, seed=7)
+    solo = [_solo(tiny, p, 12) for p in prompts]
+    texts = batch_generate(tiny, prompts, max_tokens=12, temperature=0)
+    assert texts == ["".join(c[0] for c in s) for s in solo]
+    # a stop string taken from the middle of one solo text: trimmed exactly as alone
+    full = texts[0]
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    chunks = batch_generate(tiny, prompts[:2], max_tokens=12, stop=[stop], temperature=0, chunks=True)
+    assert [_key(c) for c in chunks] == [_solo(tiny, p, 12, stop=[stop]) for p in prompts[:2]]
+    assert chunks[0][-1].finish_reason == "stop"
+    assert batch_generate(tiny, ["The", "A cat"], max_tokens=4, temperature=0) == [
+        tiny.complete("The", 4, temperature=0),
+        tiny.complete("A cat", 4, temperature=0),
+    ]
+
+
+def test_submit_checks_its_arguments(tiny):
+    with BatchEngine.from_model(tiny, n_slots=1) as engine:
+        with pytest.raises(ValueError, match="max_tokens"):
+            engine.submit([1, 2], GREEDY, max_tokens=-1)
+        with pytest.raises(TypeError, match="stop"):
+            engine.submit([1, 2], GREEDY, stop=[1])
+        with pytest.raises(ValueError, match=r"prompt_ids: token id 9999 is outside the vocabulary"):
+            engine.submit([1, 9999], GREEDY)
+        with pytest.raises(ContextOverflowError, match="n_ctx"):
+            engine.submit(list(range(128)), GREEDY)
+        with pytest.raises(TypeError, match="params"):
+            engine.submit([1, 2], {"temperature": 0})
+        nothing = list(engine.submit([1, 2], GREEDY, max_tokens=0))
+        assert [(c.text, c.finish_reason) for c in nothing] == [("", "length")]
+    with pytest.raises(ValueError, match="n_slots"):
+        BatchEngine.from_model(tiny, n_slots=0)
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit([1, 2], GREEDY)
+
+
+def test_close_cancels_unfinished_requests(tiny, monkeypatch):
+    engine = BatchEngine.from_model(tiny, n_slots=1)
+    steps = Steps(tiny.transformer, monkeypatch, gated=True)
+    running = engine.submit([1, 2, 3], GREEDY, max_tokens=50)
+    waiting = engine.submit([4, 5, 6], GREEDY, max_tokens=50)
+    steps.allow(3)
+    steps.wait_calls(3)
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    steps.open()
+    closer.join(30)
+    assert not closer.is_alive()
+    assert list(running)[-1].finish_reason == "cancelled"
+    assert [(c.text, c.finish_reason) for c in waiting] == [("", "cancelled")]
+
+
+def test_a_failing_logits_processor_ends_only_its_request(tiny):
+    def broken(ids, logits):
+        if len(ids) > 12:
+            raise RuntimeError("processor broke")
+        return logits
+
+    good_ids = _prompts(1, seed=6)[0]
+    with BatchEngine.from_model(tiny, n_slots=2) as engine:
+        bad = engine.submit(
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], SamplingParams(temperature=0, logits_processors=[broken]), 10
+        )
+        good = engine.submit(good_ids, GREEDY, max_tokens=10)
+        with pytest.raises(RuntimeError, match="processor broke"):
+            list(bad)
+        assert _key(good) == _solo(tiny, good_ids, 10)
+        assert engine.n_active == 0

@@ -387,3 +387,9 @@ def test_a_failing_logits_processor_ends_only_its_request(tiny):
             list(bad)
         assert _key(good) == _solo(tiny, good_ids, 10)
         assert engine.n_active == 0
+
+
+def test_model_batch_generate_equals_generate_alone(tiny):
+    prompts = [[1, 2, 3], [7, 8], [40, 41, 42, 43]]
+    texts = tiny.batch_generate(prompts, max_tokens=6, temperature=0)
+    assert texts == [tiny.complete(p, max_tokens=6, temperature=0) for p in prompts]

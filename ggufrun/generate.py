@@ -64,7 +64,8 @@ class Chunk:
                    bias, penalties and filters: what OpenAI's API reports)
     finish_reason: None until the last chunk, then "stop" | "length" | "cancelled" | "tool_calls"
     stats:         on the last chunk only
-    top_logprobs:  with `logprobs=k`: the k most likely tokens and their raw log-probabilities, best first
+    top_logprobs:  with `logprobs=k`: the k most likely tokens as (id, raw log-probability, bytes), best first
+    token_bytes:   with `logprobs=k`: the sampled token's bytes (a token may hold part of a UTF-8 character)
     tool_calls:    chat with tools, last chunk: the calls parsed from the reply, as OpenAI `tool_calls`
     content:       chat with tools, last chunk: the reply's text without the tool-call markup
     """
@@ -74,7 +75,8 @@ class Chunk:
     logprob: float | None = None
     finish_reason: str | None = None
     stats: GenerationStats | None = field(default=None, repr=False)
-    top_logprobs: list[tuple[int, float]] | None = None
+    top_logprobs: list[tuple[int, float, bytes]] | None = None
+    token_bytes: bytes | None = None
     tool_calls: list[dict] | None = None
     content: str | None = None
 
@@ -266,9 +268,13 @@ def stream(
     sampler = Sampler(params, tf.config.n_vocab)
     stats = GenerationStats()
 
+    def with_bytes(top):
+        return None if top is None else [(t, lp, tokenizer.token_piece(t, special=True)) for t, lp in top]
+
     def finish(reason: str, text: str, token=None, logprob=None, top=None) -> Chunk:
         stats.peak_rss_mb = peak_rss_mb()
-        return Chunk(text, token, logprob, reason, stats, top)
+        raw = tokenizer.token_piece(token, special=True) if top is not None else None
+        return Chunk(text, token, logprob, reason, stats, with_bytes(top), token_bytes=raw)
 
     # the last sampled token is never evaluated, so it needs no KV slot of its own
     budget = min(max_tokens, cache.n_ctx - len(prompt_ids) + 1)
@@ -290,7 +296,8 @@ def stream(
                 reason = FINISH_STOP if hit or grammar_done else FINISH_LENGTH
                 yield finish(reason, text + tail + ("" if hit else stops.flush()), token, logprob, top)
                 return
-            yield Chunk(text, token, logprob, top_logprobs=top)
+            raw = tokenizer.token_piece(token, special=True) if top is not None else None
+            yield Chunk(text, token, logprob, top_logprobs=with_bytes(top), token_bytes=raw)
         # The token loop ended early: cancelled, or nothing to generate.
         tail, _ = stops.push(detok.finalize() if detok else "")
         reason = FINISH_CANCELLED if _is_cancelled(cancel) else FINISH_LENGTH

@@ -16,20 +16,22 @@ The model name: one model is served, so any `model` string is accepted (as llama
 
 Every request field is either implemented or answered 400 naming it (OpenAI-style error JSON with `param`); a
 field is never accepted and then ignored:
-    implemented       model, messages (role, content as a string or text parts, name, tool_call_id), prompt (a
-                      string, a one-string list, or token ids), max_tokens, max_completion_tokens, stop, stream,
-                      stream_options.include_usage, temperature, top_p, frequency_penalty, presence_penalty,
-                      logit_bias, seed, n (= 1)
+    implemented       model, messages (role, content as a string or text parts, name, tool_call_id, an assistant's
+                      tool_calls), prompt (a string, a one-string list, or token ids), max_tokens,
+                      max_completion_tokens, stop, stream, stream_options.include_usage, temperature, top_p,
+                      frequency_penalty, presence_penalty, logit_bias, seed, n (= 1); chat: response_format
+                      (json_object, json_schema, grammar, regex: ggufrun.grammar), tools, tool_choice,
+                      parallel_tool_calls (ggufrun.tool_calls), logprobs + top_logprobs; completions: logprobs
+                      (0..20 alternatives), echo
     sampling extras   top_k, min_p, repetition_penalty, penalty_last_n (ggufrun.sampling.SamplingParams; llama.cpp
                       semantics), accepted by both endpoints
     harmless          user, metadata, prompt_cache_key, safety_identifier (labels for the caller's bookkeeping),
-                      service_tier "auto"/"default", parallel_tool_calls (has no effect without tools)
-    default only      fields of features not built yet are accepted only with the value that asks for the default
-                      behaviour, and answered 400 otherwise: response_format {"type": "text"}, tools/functions [],
-                      tool_choice/function_call "none", logprobs false (chat) or null (completions), echo false,
-                      best_of 1, suffix "", store false, modalities ["text"], verbosity "medium",
-                      stream_options.include_obfuscation false; top_logprobs, audio, prediction, reasoning_effort
-                      and web_search_options only as null
+                      service_tier "auto"/"default"
+    default only      fields of features not built are accepted only with the value that asks for the default
+                      behaviour, and answered 400 otherwise: functions [] and function_call "none" (deprecated:
+                      send tools), best_of 1, suffix "", store false, modalities ["text"], verbosity "medium",
+                      stream_options.include_obfuscation false; audio, prediction, reasoning_effort and
+                      web_search_options only as null
     anything else     400 "unknown field"
 `null` means "not given" for every field. Ranges are OpenAI's where it documents one (temperature [0, 2], penalties
 [-2, 2], logit_bias [-100, 100]), chosen elsewhere so that no accepted value can overflow float32 in the sampler.
@@ -49,6 +51,8 @@ How requests meet the model:
 - A client that disconnects, streaming or not, cancels its request: a task watches the connection and sets the
   generation's cancel event, so the model is free for the next request within one token (a queued request whose
   client left is dropped when its turn comes, without running).
+- With tools, a streamed reply's text and tool calls are sent when generation ends, once the reply has been parsed
+  (its text cannot be told from a call before then); log-probabilities still stream with every token.
 - CORS is off unless `create_app(..., cors_origins=[...])` names the origins allowed to call the API from a browser.
 """
 
@@ -703,7 +707,7 @@ def create_app(
     def chat_logprobs(chunk) -> dict:
         """OpenAI's chat `logprobs.content` entry for one generated token."""
         return {**token_entry(chunk.token, chunk.logprob),
-                "top_logprobs": [token_entry(t, lp) for t, lp in chunk.top_logprobs]}  # fmt: skip
+                "top_logprobs": [token_entry(t, lp) for t, lp, _ in chunk.top_logprobs]}  # fmt: skip
 
     def completion_logprobs(tokens: list, offset0: int) -> dict:
         """The legacy completions `logprobs` object for [(token, logprob or None, top or None), ...]."""
@@ -713,7 +717,7 @@ def create_app(
             text = token_entry(token, 0.0)["token"]
             out["tokens"].append(text)
             out["token_logprobs"].append(logprob)
-            out["top_logprobs"].append(None if top is None else {token_entry(t, 0.0)["token"]: lp for t, lp in top})
+            out["top_logprobs"].append(None if top is None else {token_entry(t, 0.0)["token"]: lp for t, lp, *_ in top})
             out["text_offset"].append(offset)
             offset += len(text)
         return out

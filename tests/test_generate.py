@@ -155,6 +155,27 @@ def test_message_text_cannot_inject_control_tokens(tiny):
     assert tiny.chat_ids(plain) == tiny.tokenize(tiny.chat_template.render(plain))  # no markers: ids unchanged
 
 
+def test_logprobs_report_the_raw_distribution(tiny):
+    chunks = [c for c in tiny.generate([4, 5, 6], max_tokens=5, temperature=0, logprobs=3) if c.token is not None]
+    rows = tiny.logits([4, 5, 6] + [c.token for c in chunks[:-1]])[2:]
+    for c, row in zip(chunks, rows):
+        want = row.astype(np.float64) - np.log(np.exp(row.astype(np.float64) - row.max()).sum()) - row.max()
+        assert [t for t, _, _ in c.top_logprobs] == np.argsort(-row, kind="stable")[:3].tolist()
+        assert c.top_logprobs[0][0] == c.token and c.top_logprobs[0][1] == c.logprob  # greedy: the best one
+        assert all(abs(lp - want[t]) < 1e-5 for t, lp, _ in c.top_logprobs)
+        assert c.token_bytes == tiny.tokenizer.token_piece(c.token, special=True)
+        assert all(b == tiny.tokenizer.token_piece(t, special=True) for t, _, b in c.top_logprobs)
+
+
+def test_regex_response_format_constrains_the_output(tiny):
+    for seed in range(5):
+        chunks = list(tiny.generate([9, 9], max_tokens=10, temperature=1.0, seed=seed,
+                                    response_format={"type": "regex", "regex": "(yes|no)"}))  # fmt: skip
+        assert "".join(c.text for c in chunks) in ("yes", "no") and chunks[-1].finish_reason == "stop"
+    with pytest.raises(ValueError, match="response_format.type"):
+        tiny.generate([9], response_format={"type": "xml"})
+
+
 def test_stop_must_be_text(tiny):
     with pytest.raises(TypeError, match="stop must be a string or a list of strings, got 123"):
         tiny.generate([1, 2], stop=123)

@@ -66,7 +66,7 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, layout: str, s
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # keeps x's dtype
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -200,7 +200,7 @@ class ReferenceModel:
                 logits[:, r : r + step] = x @ weight(self.f, self.out_name, slice(r, r + step), dtype=dt).T
         if self.softcap:
             logits = self.softcap * np.tanh(logits / self.softcap)
-        return logits
+        return logits.astype(dt, copy=False)
 
 
 def reference_logits(f, tokens) -> np.ndarray:

@@ -53,9 +53,10 @@ class ProgressBar:
     """`[#####.....] 3/8 windows  PPL 12.3456  4.2 s` redrawn in place on a terminal; one line per window when
     stderr is not a terminal (a log file)."""
 
-    def __init__(self, stream=sys.stderr, width: int = 30):
-        self.stream, self.width, self.t0 = stream, width, time.perf_counter()
-        self.tty = stream.isatty()
+    def __init__(self, stream=None, width: int = 30):
+        self.stream = sys.stderr if stream is None else stream
+        self.width, self.t0 = width, time.perf_counter()
+        self.tty = self.stream.isatty()
 
     def __call__(self, done: int, total: int, ppl: float) -> None:
         filled = self.width * done // total
@@ -93,8 +94,12 @@ def run(args) -> int:
 
         path = resolve(args.model)
         gguf = GGUFFile(path)
-        model = ReferenceModel(gguf, dtype="float32")
-        tokenizer = load_tokenizer(gguf.metadata)
+        try:
+            model = ReferenceModel(gguf, dtype="float32")
+            tokenizer = load_tokenizer(gguf.metadata)
+        except BaseException:
+            gguf.close()
+            raise
         label = f"{path.name} (float reference)"
     else:
         from ..llm import load
@@ -103,18 +108,21 @@ def run(args) -> int:
         tokenizer = model.tokenizer
         label = f"{model.path.name} (ggufrun)"
     note(f"{label}: windows of {n_ctx} tokens")
-    result = perplexity(
-        model,
-        text,
-        tokenizer=tokenizer,
-        n_ctx=n_ctx,
-        n_chunks=args.chunks,
-        kl_base=base,
-        kl_save=args.kl_save,
-        top_k=args.top_k or DEFAULT_TOP_K,
-        progress=ProgressBar(),
-        label=label,
-    )
+    try:
+        result = perplexity(
+            model,
+            text,
+            tokenizer=tokenizer,
+            n_ctx=n_ctx,
+            n_chunks=args.chunks,
+            kl_base=base,
+            kl_save=args.kl_save,
+            top_k=args.top_k or DEFAULT_TOP_K,
+            progress=ProgressBar(),
+            label=label,
+        )
+    finally:
+        (gguf if args.reference else model).close()
     if args.json:
         print(json.dumps(result.as_dict()))
     else:

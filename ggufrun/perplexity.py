@@ -7,7 +7,7 @@ vocabulary adds one) and cut into n_chunk = n_tokens // n_ctx non-overlapping wi
 (when the vocabulary adds BOS); only its second half is scored: the logits at positions first = n_ctx // 2 ..
 n_ctx - 2 predict the tokens at first + 1 .. n_ctx - 1, so every scored token sees at least n_ctx / 2 tokens of
 context. PPL = exp(mean NLL) over all scored tokens, with the same uncertainty estimate:
-PPL * sqrt((mean NLL^2 - mean NLL^2) / (count - 1)).
+PPL * sqrt((mean(NLL^2) - mean(NLL)^2) / (count - 1)).
 
 KL divergence (perplexity.cpp `kl_divergence`): a base run saves, for every scored position, what the comparison
 needs; a later run over the same tokens compares its own distribution Q with the base's P position by position:

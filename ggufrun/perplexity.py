@@ -20,8 +20,10 @@ rest of the vocabulary into one "tail" outcome:
     KL ~= sum_{i in top_k(P)} p_i (ln p_i - ln q_i) + p_tail (ln p_tail - ln q_tail)
 
 which is KL between the two distributions coarsened to top_k + 1 outcomes: never more than the full KL (the data
-processing inequality), equal to it when the tail carries no mass, and exactly 0 for identical logits. The base
-also keeps the raw logits, so `max |dlogit|` (over the base's top_k ids) compares logits directly.
+processing inequality), equal to it when the tail carries no mass, and exactly 0 for identical logits. Measured
+on SmolLM2 (ggufrun against the float reference, 2 windows of 512): top 64 gives 85 % of the exact KLD, 256
+93.5 %, 1024 (the default, 6 kB a position) 97.8 %; top_k >= n_vocab gives the exact value. The base also keeps the
+raw logits, so `max |dlogit|` (over the base's top_k ids) compares logits directly.
 
 Base file (.npz, written with numpy.savez_compressed, read without pickle): format "ggufrun-kl-base/1", tokens
 (int32, the whole tokenized text), n_ctx, n_chunks, bos_id (-1: none), n_vocab, top_k, and per scored position
@@ -49,7 +51,7 @@ import numpy as np
 
 BASE_FORMAT = "ggufrun-kl-base/1"
 DEFAULT_CTX = 512  # llama-perplexity's default context for this measurement
-DEFAULT_TOP_K = 64
+DEFAULT_TOP_K = 1024  # SmolLM2, 2 x 512 tokens: top 64 + tail gives 85 % of the exact KLD, 256: 93.5 %, 1024: 97.8 %
 MIN_CTX = 3  # the smallest window that scores a token: first = 1, scored = n_ctx - first - 1 >= 1
 
 

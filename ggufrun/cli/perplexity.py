@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     kl = p.add_mutually_exclusive_group()
     kl.add_argument("--kl-base", default=None, metavar="BASE.npz", help="compare with these saved base logits")
     kl.add_argument("--kl-save", default=None, metavar="BASE.npz", help="save this run's top-k logits as a base")
-    p.add_argument("--top-k", type=int, default=None, help="logits per position kept by --kl-save (default 64)")
+    p.add_argument("--top-k", type=int, default=None, help="logits per position kept by --kl-save (default 1024)")
     p.add_argument(
         "--reference",
         action="store_true",

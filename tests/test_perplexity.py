@@ -249,7 +249,7 @@ CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "corpu
 @pytest.mark.parametrize("fixture", ["smollm2_path", "gemma3_path"])
 def test_real_model_close_to_float_reference(fixture, request, tmp_path):
     """The runtime (8-bit activations, float16 K/V) against the float reference pass of the same weights, on the
-    first 2 windows of 64 tokens of the corpus: close (at 6 x 512 tokens: mean KLD 0.0023 SmolLM2, 0.0040
+    first 2 windows of 64 tokens of the corpus: close (at 6 x 512 tokens: mean KLD 0.0027 SmolLM2, 0.0047
     Gemma3), but not identical."""
     path = request.getfixturevalue(fixture)
     text = CORPUS.read_text(encoding="utf-8")

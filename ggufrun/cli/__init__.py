@@ -5,6 +5,7 @@
     ggufrun inspect FILE      ggufrun.cli.inspect  (ggufrun.info.summarize as text or JSON)
     ggufrun pull [NAME ...]   ggufrun.cli.pull     (ggufrun.hub.pull)
     ggufrun serve [MODEL]     ggufrun.cli.serve    (ggufrun.server.create_app under uvicorn)
+    ggufrun perplexity MODEL  ggufrun.cli.perplexity (ggufrun.perplexity: perplexity, KL divergence to a base)
 
 Each command module has `add_parser(subparsers)` and `run(args) -> int` and imports the library it drives only
 inside `run`, so building the parser (and `--help`, `--version`, `inspect`, `pull`) never imports Numba.
@@ -33,6 +34,7 @@ COMMANDS = {
     "inspect": "ggufrun.cli.inspect",
     "pull": "ggufrun.cli.pull",
     "serve": "ggufrun.cli.serve",
+    "perplexity": "ggufrun.cli.perplexity",
 }
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT

@@ -1,0 +1,208 @@
+"""A plain NumPy float forward pass, independent of ggufrun.model: the oracle the tests and `ggufrun perplexity
+--reference` compare the Numba runtime against.
+
+Written for clarity, not speed: weights dequantized with gguf-py (`gguf.quants.dequantize`, not ggufrun.quants),
+the whole sequence processed at once with full causal attention, no KV cache and no activation quantization (the
+runtime rounds activations to 8 bits for its integer dot products and keeps K/V in float16; this pass does
+neither). Facts come from llama.cpp (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, gemma3.cpp, src/llama-graph.cpp,
+src/llama-hparams.cpp for the sliding-window pattern, ggml/src/ggml-cpu/ops.cpp for rope) and are restated here
+independently of ggufrun/model so that the two can be compared. YaRN rope scaling is not implemented here.
+
+>>> from ggufrun.reader import GGUFFile
+>>> ref = ReferenceModel(GGUFFile("SmolLM2-135M-Instruct.Q4_1.gguf"), dtype=np.float32)
+>>> logits = ref.logits([1, 2, 3])  # [3, n_vocab] in ref.dtype; weights are dequantized once and kept
+>>> logits = reference_logits(GGUFFile("small-llama-q8_0.gguf"), [1, 2, 3])  # float64, nothing kept
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+# Per architecture: rope layout ("norm" rotates adjacent pairs (x[2i], x[2i+1]); "neox" rotates (x[i], x[i+d/2])),
+# and whether the block is gemma3-shaped (embedding scale, post-norms, GELU, sliding-window layers).
+ARCHS = {
+    "llama": {"rope": "norm", "gemma": False},
+    "qwen2": {"rope": "neox", "gemma": False},
+    "qwen3": {"rope": "neox", "gemma": False},
+    "gemma3": {"rope": "neox", "gemma": True},
+}
+
+
+def weight(f, name: str, rows=None, dtype=np.float64) -> np.ndarray:
+    """Tensor `name` of GGUFFile `f` as `dtype` (only `rows` of it when given)."""
+    t = f.tensors[name]
+    data = t.data if rows is None else t.data[rows]
+    if t.type in (T.F32, T.F16):
+        return data.astype(dtype)
+    return dequantize(data.view(np.uint8), t.type).astype(dtype, copy=False)
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, layout: str, scale=1.0, factors=None):
+    """x: [T, n_heads, head_dim]; rotates the first n_rot dims of every head (ggml_rope_ext without YaRN)."""
+    inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)  # [n_rot/2]
+    if factors is not None:
+        inv_freq = inv_freq / factors
+    theta = pos[:, None].astype(np.float64) * inv_freq[None, :] * scale  # [T, n_rot/2]
+    cos, sin = np.cos(theta)[:, None, :].astype(x.dtype), np.sin(theta)[:, None, :].astype(x.dtype)
+    out = x.copy()
+    if layout == "norm":
+        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = a * cos - b * sin
+        out[..., 1:n_rot:2] = a * sin + b * cos
+    else:
+        h = n_rot // 2
+        a, b = x[..., :h], x[..., h:n_rot]
+        out[..., :h] = a * cos - b * sin
+        out[..., h:n_rot] = a * sin + b * cos
+    return out
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # keeps x's dtype
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+class ReferenceModel:
+    """The float forward pass of one GGUF file. dtype: np.float64 (the test oracle) or np.float32 (a base for
+    `ggufrun perplexity --reference`: half the memory, BLAS speed; its rounding is far below the runtime's 8-bit
+    activations). keep=True dequantizes each weight once and keeps it (the whole model in `dtype`); keep=False
+    dequantizes on every call (nothing held between calls)."""
+
+    def __init__(self, f, dtype=np.float64, keep: bool = True):
+        self.f, self.dtype, self.keep = f, np.dtype(dtype), keep
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        md = f.metadata
+        arch = md["general.architecture"]
+        if arch not in ARCHS:
+            raise ValueError(f"the reference forward pass knows {', '.join(ARCHS)}, not architecture {arch!r}")
+        self.arch, self.spec = arch, ARCHS[arch]
+        key = self._key
+        self.n_layer = key("block_count")
+        self.dim = key("embedding_length")
+        self.n_head = key("attention.head_count")
+        self.n_kv = key("attention.head_count_kv", self.n_head)
+        if isinstance(self.n_head, np.ndarray):  # one entry per block, all equal (see ggufrun/model/config.py)
+            self.n_head = int(self.n_head[0])
+        if isinstance(self.n_kv, np.ndarray):
+            self.n_kv = int(self.n_kv[0])
+        self.hd_k = key("attention.key_length", self.dim // self.n_head)
+        self.hd_v = key("attention.value_length", self.dim // self.n_head)
+        self.n_rot = key("rope.dimension_count", self.hd_k)
+        self.eps = key("attention.layer_norm_rms_epsilon")
+        self.base = key("rope.freq_base", 10000.0)
+        self.base_swa = key("rope.freq_base_swa", 10000.0)  # gemma3 local layers (src/llama-hparams.h default)
+        factor = key("rope.scaling.factor", 0.0) or 1.0
+        self.scale = 1.0 / factor if key("rope.scaling.type", "linear") == "linear" else 1.0
+        self.window = key("attention.sliding_window", 0) if self.spec["gemma"] else 0
+        # gemma3: n - 1 sliding-window layers then 1 global per group of n (llama_hparams::set_swa_pattern, n = 6),
+        # or one flag per layer
+        pattern = key("attention.sliding_window_pattern", 6)
+        if isinstance(pattern, np.ndarray):
+            self.local = [bool(p) and self.window > 0 for p in pattern]
+        else:
+            self.local = [
+                self.window > 0 and (pattern == 0 or il % pattern < pattern - 1) for il in range(self.n_layer)
+            ]
+        # src/models/gemma3.cpp: the 27B model (62 blocks) scales queries by n_embd / n_head, not key_length
+        q_dim = self.dim / self.n_head if arch == "gemma3" and self.n_layer == 62 else self.hd_k
+        self.attn_scale = 1.0 / math.sqrt(q_dim)
+        self.softcap = key("final_logit_softcapping", 0.0)
+        self.out_name = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
+        self.n_vocab = f.tensors[self.out_name].shape[0]
+        self._kept: dict[str, np.ndarray] = {}
+
+    def _key(self, k, default=None):
+        return self.f.metadata.get(f"{self.arch}.{k}", default)
+
+    def _w(self, name: str) -> np.ndarray:
+        if not self.keep:
+            return weight(self.f, name, dtype=self.dtype)
+        if name not in self._kept:
+            self._kept[name] = weight(self.f, name, dtype=self.dtype)
+        return self._kept[name]
+
+    def logits(self, tokens) -> np.ndarray:
+        """Logits [len(tokens), n_vocab] (in self.dtype) after each token of `tokens`, positions 0.. (a fresh
+        context)."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise ValueError(f"tokens must be a non-empty 1-D sequence of ids in [0, {self.n_vocab})")
+        n, dt, eps = len(ids), self.dtype, self.eps
+        n_head, n_kv, hd_k, hd_v = self.n_head, self.n_kv, self.hd_k, self.hd_v
+        pos = np.arange(n)
+        factors = self._w("rope_freqs.weight") if "rope_freqs.weight" in self.f.tensors else None
+        x = weight(self.f, "token_embd.weight", ids, dtype=dt)  # [T, dim]
+        if self.spec["gemma"]:
+            x = x * dt.type(np.sqrt(self.dim))
+        causal = pos[None, :] <= pos[:, None]  # [Tq, Tk]
+
+        for il in range(self.n_layer):
+
+            def w(name, il=il):
+                return self._w(f"blk.{il}.{name}")
+
+            def has(name, il=il):
+                return f"blk.{il}.{name}" in self.f.tensors
+
+            local = self.local[il]
+            h = rmsnorm(x, w("attn_norm.weight"), eps)
+            q, k, v = h @ w("attn_q.weight").T, h @ w("attn_k.weight").T, h @ w("attn_v.weight").T
+            if has("attn_q.bias"):
+                q, k, v = q + w("attn_q.bias"), k + w("attn_k.bias"), v + w("attn_v.bias")
+            q, k, v = q.reshape(n, n_head, hd_k), k.reshape(n, n_kv, hd_k), v.reshape(n, n_kv, hd_v)
+            if has("attn_q_norm.weight"):
+                q = rmsnorm(q, w("attn_q_norm.weight"), eps)
+                k = rmsnorm(k, w("attn_k_norm.weight"), eps)
+            b, s = (self.base_swa, 1.0) if local else (self.base, self.scale)
+            q = rope(q, pos, self.n_rot, b, self.spec["rope"], s, factors)
+            k = rope(k, pos, self.n_rot, b, self.spec["rope"], s, factors)
+            # a query at position p sees keys at p - window < pos <= p (LLAMA_SWA_TYPE_STANDARD)
+            mask = causal & (pos[:, None] - pos[None, :] < self.window) if local else causal
+            group = n_head // n_kv
+            att = np.empty((n, n_head, hd_v), dt)
+            for hh in range(n_head):
+                kv = hh // group
+                scores = (q[:, hh] @ k[:, kv].T) * dt.type(self.attn_scale)  # [Tq, Tk]
+                scores = np.where(mask, scores, -np.inf)
+                p = np.exp(scores - scores.max(axis=1, keepdims=True))
+                att[:, hh] = (p / p.sum(axis=1, keepdims=True)) @ v[:, kv]
+            o = att.reshape(n, n_head * hd_v) @ w("attn_output.weight").T
+            if self.spec["gemma"]:
+                o = rmsnorm(o, w("post_attention_norm.weight"), eps)
+            x = x + o
+            h = rmsnorm(x, w("ffn_norm.weight"), eps)
+            gate, up = h @ w("ffn_gate.weight").T, h @ w("ffn_up.weight").T
+            act = gelu_tanh(gate) if self.spec["gemma"] else silu(gate)
+            o = (act * up) @ w("ffn_down.weight").T
+            if self.spec["gemma"]:
+                o = rmsnorm(o, w("post_ffw_norm.weight"), eps)
+            x = x + o
+
+        x = rmsnorm(x, self._w("output_norm.weight"), eps)
+        if self.keep:
+            logits = x @ self._w(self.out_name).T
+        else:
+            logits = np.empty((n, self.n_vocab), dt)
+            step = 8192  # dequantize a large vocabulary in slices
+            for r in range(0, self.n_vocab, step):
+                logits[:, r : r + step] = x @ weight(self.f, self.out_name, slice(r, r + step), dtype=dt).T
+        if self.softcap:
+            logits = self.softcap * np.tanh(logits / self.softcap)
+        return logits.astype(dt, copy=False)
+
+
+def reference_logits(f, tokens) -> np.ndarray:
+    """Logits [len(tokens), n_vocab] (float64) after each token of `tokens`, positions 0.. (a fresh context)."""
+    return ReferenceModel(f, np.float64, keep=False).logits(tokens)

@@ -9,14 +9,18 @@ Data flow: reader (GGUFFile) -> quants (Numba kernels) -> model (config, weights
 ...     print(chunk.text, end="", flush=True)
 """
 
-from .errors import ChatTemplateError, ContextOverflowError, GGUFError, PullError, TokenizerError
-from .reader import GGUFFile, TensorInfo
+from .errors import ChatTemplateError, ContextOverflowError, GGUFError, GrammarError, PullError, TokenizerError
+from .runtime import signals_to_main_thread
+
+with signals_to_main_thread():  # NumPy's BLAS threads start at its import: Ctrl-C stays with the main thread
+    from .reader import GGUFFile, TensorInfo
 
 __version__ = "0.1.0"
 __all__ = [
     "ChatTemplateError",
     "ContextOverflowError",
     "GGUFError",
+    "GrammarError",
     "PullError",
     "TokenizerError",
     "GGUFFile",

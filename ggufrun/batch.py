@@ -49,7 +49,7 @@ from .generate import (
     check_prompt_fits,
     peak_rss_mb,
 )
-from .runtime import set_threads
+from .runtime import set_threads, signals_to_main_thread
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamingDetokenizer
 
@@ -177,7 +177,8 @@ class BatchEngine:
         self._closed = False
         self.steps = self.rows = self.prefill_rows = self.decode_rows = self.copied_tokens = 0
         self._thread = threading.Thread(target=self._run, name="ggufrun-batch", daemon=True)
-        self._thread.start()
+        with signals_to_main_thread():  # Ctrl-C must reach the main thread (see ggufrun.runtime)
+            self._thread.start()
 
     @classmethod
     def from_model(cls, model, **kwargs) -> BatchEngine:

@@ -5,15 +5,21 @@
     check_threading_layer()     warn when Numba fell back to its slow workqueue layer
     compile_kernels(tf)         compile or load from Numba's on-disk cache every kernel a Transformer uses, with a
                                 notice and helper processes on the first run ever
+    signals_to_main_thread()    a context in which the threads started (OpenMP's pool, helper threads) never take
+                                Ctrl-C: SIGINT then always reaches the main thread, which Python needs to raise
+                                KeyboardInterrupt out of a blocking read (input() at a chat prompt)
 
 The threading-layer order itself (OpenMP first) is set where Numba is first configured, in quants/jit.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -63,6 +69,25 @@ def check_threading_layer(layer: str | None = None) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+@contextlib.contextmanager
+def signals_to_main_thread():
+    """Block SIGINT while threads are created inside this context, so that they inherit a mask without it.
+
+    A signal sent to a process goes to any thread that does not block it. Python runs handlers in the main thread
+    either way, but only the receiving thread's system call is interrupted: if an OpenMP worker takes the Ctrl-C,
+    a main thread waiting in readline's select() (a chat prompt) never wakes up to raise KeyboardInterrupt.
+    Threads inherit their creator's mask, so creating them inside this context keeps SIGINT for the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def qtypes_in_use_order(weights) -> list:
@@ -119,7 +144,8 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
 
     t0 = time.perf_counter()
     try:
-        with event.install_listener("numba:compile", Notice()):
+        # the first parallel region starts OpenMP's thread pool: its threads must not take Ctrl-C
+        with signals_to_main_thread(), event.install_listener("numba:compile", Notice()):
             transformer.warmup()
     finally:
         for h in helpers:  # whatever they have not finished, this process has compiled by now

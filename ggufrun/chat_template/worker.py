@@ -36,6 +36,7 @@ import time
 from collections import OrderedDict
 
 from ..errors import ChatTemplateError
+from ..runtime import signals_to_main_thread
 
 MAX_WORKERS = 4
 STARTUP_TIMEOUT_S = 60.0  # a cold start on a busy machine imports Jinja2 from disk
@@ -130,14 +131,21 @@ class _Worker:
     def __init__(self):
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         boot = _BOOT.format(path=[os.path.dirname(package)], package=package)
+        # its own session: Ctrl-C typed in the user's terminal (SIGINT to the foreground process group) is for the
+        # program, not its template workers; a worker ends when its stdin closes or the pool kills it
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            [sys.executable, "-c", boot],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self.answers: queue.Queue = queue.Queue()
         self.compiled: set[str] = set()
         self.ready = False
         self.busy = False
-        threading.Thread(target=self._read, daemon=True, name="chat-template-worker-reader").start()
+        with signals_to_main_thread():  # Ctrl-C must reach the main thread (see ggufrun.runtime)
+            threading.Thread(target=self._read, daemon=True, name="chat-template-worker-reader").start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:

@@ -39,7 +39,8 @@ class Model:
     as alone) but take turns, one step at a time; two generators open in one thread work the same way.
     """
 
-    draft_model: Model | None = None  # load(..., draft_model=...): drafts tokens for speculative decoding
+    # the default of generate/chat's speculative=: "ngram", a draft Model (load(..., draft_model=...)) or None
+    speculative = None
 
     def __init__(
         self,
@@ -160,8 +161,9 @@ class Model:
         response_format (chat() passes its tool-call constraint this way).
 
         speculative: "ngram" (prompt-lookup drafts), a draft Model with this model's vocabulary, a
-        speculative.Speculation (draft_tokens, adaptive), or False; None uses the draft model given to load(), if
-        any. Greedy output is the same with and without it (ggufrun.speculative); stats count drafted_tokens.
+        speculative.Speculation (draft_tokens, adaptive), or False; None uses `model.speculative` (the draft model
+        given to load(), if any). Greedy output is the same with and without it (ggufrun.speculative); the last
+        chunk's stats count drafted_tokens and accepted_tokens.
         """
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
@@ -181,7 +183,7 @@ class Model:
         _gen.check_prompt_fits(len(ids), self.n_ctx)  # raise now, not at the first next()
         from .speculative import as_speculation
 
-        spec = as_speculation(self.draft_model if speculative is None else speculative, self.transformer)
+        spec = as_speculation(self.speculative if speculative is None else speculative, self.transformer)
         return self._stream(ids, params, max_tokens, stop, cancel, skip_special, constraint, logprobs, spec)
 
     def _stream(self, ids, params, max_tokens, stop, cancel, skip_special, constraint, logprobs, spec=None):
@@ -430,5 +432,5 @@ def load(
     if draft_model is not None:
         from .speculative import load_draft_model
 
-        target.draft_model = load_draft_model(draft_model, target, quiet=quiet)
+        target.speculative = load_draft_model(draft_model, target, quiet=quiet)
     return target

@@ -213,7 +213,7 @@ def sync_cache(tf, cache, ids: np.ndarray) -> np.ndarray:
 class DraftLength:
     """Chooses each pass's draft length from the acceptance rate and the measured cost of passes of m tokens."""
 
-    DECAY = 0.9  # weight of the past in the acceptance counts and the cost averages
+    DECAY = 0.95  # weight of the past in the acceptance counts and the cost averages
 
     def __init__(self, k_max: int, adaptive: bool):
         self.k_max, self.adaptive = k_max, adaptive
@@ -223,8 +223,8 @@ class DraftLength:
 
     @property
     def rate(self) -> float:
-        """Per-token acceptance, a Laplace estimate over the recent counts."""
-        return (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
+        """Per-token acceptance over the recent counts, with a prior of one half-accepted draft."""
+        return (self.accepted + 0.5) / (self.accepted + self.rejected + 1.0)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A draft of `drafted` tokens had its first `accepted` accepted (the rest rejected after the first miss)."""
@@ -237,23 +237,19 @@ class DraftLength:
         self.cost[m] = seconds if old is None else old * self.DECAY + seconds * (1 - self.DECAY)
 
     def estimate(self, m: int) -> float:
-        """Seconds for a pass of m tokens: measured, else interpolated / extrapolated linearly from what was
-        measured, else a prior of half a one-token pass per extra token."""
+        """Seconds for a pass of m tokens: measured; else interpolated between measured sizes; else, past the
+        largest measured size (or with none), half a one-token pass per extra token. The last guess is on the
+        cheap side on purpose, so that a longer draft is tried once and from then on measured."""
         if m in self.cost:
             return self.cost[m]
         one = self.cost.get(1, 1.0)
-        known = sorted(self.cost)
-        lo = [x for x in known if x < m]
-        hi = [x for x in known if x > m]
+        lo = [x for x in self.cost if x < m]
+        hi = [x for x in self.cost if x > m]
         if lo and hi:
-            a, b = lo[-1], hi[0]
+            a, b = max(lo), min(hi)
             return self.cost[a] + (self.cost[b] - self.cost[a]) * (m - a) / (b - a)
-        if len(lo) >= 2 and lo[-1] > 1:
-            a, b = lo[0], lo[-1]
-            return self.cost[b] + (self.cost[b] - self.cost[a]) / (b - a) * (m - b)
-        if lo and lo[-1] > 1:
-            return self.cost[lo[-1]] + (self.cost[lo[-1]] - one) / (lo[-1] - 1) * (m - lo[-1])
-        return one * (1 + 0.5 * (m - 1))
+        last = max(lo) if lo else 1
+        return self.cost.get(last, one) + 0.5 * one * (m - last)
 
     def choose(self, available: int) -> int:
         """Tokens to draft this pass, given that `available` can be drafted."""

@@ -301,3 +301,22 @@ def test_real_model_greedy_output_is_identical(request, which):
         assert chunks[-1].stats.accepted_tokens > 0
     finally:
         m.close()
+
+
+# ---- command line --------------------------------------------------------------------------------------------------
+
+
+def test_cli_speculative_flag(tiny_path, capsys):
+    from ggufrun.cli import main
+
+    base = ["run", "--model", str(tiny_path), "--raw", "--temp", "0", "-n", "12", "-t", "2"]
+    prompt = "abcabcabcabcabc"
+    assert main([*base, "--no-stats", prompt]) == 0
+    plain = capsys.readouterr().out
+    assert main([*base, "--speculative", "ngram", "--draft-tokens", "3", prompt]) == 0
+    out = capsys.readouterr()
+    assert out.out == plain
+    assert main([*base, "--no-stats", "--speculative", str(tiny_path), prompt]) == 0
+    assert capsys.readouterr().out == plain
+    assert main([*base, "--draft-tokens", "3", prompt]) != 0
+    assert "--draft-tokens needs --speculative" in capsys.readouterr().err

@@ -4,7 +4,8 @@
     python benchmarks/speculative.py --models smollm2-135m-instruct --repeats 3 --threads 2
     python benchmarks/speculative.py --draft PATH               # also a draft model (same vocabulary as the target)
 
-Prompts (chat-formatted; Gemma3 270M is a base model and gets the built-in gemma template):
+Prompts (chat-formatted; a model without a chat template, such as the Gemma3 270M base model, completes a plain-text
+version of each instead):
     rewrite  "rewrite this code with one change", the code (~300 tokens) in the prompt: the answer copies most of it,
              the case prompt lookup is made for (target: n-gram >= 1.8x plain)
     chat     an open-ended request whose answer is new text (target: n-gram >= 0.95x plain, by the adaptive k)
@@ -67,10 +68,18 @@ PROMPTS = {
     "Reply with the complete code only.\n\n" + CODE,
     "chat": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
+COMPLETIONS = {  # the same tasks for base models
+    "rewrite": "Here is a Python module:\n\n```python\n" + CODE + "```\n\nHere is the same module with one change, the "
+    "function totals_by_customer renamed to spend_by_customer:\n\n```python\n",
+    "chat": "The lighthouse keeper found a message in a bottle one stormy morning.",
+}
 
 
-def run_once(model, messages, max_tokens, speculative):
-    chunks = list(model.chat(messages, max_tokens=max_tokens, temperature=0, speculative=speculative))
+def run_once(model, prompt, max_tokens, speculative):
+    if model.chat_template is None:
+        chunks = list(model.generate(prompt, max_tokens=max_tokens, temperature=0, speculative=speculative))
+    else:
+        chunks = list(model.chat(prompt, max_tokens=max_tokens, temperature=0, speculative=speculative))
     return [c.token for c in chunks], chunks[-1].stats
 
 
@@ -88,14 +97,16 @@ def main() -> int:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = []
     for name in args.models:
-        template = "gemma" if "gemma" in name else None
-        model = ggufrun.load(name, n_ctx=1024, n_threads=args.threads, chat_template=template, quiet=True)
+        model = ggufrun.load(name, n_ctx=1024, n_threads=args.threads, quiet=True)
         kinds = {"ngram": Speculation("ngram", draft_tokens=args.draft_tokens)}
         if args.draft:
-            draft = ggufrun.load(args.draft, n_ctx=1024, n_threads=args.threads, chat_template=template, quiet=True)
+            draft = ggufrun.load(args.draft, n_ctx=1024, n_threads=args.threads, quiet=True)
             kinds["draft"] = Speculation(draft, draft_tokens=args.draft_tokens)
         for prompt_name, text in PROMPTS.items():
-            messages = [{"role": "user", "content": text}]
+            if model.chat_template is None:
+                messages = COMPLETIONS[prompt_name]
+            else:
+                messages = [{"role": "user", "content": text}]
             run_once(model, messages, 8, None)  # warm-up: kernels compiled, prompt cached
             for kind, spec in kinds.items():
                 plain_tps, spec_tps, ratios, drafted, accepted = [], [], [], [], []
@@ -106,6 +117,8 @@ def main() -> int:
                         raise SystemExit(f"{name} {prompt_name} {kind}: speculative output differs from plain")
                     plain_tps.append(s0.generation_tps)
                     spec_tps.append(s1.generation_tps)
+                    if len(base) < 8:
+                        raise SystemExit(f"{name} {prompt_name}: only {len(base)} tokens generated, nothing to time")
                     ratios.append(s1.generation_tps / s0.generation_tps)
                     drafted.append(s1.drafted_tokens)
                     accepted.append(s1.accepted_tokens)

@@ -30,8 +30,11 @@ log-probabilities (logprobs=k) come from each token's own row.
 Draft length. `draft_tokens` is the most tokens drafted per pass. With `adaptive` (the default) each pass drafts
 the k in 0..draft_tokens that maximises expected tokens per second: (1 - a^(k+1)) / (1 - a) tokens for a pass of
 k+1 tokens, with `a` the recent per-token acceptance rate and the pass's cost measured on this machine. When
-acceptance is low k falls to 0 (plain one-token steps, no slower than without speculation); drafts that are found
-but not used are still checked against the tokens that come, so the rate keeps up with the text.
+acceptance is low k falls to 0 (plain one-token steps, no slower than without speculation). N-gram drafts that are
+found but not used are still checked against the tokens that come, so the rate keeps up with the text; a draft
+model drafts one token after every 8 plain steps for the same purpose, and its drafting time counts in the cost.
+The gain is bounded by how much cheaper a token is in a batched pass than alone: on a memory-bound machine a pass
+of 8 tokens costs little more than one, on a compute-bound CPU it can cost several times as much.
 """
 
 from __future__ import annotations
@@ -215,8 +218,10 @@ class DraftLength:
 
     DECAY = 0.95  # weight of the past in the acceptance counts and the cost averages
 
-    def __init__(self, k_max: int, adaptive: bool):
+    def __init__(self, k_max: int, adaptive: bool, probe_every: int = 0):
         self.k_max, self.adaptive = k_max, adaptive
+        self.probe_every = probe_every  # > 0: after this many plain steps draft one token, to keep measuring
+        self._plain_steps = 0
         self.accepted = 0.0  # decayed counts of drafted tokens accepted / rejected
         self.rejected = 0.0
         self.cost: dict[int, float] = {}  # pass size m -> decayed mean seconds
@@ -262,6 +267,11 @@ class DraftLength:
             speed = (1 - a ** (k + 1)) / (1 - a) / self.estimate(k + 1)
             if speed > best_speed:
                 best_k, best_speed = k, speed
+        if best_k == 0 and self.probe_every:
+            self._plain_steps += 1
+            if self._plain_steps >= self.probe_every:
+                self._plain_steps = 0
+                return 1
         return best_k
 
 
@@ -347,7 +357,9 @@ def speculative_tokens(prompt_ids, tf, cache, sampler: Sampler, max_tokens: int,
     check_prompt_fits(n_prompt, cache.n_ctx)
     ngram = spec.draft == "ngram"
     drafter = NgramDrafter(spec.ngram_max, spec.ngram_min) if ngram else ModelDrafter(spec.draft, tf, sampler.params)
-    length = DraftLength(spec.draft_tokens, spec.adaptive)
+    # n-gram drafts found but not used are checked for free (`shadow` below); a draft model's are not, so with
+    # it a plain run is interrupted now and then by a one-token draft, and its cost counts in the pass's time
+    length = DraftLength(spec.draft_tokens, spec.adaptive, probe_every=0 if ngram else 8)
     t_start = time.perf_counter()
     # prompt + generated ids (+ room for a pass's drafts past max_tokens' end)
     history = np.empty(n_prompt + max_tokens + spec.draft_tokens + 1, dtype=np.int64)
@@ -400,6 +412,7 @@ def speculative_tokens(prompt_ids, tf, cache, sampler: Sampler, max_tokens: int,
         # room: tokens still wanted after the next one, and KV slots for [last, drafts]
         room = min(max_tokens - i - 1, cache.n_ctx - n_hist)
         dists: list = []
+        t0 = time.perf_counter()
         if room <= 0:
             drafts = history[:0]
         elif ngram:
@@ -416,7 +429,6 @@ def speculative_tokens(prompt_ids, tf, cache, sampler: Sampler, max_tokens: int,
         with tf.lock:
             if n_threads is not None:
                 set_threads(n_threads)
-            t0 = time.perf_counter()
             if cache.version != version or cache.n_past != n_hist - 1:  # somebody else used the cache
                 n_keep = min(cache.common_prefix(history[: n_hist - 1]), n_hist - 1)
                 cache.truncate(n_keep)

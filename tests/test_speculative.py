@@ -258,6 +258,11 @@ def test_draft_length_adapts_to_acceptance_and_cost():
         dl.observe(4, 0)
     assert dl.choose(8) == 0
     assert DraftLength(k_max=5, adaptive=False).choose(8) == 5
+    probing = DraftLength(k_max=8, adaptive=True, probe_every=4)
+    probing.timed(1, 0.010)
+    for _ in range(60):
+        probing.observe(4, 0)
+    assert [probing.choose(8) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
 def test_bad_arguments_are_refused(tiny, tmp_path):

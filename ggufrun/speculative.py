@@ -1,0 +1,448 @@
+"""Speculative decoding: draft a few tokens cheaply, verify them with one batched forward pass of the model.
+
+Two drafters, one verifier:
+    NgramDrafter   prompt-lookup decoding (Saxena 2023, transformers' `prompt_lookup_num_tokens`, vLLM's `ngram`
+                   proposer): the longest recent n-gram of prompt + output that occurred before is looked up, and
+                   the tokens that followed its latest earlier occurrence are the draft. Costs no model.
+    ModelDrafter   a small model with the same vocabulary drafts k tokens one by one (llama.cpp's
+                   examples/speculative, `--model-draft`), in its own KV cache.
+    verify()       the target model evaluates [last token, d1..dk] in one forward pass (all_logits); row j is the
+                   distribution after d1..dj. Drafts are accepted left to right; the first rejected one is replaced
+                   by a token drawn from the right distribution, and when all k are accepted row k gives one more
+                   token, so every pass yields 1..k+1 tokens. The K/V of rejected drafts are rolled back with
+                   cache.truncate.
+
+Exactness. Greedy (temperature 0): each row goes through Sampler.sample exactly as the one-token loop does, and
+the forward pass is batch-invariant (a token's logits are the same bits however it is batched), so the output is
+token for token the non-speculative greedy output. Sampling: the speculative-sampling rule of Leviathan et al.
+2023 ("Fast Inference from Transformers via Speculative Decoding", algorithm 1) and Chen et al. 2023: a drafted
+token x drawn from q is accepted with probability min(1, p(x)/q(x)), else a token is drawn from
+max(0, p - q) normalised; p is the target's distribution after the whole sampler chain (Sampler.distribution:
+logit_bias, penalties, logits processors, constraint, top-k/top-p/min-p, temperature). For n-gram drafts q is a
+point mass, so x is accepted with probability p(x), else drawn from p without x. Each emitted token is thus
+distributed exactly as p, though the random stream differs from the non-speculative one (a seed gives the same
+tokens on every speculative run, not the same tokens as without speculation).
+
+Rows are processed strictly in order and processing stops at the first replaced token, so penalties, logits
+processors and the grammar constraint see exactly the calls and histories of the one-token loop; reported
+log-probabilities (logprobs=k) come from each token's own row.
+
+Draft length. `draft_tokens` is the most tokens drafted per pass. With `adaptive` (the default) each pass drafts
+the k in 0..draft_tokens that maximises expected tokens per second: (1 - a^(k+1)) / (1 - a) tokens for a pass of
+k+1 tokens, with `a` the recent per-token acceptance rate and the pass's cost measured on this machine. When
+acceptance is low k falls to 0 (plain one-token steps, no slower than without speculation). N-gram drafts that are
+found but not used are still checked against the tokens that come, so the rate keeps up with the text; a draft
+model drafts one token after every 8 plain steps for the same purpose, and its drafting time counts in the cost.
+The gain is bounded by how much cheaper a token is in a batched pass than alone: on a memory-bound machine a pass
+of 8 tokens costs little more than one, on a compute-bound CPU it can cost several times as much.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import Sampler, SamplingParams, draw, token_logprobs
+
+DEFAULT_DRAFT_TOKENS = 10
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How to speculate: `draft` is "ngram" or a loaded draft llm.Model (same vocabulary as the target).
+
+    draft_tokens: most tokens drafted per verification pass (>= 1). adaptive: choose each pass's draft length from
+    the measured acceptance rate and pass costs (else always draft as many as are found, up to draft_tokens).
+    ngram_max / ngram_min: the longest and shortest n-gram looked up (n-gram drafts only).
+
+    >>> model.generate(prompt, speculative=Speculation("ngram", draft_tokens=8))
+    """
+
+    draft: object = "ngram"
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS
+    adaptive: bool = True
+    ngram_max: int = 4
+    ngram_min: int = 2
+
+    def __post_init__(self):
+        def positive(name):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"speculative {name} must be an integer >= 1, got {v!r}")
+
+        positive("draft_tokens")
+        positive("ngram_max")
+        positive("ngram_min")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"speculative ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"speculative adaptive must be True or False, got {self.adaptive!r}")
+        if self.draft != "ngram" and not hasattr(self.draft, "transformer"):
+            raise ValueError(f"speculative draft must be 'ngram' or a loaded draft Model, got {self.draft!r}")
+
+
+def as_speculation(value, target_tf=None) -> Speculation | None:
+    """The `speculative=` argument of Model.generate/chat: None/False (off), "ngram", a draft Model, or a
+    Speculation. Anything else, or a draft model whose vocabulary is not the target's (`target_tf`, a
+    model.Transformer), is a ValueError naming the argument."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, Speculation):
+        spec = value
+    elif isinstance(value, str) and value == "ngram" or hasattr(value, "transformer"):
+        spec = Speculation(draft=value)
+    else:
+        raise ValueError(f"speculative must be None, 'ngram', a draft Model or a Speculation, got {value!r}")
+    if target_tf is not None and spec.draft != "ngram":
+        check_same_vocabulary(spec.draft.transformer, target_tf)
+    return spec
+
+
+def check_same_vocabulary(draft_tf, target_tf) -> None:
+    """ValueError unless the draft model has the target's vocabulary size (its token ids mean the same)."""
+    if draft_tf.config.n_vocab != target_tf.config.n_vocab:
+        raise ValueError(
+            f"speculative draft model has {draft_tf.config.n_vocab} tokens (n_vocab) but the target has "
+            f"{target_tf.config.n_vocab}: a draft model must share the target's vocabulary"
+        )
+
+
+def load_draft_model(draft, target, quiet: bool = False):
+    """load(draft_model=...): a loaded Model as is, else the model at that path or name, loaded with the target's
+    context size and threads; ValueError (naming draft_model) if its vocabulary is not the target's."""
+    if hasattr(draft, "transformer"):
+        model = draft
+    else:
+        from .llm import load
+
+        model = load(draft, n_ctx=target.n_ctx, n_threads=target.n_threads, quiet=quiet)
+    try:
+        check_same_vocabulary(model.transformer, target.transformer)
+    except ValueError as e:
+        if model is not draft:
+            model.close()
+        raise ValueError(f"draft_model: {e}") from None
+    return model
+
+
+# ---- drafters ----------------------------------------------------------------------------------------------------
+
+
+class NgramDrafter:
+    """Prompt lookup: the continuation of the latest earlier occurrence of the longest matching suffix n-gram."""
+
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+
+    def propose(self, history: np.ndarray, k: int) -> np.ndarray:
+        """Up to k drafted ids (int64, maybe none) to follow `history` (prompt + output so far)."""
+        n_hist = history.shape[0]
+        for n in range(min(self.ngram_max, n_hist - 1), self.ngram_min - 1, -1):
+            suffix = history[n_hist - n :]
+            # windows starting at s < n_hist - n: an earlier occurrence that has at least one token after it
+            windows = np.lib.stride_tricks.sliding_window_view(history[: n_hist - 1], n)
+            hits = np.flatnonzero((windows == suffix).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return history[start : start + k].copy()
+        return history[:0].copy()
+
+
+class ModelDrafter:
+    """A small model with the target's vocabulary drafts tokens in its own KV cache.
+
+    Greedy targets get greedy drafts; sampling targets get drafts drawn from the draft model's distribution under
+    the same sampling parameters (without logits processors, which are the caller's own code and see only the
+    target's steps), and that distribution is the q of the acceptance rule.
+    """
+
+    def __init__(self, draft_model, target_tf, params: SamplingParams):
+        tf = draft_model.transformer
+        check_same_vocabulary(tf, target_tf)
+        self.model = draft_model
+        self.tf = tf
+        self.cache = tf.new_cache()
+        self.sampler = Sampler(dataclasses.replace(params, logits_processors=()), tf.config.n_vocab)
+        self.greedy = params.temperature == 0.0
+
+    def propose(self, history: np.ndarray, k: int, rng) -> tuple[np.ndarray, list]:
+        """(k drafted ids, their draft distributions [(ids, probs)] or [] when greedy)."""
+        from .runtime import set_threads
+
+        k = min(k, self.cache.n_ctx - history.shape[0])
+        if k <= 0:
+            return history[:0].copy(), []
+        out = np.empty(k, dtype=np.int64)
+        dists = []
+        hist = np.empty(history.shape[0] + k, dtype=np.int64)
+        hist[: history.shape[0]] = history
+        n = history.shape[0]
+        with self.tf.lock:
+            set_threads(self.model.n_threads)
+            logits = sync_cache(self.tf, self.cache, history)
+            for j in range(k):
+                if self.greedy:
+                    token, _ = self.sampler.sample(logits, hist[:n])
+                else:
+                    ids, probs = self.sampler.distribution(logits, hist[:n])
+                    token = int(ids[draw(np.cumsum(probs), rng.random())])
+                    dists.append((ids, probs))
+                out[j] = hist[n] = token
+                n += 1
+                if j + 1 < k:
+                    logits = self.tf.forward(hist[n - 1 : n], cache=self.cache)
+        return out, dists
+
+
+def sync_cache(tf, cache, ids: np.ndarray) -> np.ndarray:
+    """Make `cache` hold `ids` (keeping its longest common prefix, evaluating at least the last id) and return the
+    logits after the last id (the model's buffer: read it under tf.lock)."""
+    n = ids.shape[0]
+    n_keep = min(cache.common_prefix(ids), n - 1)
+    cache.truncate(n_keep)
+    logits = None
+    for start in range(n_keep, n, tf.n_batch):
+        logits = tf.forward(ids[start : start + tf.n_batch], cache=cache)
+    return logits
+
+
+# ---- draft length --------------------------------------------------------------------------------------------------
+
+
+class DraftLength:
+    """Chooses each pass's draft length from the acceptance rate and the measured cost of passes of m tokens."""
+
+    DECAY = 0.95  # weight of the past in the acceptance counts and the cost averages
+
+    def __init__(self, k_max: int, adaptive: bool, probe_every: int = 0):
+        self.k_max, self.adaptive = k_max, adaptive
+        self.probe_every = probe_every  # > 0: after this many plain steps draft one token, to keep measuring
+        self._plain_steps = 0
+        self.accepted = 0.0  # decayed counts of drafted tokens accepted / rejected
+        self.rejected = 0.0
+        self.cost: dict[int, float] = {}  # pass size m -> decayed mean seconds
+
+    @property
+    def rate(self) -> float:
+        """Per-token acceptance over the recent counts, with a prior of one half-accepted draft."""
+        return (self.accepted + 0.5) / (self.accepted + self.rejected + 1.0)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A draft of `drafted` tokens had its first `accepted` accepted (the rest rejected after the first miss)."""
+        d = self.DECAY
+        self.accepted = self.accepted * d + accepted
+        self.rejected = self.rejected * d + (1 if accepted < drafted else 0)
+
+    def timed(self, m: int, seconds: float) -> None:
+        old = self.cost.get(m)
+        self.cost[m] = seconds if old is None else old * self.DECAY + seconds * (1 - self.DECAY)
+
+    def estimate(self, m: int) -> float:
+        """Seconds for a pass of m tokens: measured; else interpolated between measured sizes; else, past the
+        largest measured size (or with none), half a one-token pass per extra token. The last guess is on the
+        cheap side on purpose, so that a longer draft is tried once and from then on measured."""
+        if m in self.cost:
+            return self.cost[m]
+        one = self.cost.get(1, 1.0)
+        lo = [x for x in self.cost if x < m]
+        hi = [x for x in self.cost if x > m]
+        if lo and hi:
+            a, b = max(lo), min(hi)
+            return self.cost[a] + (self.cost[b] - self.cost[a]) * (m - a) / (b - a)
+        last = max(lo) if lo else 1
+        return self.cost.get(last, one) + 0.5 * one * (m - last)
+
+    def choose(self, available: int) -> int:
+        """Tokens to draft this pass, given that `available` can be drafted."""
+        k_top = min(available, self.k_max)
+        if not self.adaptive or k_top <= 0:
+            return k_top
+        a = min(self.rate, 0.999)
+        best_k, best_speed = 0, 1.0 / self.estimate(1)
+        for k in range(1, k_top + 1):
+            speed = (1 - a ** (k + 1)) / (1 - a) / self.estimate(k + 1)
+            if speed > best_speed:
+                best_k, best_speed = k, speed
+        if best_k == 0 and self.probe_every:
+            self._plain_steps += 1
+            if self._plain_steps >= self.probe_every:
+                self._plain_steps = 0
+                return 1
+        return best_k
+
+
+# ---- verification --------------------------------------------------------------------------------------------------
+
+
+def verify(sampler: Sampler, rows: np.ndarray, history: np.ndarray, n_hist: int, drafts: np.ndarray, dists: list,
+           constraint, logprobs) -> tuple[list, int]:  # fmt: skip
+    """Accept drafted tokens against the target's rows; return ([(token, logprob, top)], drafts accepted).
+
+    rows: [len(drafts) + 1, n_vocab], row j the target's logits after history[:n_hist] + drafts[:j].
+    history: the token buffer, with drafts written at n_hist.. (accepted ones stay, the rest are overwritten).
+    dists: the draft distributions [(ids, probs)] per drafted token, or [] for point-mass drafts.
+    """
+    out = []
+    accepted = 0
+    greedy = sampler.params.temperature == 0.0
+    for j in range(len(drafts) + 1):
+        row = rows[j]
+        hist = history[: n_hist + j]
+        if j == len(drafts):  # every draft accepted: one more token from the last row
+            token, logprob = sampler.sample(row, hist, constraint=constraint)
+            ok = False
+        elif greedy:
+            token, logprob = sampler.sample(row, hist, constraint=constraint)
+            ok = token == drafts[j]
+        else:
+            token, logprob, ok = _accept_or_resample(sampler, row, hist, int(drafts[j]), dists[j] if dists else None,
+                                                     constraint)  # fmt: skip
+        if constraint is not None:
+            constraint.advance(token)
+        top = None
+        if logprobs is not None:
+            lp = token_logprobs(row, token, logprobs)
+            logprob, top = lp.logprob, lp.top()
+        out.append((token, logprob, top))
+        if not ok or (constraint is not None and constraint.is_done):
+            break
+        accepted += 1
+    return out, accepted
+
+
+def _accept_or_resample(sampler: Sampler, row, hist, draft: int, dist, constraint) -> tuple[int, float, bool]:
+    """The speculative-sampling rule for one drafted token: (token, log p(token), whether the draft was kept)."""
+    ids, probs = sampler.distribution(row, hist, constraint=constraint)  # the target's p, after the whole chain
+    where = np.flatnonzero(ids == draft)
+    p_draft = float(probs[where[0]]) if where.size else 0.0
+    if dist is None:  # point mass: q(draft) = 1
+        q_draft = 1.0
+    else:
+        q_ids, q_probs = dist
+        qw = np.flatnonzero(q_ids == draft)
+        q_draft = float(q_probs[qw[0]]) if qw.size else 0.0
+    u = sampler.rng.random()
+    if q_draft > 0.0 and u * q_draft < p_draft:
+        return draft, math.log(p_draft), True
+    # rejected: draw from max(0, p - q), normalised
+    residual = probs.copy()
+    if dist is None:
+        residual[where] = 0.0
+    else:
+        q_full = np.zeros(sampler.n_vocab)
+        q_full[q_ids] = q_probs
+        residual = np.maximum(0.0, probs - q_full[ids])
+    if not residual.sum() > 0.0:  # p == q up to rounding: p itself is the residual's limit
+        residual = probs
+    j = draw(np.cumsum(residual), sampler.rng.random())
+    return int(ids[j]), math.log(float(probs[j])), False
+
+
+# ---- the generation loop -------------------------------------------------------------------------------------------
+
+
+def speculative_tokens(prompt_ids, tf, cache, sampler: Sampler, max_tokens: int, stats, spec: Speculation,
+                       cancel=None, n_threads=None, constraint=None, logprobs=None):  # fmt: skip
+    """generate.generate_tokens with speculation: the same (token, logprob, top_logprobs) stream (greedy: the same
+    tokens), 1..k+1 tokens per forward pass. stats.drafted_tokens / accepted_tokens count the drafts."""
+    from .generate import _is_cancelled, check_prompt_fits
+    from .runtime import set_threads
+
+    prompt_ids = np.asarray(prompt_ids, dtype=np.int64)
+    n_prompt = prompt_ids.shape[0]
+    check_prompt_fits(n_prompt, cache.n_ctx)
+    ngram = spec.draft == "ngram"
+    drafter = NgramDrafter(spec.ngram_max, spec.ngram_min) if ngram else ModelDrafter(spec.draft, tf, sampler.params)
+    # n-gram drafts found but not used are checked for free (`shadow` below); a draft model's are not, so with
+    # it a plain run is interrupted now and then by a one-token draft, and its cost counts in the pass's time
+    length = DraftLength(spec.draft_tokens, spec.adaptive, probe_every=0 if ngram else 8)
+    t_start = time.perf_counter()
+    # prompt + generated ids (+ room for a pass's drafts past max_tokens' end)
+    history = np.empty(n_prompt + max_tokens + spec.draft_tokens + 1, dtype=np.int64)
+    history[:n_prompt] = prompt_ids
+    n_hist = n_prompt
+    stats.prompt_tokens = n_prompt
+
+    with tf.lock:
+        if n_threads is not None:
+            set_threads(n_threads)
+        n_keep = min(cache.common_prefix(prompt_ids), n_prompt - 1)
+        cache.truncate(n_keep)
+        logits = None
+        for start in range(n_keep, n_prompt, tf.n_batch):
+            if _is_cancelled(cancel):
+                return
+            logits = tf.forward(prompt_ids[start : start + tf.n_batch], cache=cache)
+        stats.cached_tokens = n_keep
+        t_prefill = time.perf_counter() - t_start
+        stats.prompt_tps = (n_prompt - n_keep) / t_prefill if t_prefill > 0 else 0.0
+        batch, _ = verify(sampler, logits[None, :], history, n_hist, history[:0], [], constraint, logprobs)
+        version = cache.version
+    if max_tokens <= 0:
+        return
+    i = 0
+    t_first = 0.0
+    shadow = None  # a draft found but not used: checked against the token that comes
+    while True:
+        for token, logprob, top in batch:
+            if shadow is not None:
+                length.observe(1, int(shadow == token))
+                shadow = None
+            history[n_hist] = token
+            n_hist += 1
+            i += 1
+            stats.generated_tokens = i
+            now = time.perf_counter()
+            if i == 1:
+                t_first = now
+                stats.ttft_s = now - t_start
+            else:
+                stats.generation_tps = (i - 1) / (now - t_first)
+            yield token, logprob, top
+            if _is_cancelled(cancel):
+                return
+        if i >= max_tokens or n_hist > cache.n_ctx or _is_cancelled(cancel):
+            return
+        if constraint is not None and constraint.is_done:
+            return
+        # room: tokens still wanted after the next one, and KV slots for [last, drafts]
+        room = min(max_tokens - i - 1, cache.n_ctx - n_hist)
+        dists: list = []
+        t0 = time.perf_counter()
+        if room <= 0:
+            drafts = history[:0]
+        elif ngram:
+            found = drafter.propose(history[:n_hist], min(room, spec.draft_tokens))
+            k = length.choose(found.shape[0])
+            drafts = found[:k]
+            if k == 0 and found.shape[0]:
+                shadow = int(found[0])
+        else:
+            k = length.choose(room)
+            drafts, dists = drafter.propose(history[:n_hist], k, sampler.rng) if k else (history[:0], [])
+        k = drafts.shape[0]
+        history[n_hist : n_hist + k] = drafts
+        with tf.lock:
+            if n_threads is not None:
+                set_threads(n_threads)
+            if cache.version != version or cache.n_past != n_hist - 1:  # somebody else used the cache
+                n_keep = min(cache.common_prefix(history[: n_hist - 1]), n_hist - 1)
+                cache.truncate(n_keep)
+                for start in range(n_keep, n_hist - 1, tf.n_batch):
+                    tf.forward(history[start : min(start + tf.n_batch, n_hist - 1)], cache=cache)
+            if k == 0:
+                rows = tf.forward(history[n_hist - 1 : n_hist], cache=cache)[None, :]
+            else:
+                rows = tf.forward(history[n_hist - 1 : n_hist + k], all_logits=True, cache=cache)
+            batch, n_acc = verify(sampler, rows, history, n_hist, drafts, dists, constraint, logprobs)
+            if k:
+                cache.truncate(n_hist + n_acc)  # keep [last, accepted drafts]; the new last token is not evaluated
+                length.observe(k, n_acc)
+                stats.drafted_tokens += k
+                stats.accepted_tokens += n_acc
+            length.timed(k + 1, time.perf_counter() - t0)
+            version = cache.version

@@ -47,6 +47,7 @@ from .generate import (
     GenerationStats,
     StopMatcher,
     check_prompt_fits,
+    check_stop,
     peak_rss_mb,
 )
 from .runtime import set_threads, signals_to_main_thread
@@ -58,17 +59,6 @@ def _positive_int(value, name: str) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
-
-
-def _stop_list(stop) -> list[str]:
-    """stop: None, a string, or a sequence of strings (OpenAI's `stop`)."""
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
-        return list(stop)
-    raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
 
 
 class _Request:
@@ -209,7 +199,7 @@ class BatchEngine:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if not isinstance(max_tokens, (int, np.integer)) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
-        stops = _stop_list(stop)
+        stops = check_stop(stop)
         try:
             ids = np.array([int(i) for i in prompt_ids], dtype=np.int64)
         except (TypeError, ValueError):

@@ -131,6 +131,17 @@ class StopMatcher:
         return out
 
 
+def check_stop(stop) -> list[str]:
+    """stop: None, a string, or a sequence of strings (OpenAI's `stop`); anything else is a TypeError naming it."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+
+
 def check_prompt_fits(n_prompt: int, n_ctx: int) -> None:
     """A prompt needs at least one token and one free KV slot beyond itself to generate from."""
     if n_prompt == 0:

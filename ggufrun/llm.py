@@ -172,7 +172,7 @@ class Model:
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
         params = self._params(preset, sampling)
-        stop = _check_stop(stop)
+        stop = _gen.check_stop(stop)
         _check_logprobs(logprobs)
         if response_format is not None:
             if constraint is not None:
@@ -406,17 +406,6 @@ def _check_logprobs(k) -> None:
 
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_TOP_LOGPROBS):
         raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {k!r}")
-
-
-def _check_stop(stop) -> list[str]:
-    """stop: None, a string, or a sequence of strings (OpenAI's `stop`); anything else is a TypeError naming it."""
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
-        return list(stop)
-    raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
 
 
 def load(

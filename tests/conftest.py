@@ -40,3 +40,11 @@ def smollm2_model(smollm2_path):
     m = ggufrun.load(smollm2_path, n_ctx=1024, n_threads=2)
     yield m
     m.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory) -> Path:
+    """A tiny random-weight llama with a byte-level BPE vocabulary and a ChatML template (tests/synthetic.py)."""
+    from synthetic import write_model
+
+    return write_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf", tokenizer="bytes", ctx=256, seed=3)

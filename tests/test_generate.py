@@ -6,11 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
-from synthetic import write_model
 
 from ggufrun.generate import GenerationStats, StopMatcher, generate_tokens
 from ggufrun.sampling import Sampler, SamplingParams
@@ -59,11 +57,6 @@ def test_stop_matcher_never_emits_a_prefix_it_later_matches():
 
 
 # ---- the loop on a synthetic model (no download) -----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> Path:
-    return write_model(tmp_path_factory.mktemp("gen") / "tiny.gguf", tokenizer="bytes", ctx=256, seed=3)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ adaptive draft length, and bad arguments."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,11 +16,6 @@ from ggufrun.sampling import Sampler, SamplingParams
 from ggufrun.speculative import DraftLength, NgramDrafter, Speculation, verify
 
 REPEAT = [5, 6, 7, 8, 9, 10, 11, 12] * 4  # a prompt whose n-grams recur, so that prompt lookup finds drafts
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> Path:
-    return write_model(tmp_path_factory.mktemp("spec") / "tiny.gguf", tokenizer="bytes", ctx=256, seed=3)
 
 
 @pytest.fixture(scope="module")

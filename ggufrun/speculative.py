@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .generate import _is_cancelled, check_prompt_fits, eval_prompt
 from .sampling import Sampler, SamplingParams, draw, token_logprobs
 
 DEFAULT_DRAFT_TOKENS = 10
@@ -183,7 +184,7 @@ class ModelDrafter:
         n = history.shape[0]
         with self.tf.lock:
             set_threads(self.model.n_threads)
-            logits = sync_cache(self.tf, self.cache, history)
+            logits, _ = eval_prompt(self.tf, self.cache, history)
             for j in range(k):
                 if self.greedy:
                     token, _ = self.sampler.sample(logits, hist[:n])
@@ -196,18 +197,6 @@ class ModelDrafter:
                 if j + 1 < k:
                     logits = self.tf.forward(hist[n - 1 : n], cache=self.cache)
         return out, dists
-
-
-def sync_cache(tf, cache, ids: np.ndarray) -> np.ndarray:
-    """Make `cache` hold `ids` (keeping its longest common prefix, evaluating at least the last id) and return the
-    logits after the last id (the model's buffer: read it under tf.lock)."""
-    n = ids.shape[0]
-    n_keep = min(cache.common_prefix(ids), n - 1)
-    cache.truncate(n_keep)
-    logits = None
-    for start in range(n_keep, n, tf.n_batch):
-        logits = tf.forward(ids[start : start + tf.n_batch], cache=cache)
-    return logits
 
 
 # ---- draft length --------------------------------------------------------------------------------------------------
@@ -349,7 +338,6 @@ def speculative_tokens(prompt_ids, tf, cache, sampler: Sampler, max_tokens: int,
                        cancel=None, n_threads=None, constraint=None, logprobs=None):  # fmt: skip
     """generate.generate_tokens with speculation: the same (token, logprob, top_logprobs) stream (greedy: the same
     tokens), 1..k+1 tokens per forward pass. stats.drafted_tokens / accepted_tokens count the drafts."""
-    from .generate import _is_cancelled, check_prompt_fits
     from .runtime import set_threads
 
     prompt_ids = np.asarray(prompt_ids, dtype=np.int64)
@@ -370,16 +358,11 @@ def speculative_tokens(prompt_ids, tf, cache, sampler: Sampler, max_tokens: int,
     with tf.lock:
         if n_threads is not None:
             set_threads(n_threads)
-        n_keep = min(cache.common_prefix(prompt_ids), n_prompt - 1)
-        cache.truncate(n_keep)
-        logits = None
-        for start in range(n_keep, n_prompt, tf.n_batch):
-            if _is_cancelled(cancel):
-                return
-            logits = tf.forward(prompt_ids[start : start + tf.n_batch], cache=cache)
-        stats.cached_tokens = n_keep
+        logits, stats.cached_tokens = eval_prompt(tf, cache, prompt_ids, cancel)
+        if logits is None:
+            return
         t_prefill = time.perf_counter() - t_start
-        stats.prompt_tps = (n_prompt - n_keep) / t_prefill if t_prefill > 0 else 0.0
+        stats.prompt_tps = (n_prompt - stats.cached_tokens) / t_prefill if t_prefill > 0 else 0.0
         batch, _ = verify(sampler, logits[None, :], history, n_hist, history[:0], [], constraint, logprobs)
         version = cache.version
     if max_tokens <= 0:
@@ -430,10 +413,7 @@ def speculative_tokens(prompt_ids, tf, cache, sampler: Sampler, max_tokens: int,
             if n_threads is not None:
                 set_threads(n_threads)
             if cache.version != version or cache.n_past != n_hist - 1:  # somebody else used the cache
-                n_keep = min(cache.common_prefix(history[: n_hist - 1]), n_hist - 1)
-                cache.truncate(n_keep)
-                for start in range(n_keep, n_hist - 1, tf.n_batch):
-                    tf.forward(history[start : min(start + tf.n_batch, n_hist - 1)], cache=cache)
+                eval_prompt(tf, cache, history[: n_hist - 1])
             if k == 0:
                 rows = tf.forward(history[n_hist - 1 : n_hist], cache=cache)[None, :]
             else:

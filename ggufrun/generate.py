@@ -286,21 +286,26 @@ def stream(
     """Chunks of text for a prompt; see Chunk. Stops at an end-of-generation token, a stop string, max_tokens, a
     full context, or when `constraint` (a grammar.Constraint) is complete. logprobs, speculative: see
     generate_tokens."""
-    if isinstance(stop, str):
-        stop = [stop]
-    stops = StopMatcher(stop or [])
+    stops = StopMatcher(check_stop(stop))
     detok = StreamingDetokenizer(tokenizer, skip_special=skip_special) if tokenizer.model != "none" else None
     eog = tokenizer.eog_ids
     sampler = Sampler(params, tf.config.n_vocab)
     stats = GenerationStats()
 
-    def with_bytes(top):
-        return None if top is None else [(t, lp, tokenizer.token_piece(t, special=True)) for t, lp in top]
+    def chunk(text: str, token=None, logprob=None, top=None, reason=None) -> Chunk:
+        """A Chunk; with top_logprobs (logprobs asked for), the token bytes of the token and its alternatives."""
+        if reason is not None:
+            stats.peak_rss_mb = peak_rss_mb()
+        if top is None:
+            return Chunk(text, token, logprob, reason, stats if reason else None)
+        piece = tokenizer.token_piece
+        top = [(t, lp, piece(t, special=True)) for t, lp in top]
+        return Chunk(
+            text, token, logprob, reason, stats if reason else None, top, token_bytes=piece(token, special=True)
+        )
 
     def finish(reason: str, text: str, token=None, logprob=None, top=None) -> Chunk:
-        stats.peak_rss_mb = peak_rss_mb()
-        raw = tokenizer.token_piece(token, special=True) if top is not None else None
-        return Chunk(text, token, logprob, reason, stats, with_bytes(top), token_bytes=raw)
+        return chunk(text, token, logprob, top, reason)
 
     # the last sampled token is never evaluated, so it needs no KV slot of its own
     budget = min(max_tokens, cache.n_ctx - len(prompt_ids) + 1)
@@ -323,8 +328,7 @@ def stream(
                 reason = FINISH_STOP if hit or grammar_done else FINISH_LENGTH
                 yield finish(reason, text + tail + ("" if hit else stops.flush()), token, logprob, top)
                 return
-            raw = tokenizer.token_piece(token, special=True) if top is not None else None
-            yield Chunk(text, token, logprob, top_logprobs=with_bytes(top), token_bytes=raw)
+            yield chunk(text, token, logprob, top)
         # The token loop ended early: cancelled, or nothing to generate.
         tail, _ = stops.push(detok.finalize() if detok else "")
         reason = FINISH_CANCELLED if _is_cancelled(cancel) else FINISH_LENGTH

@@ -218,14 +218,18 @@ class Model:
         rows = self.logits(ids)  # [len(ids), n_vocab]; row i predicts token i + 1
         return [token_logprobs(rows[i - 1], ids[i], top_logprobs) for i in range(first, len(ids))]
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, **extra) -> str:
+    def _template(self) -> ChatTemplate:
+        """The chat template, or the ValueError saying there is none and how to give one."""
         template = self.chat_template
         if template is None:
             raise ValueError(
                 f"{self.path.name} has no chat template and does not say it is a chat model; pass "
                 f"chat_template='chatml', 'gemma' or a Jinja template to load(), or use generate() with plain text"
             )
-        return template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+        return template
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, **extra) -> str:
+        return self._template().render(messages, add_generation_prompt=add_generation_prompt, **extra)
 
     def chat_ids(self, messages: Sequence[dict], *, special_in_content: bool = False, **extra) -> list[int]:
         """Token ids of a chat rendered with the model's template, ready for generation.
@@ -235,9 +239,7 @@ class Model:
         or open a system one. special_in_content=True restores tokenizing the whole prompt with special-token
         parsing (for callers that put control tokens into messages on purpose).
         """
-        template = self.chat_template
-        if template is None:
-            self.apply_chat_template(messages, **extra)  # raises the "no chat template" error
+        template = self._template()
         if special_in_content:
             text, spans = template.render(messages, **extra), None
         else:
@@ -296,9 +298,7 @@ class Model:
         offered = list(tools) if tools and tool_choice != "none" else None
         if not offered and tool_choice not in ("auto", "none"):
             raise ValueError(f"tool_choice {tool_choice!r} needs tools")
-        template = self.chat_template
-        if template is None:
-            self.apply_chat_template(messages)  # raises the "no chat template" error
+        template = self._template()
         fmt = tc.detect_format(template.source, self.architecture)
         messages = _history_tool_calls(messages, fmt, "tool_calls" in template.source)
         extra = {"tools": offered} if offered else {}

@@ -283,7 +283,11 @@ class Model:
                                      special_in_content=special_in_content)  # fmt: skip
         chunks = self.generate(prepared.ids, max_tokens, stop, preset=preset, cancel=cancel,
                                constraint=prepared.constraint, **kwargs)  # fmt: skip
-        return _with_tool_calls(chunks, prepared.tool_format) if prepared.tools_offered else chunks
+        if not prepared.tools_offered:
+            return chunks
+        from .tool_calls import with_tool_calls
+
+        return with_tool_calls(chunks, prepared.tool_format)
 
     def prepare_chat(self, messages: Sequence[dict], *, tools=None, tool_choice="auto", parallel_tool_calls=True,
                      response_format=None, special_in_content: bool = False) -> PreparedChat:  # fmt: skip
@@ -383,22 +387,6 @@ def _call_with_object_arguments(call: dict) -> dict:
             raise ValueError(f"tool_calls: function.arguments is not JSON: {e}") from None
         return {**call, "function": {**fn, "arguments": args}}
     return call
-
-
-def _with_tool_calls(chunks, fmt: str):
-    """Pass chunks through; on the last one, parse the whole reply for tool calls in format `fmt`."""
-    from .tool_calls import parse_tool_calls
-
-    text = []
-    for chunk in chunks:
-        text.append(chunk.text)
-        if chunk.finish_reason is not None and chunk.finish_reason != _gen.FINISH_CANCELLED:
-            reply = parse_tool_calls("".join(text), fmt)
-            chunk.content = reply.content
-            if reply.tool_calls:
-                chunk.tool_calls = reply.tool_calls
-                chunk.finish_reason = _gen.FINISH_TOOL_CALLS
-        yield chunk
 
 
 def _check_logprobs(k) -> None:

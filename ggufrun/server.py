@@ -72,7 +72,7 @@ from importlib import resources
 
 from .errors import ContextOverflowError, GrammarError
 from .sampling import MAX_TOP_LOGPROBS, SamplingParams
-from .tool_calls import parse_tool_calls
+from .tool_calls import with_tool_calls
 
 MAX_BODY_BYTES = 1 << 20  # a request body above this is answered 413
 MAX_DEPTH = 32  # JSON nesting deeper than this is answered 400 (no valid request comes close)
@@ -697,27 +697,29 @@ def create_app(
         p, c = stats.prompt_tokens, stats.generated_tokens
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    def finish_reason(chunk, calls=None) -> str:
-        return "tool_calls" if calls else "length" if chunk.finish_reason == "length" else "stop"
+    def finish_reason(chunk) -> str:
+        return chunk.finish_reason if chunk.finish_reason in ("length", "tool_calls") else "stop"
 
-    def token_entry(token: int, logprob: float) -> dict:
-        piece = model.tokenizer.token_piece(token, special=True)
+    def token_entry(piece: bytes, logprob: float) -> dict:
         return {"token": piece.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(piece)}
 
+    def token_text(token: int) -> str:
+        return model.tokenizer.token_piece(token, special=True).decode("utf-8", "replace")
+
     def chat_logprobs(chunk) -> dict:
-        """OpenAI's chat `logprobs.content` entry for one generated token."""
-        return {**token_entry(chunk.token, chunk.logprob),
-                "top_logprobs": [token_entry(t, lp) for t, lp, _ in chunk.top_logprobs]}  # fmt: skip
+        """OpenAI's chat `logprobs.content` entry for one generated token (its bytes come with the chunk)."""
+        return {**token_entry(chunk.token_bytes, chunk.logprob),
+                "top_logprobs": [token_entry(b, lp) for _, lp, b in chunk.top_logprobs]}  # fmt: skip
 
     def completion_logprobs(tokens: list, offset0: int) -> dict:
         """The legacy completions `logprobs` object for [(token, logprob or None, top or None), ...]."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         offset = offset0
         for token, logprob, top in tokens:
-            text = token_entry(token, 0.0)["token"]
+            text = token_text(token)
             out["tokens"].append(text)
             out["token_logprobs"].append(logprob)
-            out["top_logprobs"].append(None if top is None else {token_entry(t, 0.0)["token"]: lp for t, lp, *_ in top})
+            out["top_logprobs"].append(None if top is None else {token_text(t): lp for t, lp, *_ in top})
             out["text_offset"].append(offset)
             offset += len(text)
         return out
@@ -772,8 +774,9 @@ def create_app(
 
             def make_chunks():
                 try:
-                    return model.generate(ids, max_tokens, req.stop, cancel=cancel, constraint=constraint,
-                                          logprobs=req.logprobs, **req.sampling)  # fmt: skip
+                    chunks = model.generate(ids, max_tokens, req.stop, cancel=cancel, constraint=constraint,
+                                            logprobs=req.logprobs, **req.sampling)  # fmt: skip
+                    return chunks if tool_format is None else with_tool_calls(chunks, tool_format)
                 except ContextOverflowError as e:
                     raise APIError(400, str(e), param="messages" if chat else "prompt",
                                    code="context_length_exceeded") from None  # fmt: skip
@@ -795,15 +798,13 @@ def create_app(
                 out = "".join(text)
                 if chat:
                     message = {"role": "assistant", "content": out}
-                    calls = None
                     if tool_format is not None:
-                        reply = parse_tool_calls(out, tool_format)
-                        calls = reply.tool_calls or None
-                        message = {"role": "assistant", "content": reply.content or (None if calls else ""),
+                        calls = last.tool_calls
+                        message = {"role": "assistant", "content": last.content or (None if calls else ""),
                                    **({"tool_calls": calls} if calls else {})}  # fmt: skip
                     logprobs = {"content": [chat_logprobs(c) for c in scored]} if req.logprobs is not None else None
                     choice = {"index": 0, "message": message, "logprobs": logprobs,
-                              "finish_reason": finish_reason(last, calls)}  # fmt: skip
+                              "finish_reason": finish_reason(last)}  # fmt: skip
                 else:
                     logprobs = None
                     if req.logprobs is not None:
@@ -846,7 +847,6 @@ def create_app(
 
         async def sse():
             c = first
-            held = []  # with tools: the reply's text, sent once it has been parsed for calls
             try:
                 if chat:
                     yield event({"role": "assistant", "content": ""})
@@ -854,23 +854,19 @@ def create_app(
                     yield event(echo_text, logprobs=completion_logprobs(echoed, 0) if echoed else None)
                 while True:
                     lp = chunk_logprobs(c)
-                    if tool_format is not None:
-                        held.append(c.text)
+                    if tool_format is not None:  # the text goes out once parsed for calls, at the end
                         if lp is not None:
                             yield event({}, logprobs=lp)
                     elif c.text or lp is not None:
                         yield event({"content": c.text} if chat else c.text, logprobs=lp)
                     if c.finish_reason is not None:
-                        calls = None
                         if tool_format is not None:
-                            reply = parse_tool_calls("".join(held), tool_format)
-                            calls = reply.tool_calls or None
-                            if reply.content:
-                                yield event({"content": reply.content})
-                            if calls:
-                                deltas = [{"index": i, **call} for i, call in enumerate(calls)]
+                            if c.content:
+                                yield event({"content": c.content})
+                            if c.tool_calls:
+                                deltas = [{"index": i, **call} for i, call in enumerate(c.tool_calls)]
                                 yield event({"tool_calls": deltas})
-                        yield event({} if chat else "", finish_reason(c, calls))
+                        yield event({} if chat else "", finish_reason(c))
                         if req.include_usage:
                             yield sse_data({**base, "choices": [], "usage": usage(c.stats)})
                         break

@@ -272,6 +272,24 @@ def parse_tool_calls(text: str, fmt: str) -> ParsedReply:
     raise ValueError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
+def with_tool_calls(chunks, fmt: str):
+    """Pass generate.Chunks through; on the last one (unless cancelled), parse the whole reply in format `fmt`: its
+    `content` is the text without the calls, and when there are calls, `tool_calls` holds them and finish_reason is
+    "tool_calls". Used by Model.chat and the server."""
+    from .generate import FINISH_CANCELLED, FINISH_TOOL_CALLS
+
+    text = []
+    for chunk in chunks:
+        text.append(chunk.text)
+        if chunk.finish_reason is not None and chunk.finish_reason != FINISH_CANCELLED:
+            reply = parse_tool_calls("".join(text), fmt)
+            chunk.content = reply.content
+            if reply.tool_calls:
+                chunk.tool_calls = reply.tool_calls
+                chunk.finish_reason = FINISH_TOOL_CALLS
+        yield chunk
+
+
 def format_tool_calls(calls: Sequence[Mapping], fmt: str) -> str:
     """The text a model of format `fmt` writes for OpenAI `tool_calls` (the inverse of parse_tool_calls), for
     rendering an assistant turn's calls into a template that does not handle `tool_calls` itself.

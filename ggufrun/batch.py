@@ -42,17 +42,14 @@ import numpy as np
 from .generate import (
     FINISH_CANCELLED,
     FINISH_LENGTH,
-    FINISH_STOP,
     Chunk,
     GenerationStats,
-    StopMatcher,
+    ReplyText,
     check_prompt_fits,
-    check_stop,
     peak_rss_mb,
 )
 from .runtime import set_threads, signals_to_main_thread
 from .sampling import Sampler, SamplingParams
-from .tokenizer import StreamingDetokenizer
 
 
 def _positive_int(value, name: str) -> int:
@@ -64,14 +61,13 @@ def _positive_int(value, name: str) -> int:
 class _Request:
     """One submitted generation: what it asked for, where it is, and the queue its chunks go to."""
 
-    def __init__(self, prompt: np.ndarray, sampler: Sampler, max_tokens: int, stops: list[str], cancel, detok, n_ctx):
+    def __init__(self, prompt: np.ndarray, sampler: Sampler, max_tokens: int, reply: ReplyText, cancel, n_ctx):
         self.prompt = prompt  # int64 [n_prompt]
         self.sampler = sampler
         self.budget = min(max_tokens, n_ctx - prompt.shape[0] + 1)  # the last token sampled needs no KV slot
-        self.stops = StopMatcher(stops)
+        self.reply = reply  # tokens -> text, stop strings, end-of-generation
         self.cancel_event = cancel  # the caller's threading.Event or callable, or None
         self.cancelled = threading.Event()  # set by Stream.close()
-        self.detok = detok
         self.stats = GenerationStats(prompt_tokens=prompt.shape[0])
         self.chunks: queue.SimpleQueue = queue.SimpleQueue()  # Chunk objects, or an exception to raise
         self.history = np.empty(prompt.shape[0] + max(self.budget, 0), np.int64)  # prompt + sampled ids
@@ -199,7 +195,7 @@ class BatchEngine:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if not isinstance(max_tokens, (int, np.integer)) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
-        stops = check_stop(stop)
+        reply = ReplyText(self.tokenizer, stop, self.skip_special)  # checks `stop`
         try:
             ids = np.array([int(i) for i in prompt_ids], dtype=np.int64)
         except (TypeError, ValueError):
@@ -209,9 +205,7 @@ class BatchEngine:
             raise ValueError(f"prompt_ids: token id {int(bad[0])} is outside the vocabulary [0, {self.n_vocab})")
         check_prompt_fits(ids.shape[0], self.tf.n_ctx)
         sampler = Sampler(params, self.n_vocab)
-        has_text = self.tokenizer.model != "none"
-        detok = StreamingDetokenizer(self.tokenizer, skip_special=self.skip_special) if has_text else None
-        request = _Request(ids, sampler, int(max_tokens), stops, cancel, detok, self.tf.n_ctx)
+        request = _Request(ids, sampler, int(max_tokens), reply, cancel, self.tf.n_ctx)
         with self._cond:
             if self._closed:
                 raise RuntimeError("this BatchEngine is closed")
@@ -355,25 +349,15 @@ class BatchEngine:
             stats.prompt_tps = (stats.prompt_tokens - stats.cached_tokens) / prefill_s if prefill_s > 0 else 0.0
         else:
             stats.generation_tps = (n - 1) / (now - request.t_first)
-        detok, stops = request.detok, request.stops
-        if token in self.tokenizer.eog_ids:
-            tail, _ = stops.push(detok.finalize() if detok else "")
-            self._finish(request, FINISH_STOP, tail + stops.flush(), token, logprob)
-            return
-        text, hit = stops.push(detok.add_token(token) if detok else "")
-        if hit:
-            self._finish(request, FINISH_STOP, text, token, logprob)
-        elif n == request.budget:
-            tail, hit = stops.push(detok.finalize() if detok else "")
-            reason = FINISH_STOP if hit else FINISH_LENGTH
-            self._finish(request, reason, text + tail + ("" if hit else stops.flush()), token, logprob)
+        text, reason = request.reply.push(token, last=n == request.budget)
+        if reason is not None:
+            self._finish(request, reason, text, token, logprob)
         else:
             request.token = token
             request.chunks.put(Chunk(text, token, logprob))
 
     def _finish_cancelled(self, request: _Request) -> None:
-        tail, _ = request.stops.push(request.detok.finalize() if request.detok else "")
-        self._finish(request, FINISH_CANCELLED, tail + request.stops.flush())
+        self._finish(request, FINISH_CANCELLED, request.reply.close())
 
     def _finish(self, request: _Request, reason: str, text: str, token=None, logprob=None) -> None:
         request.stats.peak_rss_mb = peak_rss_mb()

@@ -131,6 +131,37 @@ class StopMatcher:
         return out
 
 
+class ReplyText:
+    """Sampled tokens -> the reply's text: the streaming detokenizer, stop strings held back and trimmed, and the
+    end-of-generation ids. One per generation; stream() and the batching engine both use it.
+
+    push(token, last, complete) returns (text to emit, finish reason or None while the reply goes on); close()
+    returns what is still held back when a reply ends early (cancelled, or the token loop ran out).
+    """
+
+    def __init__(self, tokenizer, stop=None, skip_special: bool = True):
+        self.detok = StreamingDetokenizer(tokenizer, skip_special=skip_special) if tokenizer.model != "none" else None
+        self.stops = StopMatcher(check_stop(stop))
+        self.eog = tokenizer.eog_ids
+
+    def push(self, token: int, last: bool = False, complete: bool = False) -> tuple[str, str | None]:
+        """last: the token budget is spent; complete: the output constraint is done (both end the reply)."""
+        if token in self.eog:
+            return self.close(), FINISH_STOP
+        text, hit = self.stops.push(self.detok.add_token(token) if self.detok else "")
+        if hit:
+            return text, FINISH_STOP
+        if last or complete:
+            tail, hit = self.stops.push(self.detok.finalize() if self.detok else "")
+            reason = FINISH_STOP if hit or complete else FINISH_LENGTH
+            return text + tail + ("" if hit else self.stops.flush()), reason
+        return text, None
+
+    def close(self) -> str:
+        tail, _ = self.stops.push(self.detok.finalize() if self.detok else "")
+        return tail + self.stops.flush()
+
+
 def check_stop(stop) -> list[str]:
     """stop: None, a string, or a sequence of strings (OpenAI's `stop`); anything else is a TypeError naming it."""
     if stop is None:
@@ -286,9 +317,7 @@ def stream(
     """Chunks of text for a prompt; see Chunk. Stops at an end-of-generation token, a stop string, max_tokens, a
     full context, or when `constraint` (a grammar.Constraint) is complete. logprobs, speculative: see
     generate_tokens."""
-    stops = StopMatcher(check_stop(stop))
-    detok = StreamingDetokenizer(tokenizer, skip_special=skip_special) if tokenizer.model != "none" else None
-    eog = tokenizer.eog_ids
+    reply = ReplyText(tokenizer, stop, skip_special)
     sampler = Sampler(params, tf.config.n_vocab)
     stats = GenerationStats()
 
@@ -313,25 +342,14 @@ def stream(
                              speculative)  # fmt: skip
     try:
         for n, (token, logprob, top) in enumerate(tokens, 1):
-            if token in eog:
-                tail, _ = stops.push(detok.finalize() if detok else "")
-                yield finish(FINISH_STOP, tail + stops.flush(), token, logprob, top)
-                return
-            text = detok.add_token(token) if detok else ""
-            text, hit = stops.push(text)
-            if hit:
-                yield finish(FINISH_STOP, text, token, logprob, top)
-                return
-            grammar_done = constraint is not None and constraint.is_done
-            if n == budget or grammar_done:
-                tail, hit = stops.push(detok.finalize() if detok else "")
-                reason = FINISH_STOP if hit or grammar_done else FINISH_LENGTH
-                yield finish(reason, text + tail + ("" if hit else stops.flush()), token, logprob, top)
+            complete = constraint is not None and constraint.is_done
+            text, reason = reply.push(token, last=n == budget, complete=complete)
+            if reason is not None:
+                yield finish(reason, text, token, logprob, top)
                 return
             yield chunk(text, token, logprob, top)
         # The token loop ended early: cancelled, or nothing to generate.
-        tail, _ = stops.push(detok.finalize() if detok else "")
         reason = FINISH_CANCELLED if _is_cancelled(cancel) else FINISH_LENGTH
-        yield finish(reason, tail + stops.flush())
+        yield finish(reason, reply.close())
     finally:
         tokens.close()

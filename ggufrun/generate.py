@@ -202,6 +202,22 @@ def eval_prompt(tf, cache, ids: np.ndarray, cancel=None) -> tuple[np.ndarray | N
     return logits, n_keep
 
 
+def prefill(tf, cache, prompt_ids: np.ndarray, stats: GenerationStats, t_start: float, cancel=None,
+            n_threads: int | None = None) -> np.ndarray | None:  # fmt: skip
+    """A generation's first step, with tf.lock held by the caller (the logits are the model's buffer): the thread
+    count, the prompt evaluated with prefix reuse (eval_prompt), stats.cached_tokens and prompt_tps. Returns the
+    logits after the prompt, or None if `cancel` fired."""
+    from .runtime import set_threads
+
+    if n_threads is not None:
+        set_threads(n_threads)
+    logits, stats.cached_tokens = eval_prompt(tf, cache, prompt_ids, cancel)
+    if logits is not None:
+        t_prefill = time.perf_counter() - t_start
+        stats.prompt_tps = (prompt_ids.shape[0] - stats.cached_tokens) / t_prefill if t_prefill > 0 else 0.0
+    return logits
+
+
 def generate_tokens(
     prompt_ids: Sequence[int],
     tf,
@@ -249,13 +265,9 @@ def generate_tokens(
     stats.prompt_tokens = n_prompt
 
     with tf.lock:
-        if n_threads is not None:
-            set_threads(n_threads)
-        logits, stats.cached_tokens = eval_prompt(tf, cache, prompt_ids, cancel)
+        logits = prefill(tf, cache, prompt_ids, stats, t_start, cancel, n_threads)
         if logits is None:
             return
-        t_prefill = time.perf_counter() - t_start
-        stats.prompt_tps = (n_prompt - stats.cached_tokens) / t_prefill if t_prefill > 0 else 0.0
         token, logprob, top = _pick(sampler, logits, history[:n_hist], constraint, logprobs)
         version = cache.version
     t_first = 0.0

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .generate import _is_cancelled, check_prompt_fits, eval_prompt
+from .generate import _is_cancelled, check_prompt_fits, eval_prompt, prefill
 from .sampling import Sampler, SamplingParams, draw, token_logprobs
 
 DEFAULT_DRAFT_TOKENS = 10
@@ -356,13 +356,9 @@ def speculative_tokens(prompt_ids, tf, cache, sampler: Sampler, max_tokens: int,
     stats.prompt_tokens = n_prompt
 
     with tf.lock:
-        if n_threads is not None:
-            set_threads(n_threads)
-        logits, stats.cached_tokens = eval_prompt(tf, cache, prompt_ids, cancel)
+        logits = prefill(tf, cache, prompt_ids, stats, t_start, cancel, n_threads)
         if logits is None:
             return
-        t_prefill = time.perf_counter() - t_start
-        stats.prompt_tps = (n_prompt - stats.cached_tokens) / t_prefill if t_prefill > 0 else 0.0
         batch, _ = verify(sampler, logits[None, :], history, n_hist, history[:0], [], constraint, logprobs)
         version = cache.version
     if max_tokens <= 0:

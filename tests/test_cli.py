@@ -265,6 +265,25 @@ class Terminal:
         out, self.seen = self.seen[:end], self.seen[end:]
         return out
 
+    def wait_for_input(self, timeout: float = 30) -> None:
+        """Wait until the command's main thread is blocked waiting for terminal input (in select/poll).
+
+        CPython's readline loop checks for signals only when select() is interrupted: a Ctrl-C that arrives while
+        readline is still processing the previous keys is noticed at the next key only. A person never types that
+        fast; a test does, so it waits here before a Ctrl-C at the prompt."""
+        waiting = {"7", "23", "270", "271"}  # x86-64 poll, select, pselect6, ppoll
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{self.proc.pid}/syscall") as f:
+                    if f.read().split(" ", 1)[0] in waiting:
+                        return
+            except OSError:  # no /proc or not allowed to read it: give the command time instead
+                time.sleep(1.0)
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"the command did not wait for input within {timeout} s; the terminal shows {self.seen!r}")
+
     def expect_output(self, n: int, timeout: float = 60) -> None:
         """Wait until at least n more bytes have arrived."""
         deadline = time.monotonic() + timeout
@@ -314,6 +333,7 @@ def test_chat_terminal_line_editing_and_ctrl_c_at_the_prompt(tiny, model, termin
     t.expect(b"> ")
     t.send(b"junk")
     t.expect(b"junk")
+    t.wait_for_input()
     t.send(b"\x03")  # Ctrl-C at the prompt: the line is dropped, the chat goes on
     t.expect(b"> ")
     t.send(b"Hello!\r")

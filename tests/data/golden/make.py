@@ -1,0 +1,175 @@
+"""Regenerate llama.cpp goldens for tiny synthetic models: the script behind every `small-*.logits.npz` added here.
+
+    python tests/data/golden/make.py                 # every model in MODELS (writes X.gguf and X.logits.npz here)
+    python tests/data/golden/make.py small-phi3-q8_0 # the named ones
+    python tests/data/golden/make.py --logits FILE.gguf  # only llama.cpp's logits for an existing file
+
+It needs llama.cpp, which no test needs: the Python binding `llama_cpp` (llama-cpp-python, whose build loads
+libllama.so; set LLAMA_CPP_LIB_PATH to a folder holding a native build of the same source), and, for files that
+are quantized after writing, `llama-quantize` on PATH or in LLAMA_CPP_BIN. The README beside this script says which
+llama.cpp build made the committed files.
+
+A golden is what tests/data/golden/README.md describes: `tokens` (20 random prompt ids, then 12 ids llama.cpp chose
+greedily), `logits` [N-1, vocab] (row i: llama.cpp's logits after tokens[0..i]; the prompt rows from one batched
+pass, the rest from one-token decode steps), `n_prompt`. llama.cpp runs on the CPU backend with an F16 KV cache and
+flash attention off, as for the committed goldens.
+
+Each entry of MODELS is a function that writes the model file (gguf-py's GGUFWriter, via tests/synthetic.py, then
+`llama-quantize --pure` when the type is one llama.cpp quantizes to) and returns nothing; the logits are computed
+the same way for all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))  # tests/, for synthetic.py
+
+N_PROMPT, N_GEN = 20, 12
+
+# The shape of the committed small-* models (manifest-small.json); new architectures keep it where they can.
+SMALL = dict(dim=256, n_layer=2, n_head=4, n_kv=2, head_dim=64, ff=512, vocab=256, ctx=2048)
+
+
+# -- llama.cpp -------------------------------------------------------------------------------------------------
+
+
+def llama_cpp_logits(path: Path, prompt: list[int], n_gen: int = N_GEN, n_threads: int = 2) -> tuple[list, np.ndarray]:
+    """llama.cpp's logits for `prompt` (one batched pass) and `n_gen` greedy tokens (one-token steps).
+
+    Returns (tokens, logits): tokens = prompt + the greedy ids; logits[i] = the logits after tokens[0..i].
+    """
+    import llama_cpp as L
+
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    model = L.llama_model_load_from_file(str(path).encode(), mp)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    cp = L.llama_context_default_params()
+    cp.n_ctx = max(64, len(prompt) + n_gen + 8)
+    cp.n_batch = cp.n_ubatch = max(len(prompt), 1)
+    cp.n_threads = cp.n_threads_batch = n_threads
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp could not create a context for {path}")
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    batch = L.llama_batch_init(len(prompt), 0, 1)
+    rows = []
+
+    def decode(ids: list[int], pos0: int) -> None:
+        batch.n_tokens = len(ids)
+        for i, t in enumerate(ids):
+            batch.token[i] = t
+            batch.pos[i] = pos0 + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = 1
+        if L.llama_decode(ctx, batch) != 0:
+            raise RuntimeError(f"llama_decode failed on {path}")
+        for i in range(len(ids)):
+            ptr = L.llama_get_logits_ith(ctx, i)
+            rows.append(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float32).copy())
+
+    try:
+        tokens = list(prompt)
+        decode(tokens, 0)
+        for _ in range(n_gen):
+            tokens.append(int(rows[-1].argmax()))
+            decode([tokens[-1]], len(tokens) - 1)
+    finally:
+        L.llama_batch_free(batch)
+        L.llama_free(ctx)
+        L.llama_model_free(model)
+    # the last token's logits are not part of a golden (nothing follows it)
+    return tokens, np.stack(rows[:-1])
+
+
+def write_golden(path: Path, seed: int = 0, vocab: int | None = None) -> Path:
+    """Write `path`'s golden (X.logits.npz beside X.gguf) from llama.cpp; the prompt is 20 random ids."""
+    import gguf
+
+    if vocab is None:
+        reader = gguf.GGUFReader(str(path))
+        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        vocab = int(reader.fields[f"{arch}.vocab_size"].parts[-1][0])
+    prompt = np.random.default_rng(seed).integers(0, vocab, N_PROMPT).tolist()
+    tokens, logits = llama_cpp_logits(path, prompt)
+    out = path.with_name(path.name.removesuffix(".gguf") + ".logits.npz")
+    np.savez_compressed(out, tokens=np.array(tokens, np.int32), logits=logits, n_prompt=np.int32(N_PROMPT))
+    return out
+
+
+def llama_quantize(src: Path, dst: Path, qtype: str, imatrix: Path | None = None) -> None:
+    """`llama-quantize --pure src dst qtype`: every 2-D weight (embedding and output included) in `qtype`."""
+    exe = shutil.which("llama-quantize") or os.path.join(os.environ.get("LLAMA_CPP_BIN", ""), "llama-quantize")
+    cmd = [exe, "--pure", *(["--imatrix", str(imatrix)] if imatrix else []), str(src), str(dst), qtype]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def quantized(stem: str, qtype: str, write) -> None:
+    """Write an F32 model with `write(path)` into a temporary file and quantize it to HERE/stem.gguf."""
+    with tempfile.TemporaryDirectory() as tmp:
+        f32 = Path(tmp) / "f32.gguf"
+        write(f32)
+        llama_quantize(f32, HERE / f"{stem}.gguf", qtype)
+
+
+# -- the models ------------------------------------------------------------------------------------------------
+
+MODELS: dict = {}  # stem -> function(path) writing HERE/stem.gguf
+
+
+def model(stem: str):
+    def register(fn):
+        MODELS[stem] = fn
+        return fn
+
+    return register
+
+
+def manifest_entry(stem: str) -> dict:
+    import gguf
+
+    reader = gguf.GGUFReader(str(HERE / f"{stem}.gguf"))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    types = sorted({t.tensor_type.name for t in reader.tensors})
+    return {"file": f"{stem}.gguf", "golden": f"{stem}.logits.npz", "arch": arch, "tensor_types": types,
+            "size": (HERE / f"{stem}.gguf").stat().st_size}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("stems", nargs="*", help="models to (re)generate (default: all in MODELS)")
+    ap.add_argument("--logits", nargs="+", type=Path, help="only write the golden of these existing .gguf files")
+    args = ap.parse_args()
+    if args.logits:
+        for p in args.logits:
+            print(write_golden(p.resolve()))
+        return
+    unknown = [s for s in args.stems if s not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")
+    manifest_path = HERE / "manifest-made.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    for stem in args.stems or sorted(MODELS):
+        MODELS[stem](HERE / f"{stem}.gguf")
+        write_golden(HERE / f"{stem}.gguf")
+        manifest[stem] = manifest_entry(stem)
+        print(f"{stem}: {manifest[stem]['tensor_types']}, {manifest[stem]['size']} bytes")
+    manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -44,6 +44,15 @@ SMALL = dict(dim=256, n_layer=2, n_head=4, n_kv=2, head_dim=64, ff=512, vocab=25
 # -- llama.cpp -------------------------------------------------------------------------------------------------
 
 
+_QUIET = None
+
+
+def _quiet_log():
+    import llama_cpp as L
+
+    return L.llama_log_callback(lambda level, text, data: None)
+
+
 def llama_cpp_logits(path: Path, prompt: list[int], n_gen: int = N_GEN, n_threads: int = 2) -> tuple[list, np.ndarray]:
     """llama.cpp's logits for `prompt` (one batched pass) and `n_gen` greedy tokens (one-token steps).
 
@@ -51,6 +60,9 @@ def llama_cpp_logits(path: Path, prompt: list[int], n_gen: int = N_GEN, n_thread
     """
     import llama_cpp as L
 
+    global _QUIET
+    _QUIET = _QUIET or _quiet_log()  # kept alive: llama.cpp calls it later
+    L.llama_log_set(_QUIET, None)  # llama.cpp logs every tensor it loads on stderr
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     model = L.llama_model_load_from_file(str(path).encode(), mp)

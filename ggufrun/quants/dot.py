@@ -436,12 +436,30 @@ def izero(typingctx):
     return I32x8(), codegen
 
 
-def _dpbusd(builder, acc, u, s):
+def _pmaddubsw_wd(builder, u, s):
+    """AVX2 without VNNI: int32 lanes of u . s over 4 bytes each, as vpmaddubsw (pairs, saturated to int16) then
+    vpmaddwd with ones (pairs of pairs); exact when no pair u[2k]s[2k] + u[2k+1]s[2k+1] leaves the int16 range."""
+    v16 = ir.VectorType(_i16, 16)
+    ubsw = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]),
+                                          "llvm.x86.avx2.pmadd.ub.sw")  # fmt: skip
+    wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
+    return builder.call(wd, [builder.call(ubsw, [u, s]), _splat(v16, 1)])
+
+
+def _dpbusd(builder, acc, u, s, narrow=False):
+    """acc + dpbusd(u, s); `narrow`: the caller guarantees every pair sum u[2k]s[2k] + u[2k+1]s[2k+1] fits int16."""
     if HAS_VNNI:
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_v8i32, [_v8i32] * 3), "llvm.x86.avx512.vpdpbusd.256"
         )
         return builder.call(fn, [acc, builder.bitcast(u, _v8i32), builder.bitcast(s, _v8i32)])
+    if HAS_AVX2 and narrow:
+        return builder.add(acc, _pmaddubsw_wd(builder, u, s))
+    if HAS_AVX2:
+        # u = (u & 0x7f) + (u & 0x80): pairs of 127 * s and of 128 * s both stay in int16 (-32768 included)
+        lo = _pmaddubsw_wd(builder, builder.and_(u, _splat(_v32i8, 0x7F)), s)
+        hi = _pmaddubsw_wd(builder, builder.and_(u, _splat(_v32i8, 0x80)), s)
+        return builder.add(acc, builder.add(lo, hi))
     v32 = ir.VectorType(_i32, 32)
     p = builder.mul(builder.zext(u, v32), builder.sext(s, v32))
     part = [builder.shuffle_vector(p, p, ir.Constant(_v8i32, list(range(k, 32, 4)))) for k in range(4)]
@@ -459,6 +477,18 @@ def dpbusd(typingctx, acc, u, s):
 
 
 @intrinsic
+def dpbusd_n(typingctx, acc, u, s):
+    """dpbusd for narrow operands: the caller guarantees |u[2k] s[2k] + u[2k+1] s[2k+1]| < 2^15 for every k (codes
+    of at most 5 bits against quants, or 6-bit signed codes against quants + 128). Without VNNI this is one
+    vpmaddubsw + vpmaddwd; dpbusd takes two of each for operands of any size."""
+
+    def codegen(context, builder, sig, args):
+        return _dpbusd(builder, *args, narrow=True)
+
+    return I32x8(I32x8, I8x32, I8x32), codegen
+
+
+@intrinsic
 def corr128(typingctx, wq):
     """-128 * (lane sums of the signed bytes wq): seeds dpbusd(., x + 128, wq) so that it yields x . wq.
 
@@ -466,7 +496,7 @@ def corr128(typingctx, wq):
     """
 
     def codegen(context, builder, sig, args):
-        s = _dpbusd(builder, _splat(_v8i32, 0), _splat(_v32i8, 128), args[0])
+        s = _dpbusd(builder, _splat(_v8i32, 0), _splat(_v32i8, 128), args[0], narrow=True)
         return builder.sub(_splat(_v8i32, 0), s)
 
     return I32x8(I8x32), codegen
@@ -795,6 +825,13 @@ def imadd16(typingctx, acc, p, s):
                 builder.module, ir.FunctionType(_v8i32, [_v8i32] * 3), "llvm.x86.avx512.vpdpwssd.256"
             )
             return builder.call(fn, list(args))
+        if HAS_AVX2:  # vpmaddwd: p.lo * s.lo + p.hi * s.hi, p.hi * 0 = 0
+            v16 = ir.VectorType(_i16, 16)
+            wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [v16, v16]),
+                                                "llvm.x86.avx2.pmadd.wd")  # fmt: skip
+            return builder.add(
+                args[0], builder.call(wd, [builder.bitcast(args[1], v16), builder.bitcast(args[2], v16)])
+            )
         lo = builder.ashr(builder.shl(args[2], _splat(_v8i32, 16)), _splat(_v8i32, 16))  # s.lo as signed
         return builder.add(args[0], builder.mul(args[1], lo))
 
@@ -1121,6 +1158,15 @@ def _offset32(kind):
 
 
 @njit(inline="always", **DOT)
+def _dp32(kind, u, x):
+    """int32 lanes of a 32-value block's unsigned codes u . quants x: codes of at most 5 bits are narrow
+    (dpbusd_n); Q8_0's and IQ4_NL's reach 255."""
+    if kind == Q8_0 or kind == IQ4_NL:
+        return dpbusd(izero(), u, x)
+    return dpbusd_n(izero(), u, x)
+
+
+@njit(inline="always", **DOT)
 def row32(kind, bsize, w, wo, m, d, s, qs, sums):
     """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes.
 
@@ -1132,7 +1178,7 @@ def row32(kind, bsize, w, wo, m, d, s, qs, sums):
     accm = np.float32(0.0)
     for b in range(K // 32):
         u, dw, mw = _block32(kind, w, wo + b * bsize, True)
-        isum = isum1(dpbusd(izero(), u, ld_i8x32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
+        isum = isum1(_dp32(kind, u, ld_i8x32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
         acc = sfma(np.float32(isum), dw * d[m, b], acc)
         if kind == Q4_1 or kind == Q5_1:
             accm = sfma(mw, s[m, b], accm)  # the min term m * d_x * sum(q_x) (Q8_1's s), fused as llama.cpp's
@@ -1151,13 +1197,13 @@ def _codes8(kind, w, o, rb):
 
 
 @njit(inline="always", **DOT)
-def _dots8(u, qs, xo, corr):
+def _dots8(kind, u, qs, xo, corr):
     """Exact integer dots of 8 blocks' unsigned codes u (from _codes8) with the quants at byte xo, minus corr,
     one per lane."""
     x = ld_i8x32(qs, xo)
     p = isum8(
-        dpbusd(izero(), u[0], x), dpbusd(izero(), u[1], x), dpbusd(izero(), u[2], x), dpbusd(izero(), u[3], x),
-        dpbusd(izero(), u[4], x), dpbusd(izero(), u[5], x), dpbusd(izero(), u[6], x), dpbusd(izero(), u[7], x),
+        _dp32(kind, u[0], x), _dp32(kind, u[1], x), _dp32(kind, u[2], x), _dp32(kind, u[3], x),
+        _dp32(kind, u[4], x), _dp32(kind, u[5], x), _dp32(kind, u[6], x), _dp32(kind, u[7], x),
     )  # fmt: skip
     return isubs(p, corr)
 
@@ -1171,7 +1217,7 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     for b in range(K // 32):
         o = wo + b * bsize
         u = _codes8(kind, w, o, rb)
-        p = _dots8(u, qs, m * K + 32 * b, off * sums[m, b])
+        p = _dots8(kind, u, qs, m * K + 32 * b, off * sums[m, b])
         acc = fma_v(acc, fcvt(p), fscale(ld_f16_rows(w, o, rb), d[m, b]))
         if kind == Q4_1 or kind == Q5_1:
             accm = fma_v(accm, ld_f16_rows(w, o + 2, rb), fbcast(s[m, b]))
@@ -1190,13 +1236,13 @@ def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
         u = _codes8(kind, w, o, rb)
         dw = ld_f16_rows(w, o, rb)
         xo = m * K + 32 * b
-        p = _dots8(u, qs, xo, off * sums[m, b])
+        p = _dots8(kind, u, qs, xo, off * sums[m, b])
         a0 = fma_v(a0, fcvt(p), fscale(dw, d[m, b]))
-        p = _dots8(u, qs, xo + K, off * sums[m + 1, b])
+        p = _dots8(kind, u, qs, xo + K, off * sums[m + 1, b])
         a1 = fma_v(a1, fcvt(p), fscale(dw, d[m + 1, b]))
-        p = _dots8(u, qs, xo + 2 * K, off * sums[m + 2, b])
+        p = _dots8(kind, u, qs, xo + 2 * K, off * sums[m + 2, b])
         a2 = fma_v(a2, fcvt(p), fscale(dw, d[m + 2, b]))
-        p = _dots8(u, qs, xo + 3 * K, off * sums[m + 3, b])
+        p = _dots8(kind, u, qs, xo + 3 * K, off * sums[m + 3, b])
         a3 = fma_v(a3, fcvt(p), fscale(dw, d[m + 3, b]))
         if kind == Q4_1 or kind == Q5_1:
             mw = ld_f16_rows(w, o + 2, rb)
@@ -1297,9 +1343,11 @@ def _signed_k(kind):
 @njit(inline="always", **DOT)
 def _gdot(kind, wq, c, qu, qs, xo):
     """int32 lanes of one group's codes . activation quants at byte xo (c: corr128(wq) for signed codes)."""
-    if _signed_k(kind):
+    if kind == IQ4_XS:  # code book values up to 127 against quants + 128 up to 255
         return dpbusd(c, ld_i8x32(qu, xo), wq)
-    return dpbusd(izero(), wq, ld_i8x32(qs, xo))  # codes >= 0: unsigned operand as they are
+    if _signed_k(kind):  # Q3_K / Q6_K codes within +-32 against quants + 128
+        return dpbusd_n(c, ld_i8x32(qu, xo), wq)
+    return dpbusd_n(izero(), wq, ld_i8x32(qs, xo))  # codes >= 0 (at most 5 bits): unsigned operand as they are
 
 
 @njit(inline="always", **DOT)

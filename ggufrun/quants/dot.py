@@ -2,7 +2,8 @@
 
 The activations are quantized once per matmul (`quantize_q8_1`, `quantize_q8_k`), then every weight block
 is decoded to 8-bit codes in registers and multiplied with the 8-bit activations in 32-bit integer lanes (VNNI
-`vpdpbusd` where the CPU has it), with one float multiply-add per block (per super-block for K-quants).
+`vpdpbusd` where the CPU has it, else AVX2's `vpmaddubsw` + `vpmaddwd`, as llama.cpp's mul_sum_us8_pairs_float),
+with one float multiply-add per block (per super-block for K-quants).
 
 Batch invariance: a row's result is the same bits whatever M is (decode, prefill chunks, prefix reuse). The
 integer part is exact whatever route it takes; the float part is the same sequence of explicit FMAs in every

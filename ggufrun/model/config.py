@@ -198,7 +198,7 @@ class ModelConfig:
         else:
             attn_scale = 1.0 / math.sqrt(head_dim_k)
         # src/llama-graph.cpp build_attn_mha: kq = c * tanh(kq * (1/c)) when hparams.attn_soft_cap
-        attn_softcap = md.number("attn_logit_softcapping", 50.0, lo=0.0, lo_open=True) if spec.attn_softcap else 0.0
+        attn_softcap = md.softcap("attn_logit_softcapping", 50.0, zero_ok=False) if spec.attn_softcap else 0.0
         rope_freq_base = md.number("rope.freq_base", 10000.0, lo=1.0, lo_open=True)
         # gemma2.cpp: rope_freq_base_train_swa = rope_freq_base_train before reading rope.freq_base_swa
         base_swa_default = rope_freq_base if spec.swa_rope_global else 10000.0
@@ -219,7 +219,7 @@ class ModelConfig:
             # eps is added to a mean of squares: 0 divides by zero on a zero row, >= 1 swamps the activations
             rms_eps=md.number("attention.layer_norm_rms_epsilon", lo=0.0, lo_open=True, hi=1.0, hi_open=True),
             attn_scale=attn_scale,
-            final_logit_softcap=md.number("final_logit_softcapping", spec.final_softcap_default, lo=0.0),  # 0: none
+            final_logit_softcap=md.softcap("final_logit_softcapping", spec.final_softcap_default),  # 0: none
             attn_logit_softcap=attn_softcap,
             # base <= 1 would make the frequencies grow with the dimension (or all equal)
             rope_freq_base=rope_freq_base,
@@ -241,6 +241,7 @@ class ModelConfig:
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS (src/llama-hparams.h): llama.cpp sizes its per-layer arrays by it
 MAX_COUNT = 2**32 - 1  # llama.cpp holds every count, length and window as uint32_t
 MAX_FLOAT = float(np.finfo(np.float32).max)  # llama.cpp reads these keys as float (float32)
+MIN_SOFTCAP = 2.0**-126  # the smallest normal float32: its reciprocal still fits in a float32
 MAX_ATTN_FACTOR = 10.0  # multiplies Q and K alike, so the attention scores by its square; real files hold ~1
 _REQUIRED = object()
 _BLOCK = re.compile(r"blk\.(\d+)\.")
@@ -339,6 +340,14 @@ class _Metadata:
         if not ok:
             interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
             raise self.error(key, value, f"is out of range: expected a finite number in {interval}")
+        return value
+
+    def softcap(self, key: str, default: float, zero_ok: bool = True) -> float:
+        """A soft-capping constant c (x -> c * tanh(x * (1/c))): 0 (none, where zero_ok) or at least MIN_SOFTCAP,
+        so that 1/c is a finite float32 (a smaller one would turn a zero score into 0 * inf = NaN)."""
+        value = self.number(key, default, lo=0.0, lo_open=not zero_ok)
+        if 0.0 < value < MIN_SOFTCAP:
+            raise self.error(key, value, f"is out of range: expected {'0 (none) or ' if zero_ok else ''}>= 2^-126")
         return value
 
     def choice(self, key: str, default, *, choices: tuple[str, ...]) -> str:

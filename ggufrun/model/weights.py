@@ -140,7 +140,7 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
             )
         return d
 
-    qkv_dim = (q_dim[0] + k_dim[0] + v_dim[0], f"({q_dim[1]}) + 2 x ({k_dim[1]}) for Q, K, V")
+    qkv_dim = (q_dim[0] + k_dim[0] + v_dim[0], f"Q ({q_dim[1]}) + K ({k_dim[1]}) + V ({v_dim[1]})")
     gate_up_dim = (2 * c.n_ff, f"2 x {ff[1]} for gate and up")
 
     layers = []

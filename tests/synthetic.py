@@ -1,8 +1,8 @@
 """Tiny random-weight GGUF files for tests, written with gguf-py's GGUFWriter (one writer for every test file).
 
-write_model(path, arch, ...) writes a llama/qwen2/qwen3/gemma3 model in F32 (or with overridden tensor types), with no
-tokenizer (token ids only) or a byte-level BPE tokenizer and a ChatML template, so that the generation loop, the chat
-API and the server can be tested without downloading a real model.
+write_model(path, arch, ...) writes a llama/qwen2/qwen3/phi3/gemma2/gemma3 model in F32 (or with overridden tensor
+types), with no tokenizer (token ids only) or a byte-level BPE tokenizer and a ChatML template, so that the generation
+loop, the chat API and the server can be tested without downloading a real model.
 
 write_gguf(path, metadata, tensors, ...) writes any GGUF file gguf-py can write (typed metadata via Typed, split
 shards, big-endian, a tensor table without data); rewrite_gguf(src, dst, changes) copies a file with some metadata
@@ -68,6 +68,8 @@ def write_model(
     yarn=None,
     rope_freqs=False,
     softcap=0.0,
+    attn_softcap=0.0,
+    longrope=None,
     tied=False,
     seed=0,
     override=None,
@@ -76,7 +78,14 @@ def write_model(
     """A random-weight model in F32. `override`: {tensor name: (array, raw GGML type or None)} replaces/adds
     tensors (None as the value drops one). `tokenizer`: "none" (ids only) or "bytes" (a byte-level BPE vocabulary
     of 256 byte tokens, a few merges and ChatML control tokens, with a ChatML chat template: the vocabulary size
-    is then set by the tokenizer)."""
+    is then set by the tokenizer).
+
+    Per architecture, the tensors its llama.cpp loader expects: phi3 has fused `attn_qkv` ([Q; K; V] rows) and
+    `ffn_up` ([gate; up] rows, no ffn_gate); gemma2 has post-norms, no Q/K norms and no output.weight (llama.cpp
+    ties it to token_embd). `softcap` / `attn_softcap`: final_logit_softcapping / attn_logit_softcapping keys.
+    `longrope` (phi3): (original context length, attention factor): rope_factors_long / rope_factors_short tensors
+    (divisors in [1, 4) and [1, 1.5)) and the keys rope.scaling.original_context_length, rope.scaling.attn_factor,
+    as llama.cpp's converter writes them for LongRoPE models (conversion/phi.py)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -105,6 +114,11 @@ def write_model(
         w.add_rope_scaling_orig_ctx_len(yarn[1])
     if softcap:
         w.add_final_logit_softcapping(softcap)
+    if attn_softcap:
+        w.add_attn_logit_softcapping(attn_softcap)
+    if longrope:
+        w.add_rope_scaling_orig_ctx_len(longrope[0])
+        w.add_rope_scaling_attn_factors(longrope[1])
 
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
@@ -114,10 +128,13 @@ def write_model(
 
     qd, kd = n_head * head_dim, n_kv * head_dim
     tensors = {"token_embd.weight": mat(vocab, dim), "output_norm.weight": norm(dim)}
-    if not tied:
+    if not tied and arch != "gemma2":
         tensors["output.weight"] = mat(vocab, dim)
     if rope_freqs:
         tensors["rope_freqs.weight"] = (1.0 + 3.0 * rng.random(head_dim // 2)).astype(np.float32)
+    if longrope:
+        tensors["rope_factors_long.weight"] = (1.0 + 3.0 * rng.random(head_dim // 2)).astype(np.float32)
+        tensors["rope_factors_short.weight"] = (1.0 + 0.5 * rng.random(head_dim // 2)).astype(np.float32)
     for il in range(n_layer):
         p = f"blk.{il}."
         tensors.update(
@@ -133,13 +150,18 @@ def write_model(
                 p + "ffn_down.weight": mat(dim, ff),
             }
         )
+        if arch == "phi3":  # fused, as llama.cpp's converter writes Phi-3 (and its loader reads them)
+            tensors[p + "attn_qkv.weight"] = np.concatenate([tensors.pop(p + f"attn_{x}.weight") for x in "qkv"])
+            tensors[p + "ffn_up.weight"] = np.concatenate(
+                [tensors.pop(p + "ffn_gate.weight"), tensors[p + "ffn_up.weight"]]
+            )
         if arch == "qwen2":
             for name, n in (("attn_q.bias", qd), ("attn_k.bias", kd), ("attn_v.bias", kd)):
                 tensors[p + name] = (0.3 * rng.standard_normal(n)).astype(np.float32)
         if arch in ("qwen3", "gemma3"):
             tensors[p + "attn_q_norm.weight"] = norm(head_dim)
             tensors[p + "attn_k_norm.weight"] = norm(head_dim)
-        if arch == "gemma3":
+        if arch in ("gemma2", "gemma3"):
             tensors[p + "post_attention_norm.weight"] = norm(dim)
             tensors[p + "post_ffw_norm.weight"] = norm(dim)
     raw_types = {}

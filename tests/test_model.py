@@ -3,7 +3,9 @@ Transformer's contract: context overflow, truncate/reset, load-time errors, no a
 
 The synthetic files cover what the llama.cpp goldens do not: gemma3 (sliding window across prefill chunks, local
 and global rope bases, post-norms, GELU, embedding scale), final-logit soft-capping, linear rope scaling and a
-llama3-style `rope_freqs` tensor.
+llama3-style `rope_freqs` tensor; for phi3 (fused Q/K/V and gate/up, LongRoPE factors chosen by context size) and
+gemma2 (soft-capped attention scores, alternating windows, defaults), which the float reference does not know,
+equivalences with the other architectures, the attention kernels against NumPy, and batch invariance.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import warnings
 import gguf
 import numpy as np
 import pytest
+from reference import ARCHS as REFERENCE_ARCHS
 from reference import reference_logits
 from synthetic import write_model
 
 from ggufrun.errors import GGUFError
-from ggufrun.model import SUPPORTED_ARCHITECTURES, ContextOverflowError, ModelConfig, Transformer
+from ggufrun.model import SUPPORTED_ARCHITECTURES, ContextOverflowError, ModelConfig, Transformer, kernels
 from ggufrun.reader import GGUFFile
 
 VARIANTS = {
@@ -28,7 +31,12 @@ VARIANTS = {
     "qwen3": {"arch": "qwen3"},
     # 6 layers: 5 local (window 5, rope base 10000) then 1 global (rope base 1e6)
     "gemma3": {"arch": "gemma3", "n_layer": 6, "n_kv": 1, "window": 5, "softcap": 5.0},
+    # LongRoPE factors (the long ones: n_ctx 1024 > 512) and attention factor; a sliding window phi3 ignores
+    "phi3": {"arch": "phi3", "ctx": 1024, "longrope": (512, 1.2), "window": 4},
+    # layers 0 and 2 local (window 5), 1 and 3 global; scores capped at 2, logits at 3
+    "gemma2": {"arch": "gemma2", "n_layer": 4, "window": 5, "attn_softcap": 2.0, "softcap": 3.0},
 }
+WITH_REFERENCE = [name for name, v in VARIANTS.items() if v.get("arch", "llama") in REFERENCE_ARCHS]
 
 
 def rel_diff(a, b):
@@ -47,7 +55,7 @@ def open_variant(model_dir, name, **kwargs):
     return GGUFFile(path)
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", WITH_REFERENCE)
 def test_matches_reference(model_dir, name):
     f = open_variant(model_dir, name)
     tokens = np.random.default_rng(1).integers(0, 96, 23)
@@ -90,6 +98,96 @@ def test_gemma3_config(model_dir):
     assert c.sliding_window == 5 and c.rope_freq_base_swa == 10000.0 and c.rope_freq_base == 1e6
     assert c.spec.embed_scale and c.spec.gelu and c.spec.post_norms and c.spec.rope_neox
     assert c.final_logit_softcap == 5.0 and c.attn_scale == pytest.approx(0.25)
+
+
+def test_phi3_is_a_llama_block_with_fused_tensors(model_dir, tmp_path):
+    """phi3 = the qwen2 block without biases (NEOX rope, SwiGLU) once attn_qkv is split into Q, K, V rows and ffn_up
+    into gate (first half) and up rows; its LongRoPE factors act as a rope_freqs tensor, the long ones when the
+    context, padded to a multiple of 256 as llama.cpp pads it, exceeds the original 512: the same bits."""
+    f = open_variant(model_dir, "phi3")
+    c = ModelConfig.from_gguf(f)
+    assert c.sliding_window == 0 and c.swa_layers == (False, False) and c.yarn_orig_ctx == 512
+    assert c.yarn_attn_factor == pytest.approx(1.2) and c.spec.rope_neox
+    t = f.tensors
+    qd, kd, ff = 4 * 16, 2 * 16, 128
+    tensors = {name: (np.array(x.data), None) for name, x in t.items() if "rope_factors" not in name}
+    lw = Transformer(f, n_ctx=8).weights.layers
+    for il in range(2):
+        p = f"blk.{il}."
+        qkv, gate_up = tensors.pop(p + "attn_qkv.weight")[0], tensors.pop(p + "ffn_up.weight")[0]
+        assert np.shares_memory(lw[il].attn_k.w, t[p + "attn_qkv.weight"].data) and lw[il].attn_k.n_out == kd
+        parts = {"attn_q": qkv[:qd], "attn_k": qkv[qd : qd + kd], "attn_v": qkv[qd + kd :]}
+        parts |= {"ffn_gate": gate_up[:ff], "ffn_up": gate_up[ff:]}
+        tensors |= {p + name + ".weight": (w, None) for name, w in parts.items()}
+        tensors |= {p + f"attn_{x}.bias": None for x in "qkv"}
+    tokens = np.random.default_rng(3).integers(0, 96, 23)
+    for n_ctx, which in ((1024, "long"), (513, "long"), (512, "short"), (300, "short")):
+        factors = np.array(t[f"rope_factors_{which}.weight"].data)
+        path = tmp_path / f"qwen2-{which}.gguf"
+        if not path.exists():
+            override = {**tensors, "rope_factors_long.weight": None, "rope_factors_short.weight": None}
+            override["rope_freqs.weight"] = (factors, None)
+            write_model(path, "qwen2", ctx=1024, longrope=(512, 1.2), override=override)
+        want = Transformer(GGUFFile(path), n_ctx=n_ctx).logits(tokens)
+        np.testing.assert_array_equal(Transformer(f, n_ctx=n_ctx).logits(tokens), want, err_msg=f"n_ctx {n_ctx}")
+    short, long = (Transformer(f, n_ctx=n).logits(tokens) for n in (512, 513))
+    assert rel_diff(short, long) > 0.05  # the choice matters
+
+
+def test_gemma2_config_defaults(tmp_path):
+    """Without the keys: window 4096, every other layer local (load_swa_pattern(ml, 2)), local rope base = the
+    global one, attention scores capped at 50 and logits at 30 (src/llama-hparams.h); an output.weight is refused
+    (llama.cpp ties gemma2's output to token_embd)."""
+    path = write_model(tmp_path / "g.gguf", arch="gemma2", n_layer=4)
+    c = ModelConfig.from_gguf(GGUFFile(path))
+    assert c.sliding_window == 4096 and c.swa_layers == (True, False, True, False)
+    assert c.rope_freq_base_swa == c.rope_freq_base == 10000.0 and c.rope_freq_scale_swa == 1.0
+    assert c.attn_logit_softcap == 50.0 and c.final_logit_softcap == 30.0 and c.attn_scale == pytest.approx(0.25)
+    assert c.spec.embed_scale and c.spec.gelu and c.spec.post_norms and not c.spec.qk_norm
+    c = ModelConfig.from_gguf(GGUFFile(write_model(tmp_path / "h.gguf", arch="gemma2", window=7, attn_softcap=9.0)))
+    assert c.sliding_window == 7 and c.attn_logit_softcap == 9.0
+    path = write_model(
+        tmp_path / "o.gguf", arch="gemma2", override={"output.weight": (np.zeros((96, 64), np.float32), None)}
+    )
+    with pytest.raises(GGUFError, match="output.weight.*not used"):
+        Transformer(GGUFFile(path))
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+def test_attention_softcap_against_numpy(kv_dtype):
+    """attend_one and attend_rows with soft-capped scores against float64 NumPy: softmax(c * tanh(q.k / c)) @ V
+    over the visible keys (causal, window 3), and the two kernels agree bit for bit."""
+    rng = np.random.default_rng(4)
+    n_head, n_kv, hd, n, cap, window = 4, 2, 32, 9, np.float32(1.5), 3
+    store = np.uint16 if kv_dtype == np.float16 else np.float32
+    k = (2 * rng.standard_normal((n_kv, hd, n))).astype(kv_dtype)
+    v = rng.standard_normal((n_kv, n, hd)).astype(kv_dtype)
+    k_cache = np.zeros((n_kv, hd, n + kernels.KV_PAD), store)
+    k_cache[..., :n] = k.view(store)
+    v_cache = np.ascontiguousarray(v.view(store))
+    q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+    q = q.astype(kv_dtype).astype(np.float32)  # the kernels take Q already rounded to the cache's precision
+    rows = np.zeros((n, n_head * hd), np.float32)
+    scores = np.zeros((2, kernels.QUERY_BLOCK, n + kernels.KV_PAD), np.float32)
+    kernels.attend_rows(q, k_cache, v_cache, 0, 0, n, window, cap, scores, rows)
+    for p in range(n):
+        t0 = max(0, p - window + 1)
+        one = np.zeros(n_head * hd, np.float32)
+        kernels.attend_one(
+            q[p], k_cache, v_cache, t0, p + 1, cap, np.zeros((n_head, n + kernels.KV_PAD), np.float32), one
+        )
+        np.testing.assert_array_equal(one, rows[p])
+        for h in range(n_head):
+            g = h // (n_head // n_kv)
+            s = q[p, h * hd : (h + 1) * hd].astype(np.float64) @ k[g, :, t0 : p + 1].astype(np.float64)
+            s = cap * np.tanh(s / cap)
+            prob = np.exp(s - s.max())
+            want = (prob / prob.sum()) @ v[g, t0 : p + 1].astype(np.float64)
+            np.testing.assert_allclose(rows[p, h * hd : (h + 1) * hd], want, atol=3e-3 if store is np.uint16 else 1e-5)
+    # without the cap the same scores (std ~ 11) give other weights
+    plain = np.zeros_like(rows)
+    kernels.attend_rows(q, k_cache, v_cache, 0, 0, n, window, np.float32(0.0), scores, plain)
+    assert np.abs(plain - rows).max() > 0.1
 
 
 def test_yarn_rope_matches_transformers_formula(tmp_path):

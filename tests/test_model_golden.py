@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType
+from synthetic import Typed, rewrite_gguf
 
 from ggufrun.model import Transformer
 from ggufrun.reader import GGUFFile
@@ -17,6 +19,7 @@ from ggufrun.reader import GGUFFile
 GOLDEN = Path(__file__).parent / "data" / "golden"
 SMALL = sorted(p.stem for p in GOLDEN.glob("small-*.gguf"))
 EXACT_TYPES = ("-f32", "-f16")  # float weights: llama.cpp quantizes no activations
+UINT32 = GGUFValueType.UINT32
 
 
 def load(stem: str, **kwargs) -> tuple[Transformer, dict]:
@@ -24,12 +27,16 @@ def load(stem: str, **kwargs) -> tuple[Transformer, dict]:
     return Transformer(GGUFFile(GOLDEN / f"{stem}.gguf"), **kwargs), golden
 
 
-def check_close(stem: str, mine: np.ndarray, golden: np.ndarray) -> None:
-    assert mine.shape == golden.shape and mine.dtype == np.float32
+def closeness(mine: np.ndarray, golden: np.ndarray) -> tuple[float, float, float]:
+    """mean|diff| / std(golden), max|diff| / std(golden), the fraction of rows with the same argmax."""
     std = golden.std()
     diff = np.abs(mine - golden)
-    mean_rel, max_rel = diff.mean() / std, diff.max() / std
-    agree = np.mean(mine.argmax(1) == golden.argmax(1))
+    return diff.mean() / std, diff.max() / std, np.mean(mine.argmax(1) == golden.argmax(1))
+
+
+def check_close(stem: str, mine: np.ndarray, golden: np.ndarray) -> None:
+    assert mine.shape == golden.shape and mine.dtype == np.float32
+    mean_rel, max_rel, agree = closeness(mine, golden)
     where = f"{stem}: mean|diff| {mean_rel:.4f} std, max {max_rel:.4f} std, argmax agreement {agree:.3f}"
     assert mean_rel <= 0.03, where
     assert max_rel <= (0.01 if stem.endswith(EXACT_TYPES) else 0.2), where
@@ -63,3 +70,23 @@ def test_batch_invariance(stem):
     np.testing.assert_array_equal(single, whole)
     tf.cache.truncate(5)
     np.testing.assert_array_equal(tf.forward(tokens[5:], all_logits=True), whole[5:])
+
+
+@pytest.mark.parametrize(
+    ("stem", "long", "other_orig_ctx"), [("small-phi3-q8_0", False, 128), ("small-phi3-longrope-q8_0", True, 4096)]
+)
+def test_longrope_factor_choice(stem, long, other_orig_ctx, tmp_path):
+    """llama.cpp picked the short LongRoPE factors for small-phi3-q8_0 (its n_ctx 256 <= the original context 2048)
+    and the long ones for small-phi3-longrope-q8_0 (256 > 128); so does ggufrun at its default n_ctx (2048), which
+    matches the goldens above. The other factors, chosen here by rewriting the original context (which nothing
+    else reads without YaRN), are far from the golden: those matches are not by chance."""
+    tf, g = load(stem)
+    w = tf.weights
+    assert w.rope_factors(tf.n_ctx, tf.config.yarn_orig_ctx) is (w.rope_factors_long if long else w.rope_factors_short)
+    key = "phi3.rope.scaling.original_context_length"
+    path = rewrite_gguf(GOLDEN / f"{stem}.gguf", tmp_path / "other.gguf", {key: Typed(other_orig_ctx, UINT32)})
+    other = Transformer(GGUFFile(path))
+    ow = other.weights
+    assert ow.rope_factors(other.n_ctx, other_orig_ctx) is (ow.rope_factors_short if long else ow.rope_factors_long)
+    mean_rel, _, agree = closeness(other.logits(g["tokens"][:-1]), g["logits"])
+    assert mean_rel > 0.1, f"{stem} with the other rope factors: mean|diff| {mean_rel:.4f} std, argmax {agree:.3f}"

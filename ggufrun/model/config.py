@@ -2,7 +2,7 @@
 
 Metadata keys are used as GGUF names them (`{arch}.block_count`, `{arch}.attention.head_count_kv`, ...);
 defaults and derived values follow llama.cpp (src/llama-model.cpp `load_hparams`, src/llama-context.cpp for
-rope scaling, src/models/<arch>.cpp for the per-architecture facts).
+rope scaling, src/models/<arch>.cpp for the per-architecture facts: phi3.cpp, gemma2.cpp, gemma3.cpp, ...).
 
 Every key is checked before anything is built from it: its type (an integer key must hold an integer type, never a
 bool, a float or a string; a float key a finite number), its range (counts at least 1 and at most what llama.cpp's
@@ -38,6 +38,16 @@ class ArchSpec:
     gelu: bool  # gated FFN with GELU (tanh approximation) instead of SiLU (SwiGLU)
     embed_scale: bool  # token embeddings multiplied by sqrt(embedding_length) (gemma3)
     swa_pattern: int | None  # sliding window: n-1 local layers then 1 global (0: all local); None: no window
+    # the rest holds for a few architectures only
+    swa_window_default: int = 0  # attention.sliding_window when the key is absent (gemma2: 4096)
+    swa_rope_global: bool = False  # local layers default to the global rope base and scale (gemma2), else 10000, 1
+    attn_softcap: bool = False  # scores = c * tanh(scores / c) before the mask and softmax, c = attn_logit_softcapping
+    final_softcap_default: float = 0.0  # final_logit_softcapping when the key is absent (gemma2: 30); 0 = none
+    tied_output: bool = False  # the output matrix is always token_embd (an output.weight would go unused: gemma2)
+    fused_gate_up: bool = False  # ffn_up holds [gate; up] rows ([2 n_ff, n_embd]) and there is no ffn_gate (phi3)
+    longrope: bool = False  # rope_factors_long / rope_factors_short divide the rope frequencies (phi3, LongRoPE)
+    attn_scale_embd_blocks: int = 0  # block count of the variant (the 27B) whose queries are scaled by
+    # 1/sqrt(n_embd / n_head) instead of 1/sqrt(key_length); 0: none
 
 
 ARCHS = {
@@ -50,8 +60,27 @@ ARCHS = {
     # src/models/qwen3.cpp: Q/K norm before rope
     "qwen3": ArchSpec(rope_neox=True, qk_norm=True, post_norms=False, gelu=False, embed_scale=False, swa_pattern=None),
     # src/models/gemma3.cpp; load_swa_pattern(ml, 6): layers with il % 6 < 5 use the sliding window
-    "gemma3": ArchSpec(rope_neox=True, qk_norm=True, post_norms=True, gelu=True, embed_scale=True, swa_pattern=6),
-}
+    "gemma3": ArchSpec(
+        rope_neox=True, qk_norm=True, post_norms=True, gelu=True, embed_scale=True, swa_pattern=6,
+        attn_scale_embd_blocks=62,
+    ),
+    # src/models/phi3.cpp: llama-style block with NEOX rope; Q/K/V in one attn_qkv (split by rows: each output row
+    # is its own dot product, so the split matrix gives llama.cpp's fused product), gate and up in one ffn_up
+    # (ggml_swiglu: the first half is the gate); LongRoPE factors (llama_model::get_rope_factors). llama.cpp
+    # ignores a phi3 file's attention.sliding_window ("Phi SWA is currently disabled"), and so does ggufrun.
+    "phi3": ArchSpec(
+        rope_neox=True, qk_norm=False, post_norms=False, gelu=False, embed_scale=False, swa_pattern=None,
+        fused_gate_up=True, longrope=True,
+    ),
+    # src/models/gemma2.cpp: gemma3's block without Q/K norms; load_swa_pattern(ml, 2) (even layers local), window
+    # 4096 unless set, attention-logit soft-capping (default 50) and final-logit soft-capping (default 30,
+    # src/llama-hparams.h), output tied to token_embd, the 27B (46 blocks) scales queries by n_embd / n_head
+    "gemma2": ArchSpec(
+        rope_neox=True, qk_norm=False, post_norms=True, gelu=True, embed_scale=True, swa_pattern=2,
+        swa_window_default=4096, swa_rope_global=True, attn_softcap=True, final_softcap_default=30.0,
+        tied_output=True, attn_scale_embd_blocks=46,
+    ),
+}  # fmt: skip
 SUPPORTED_ARCHITECTURES = tuple(ARCHS)
 
 
@@ -77,6 +106,7 @@ class ModelConfig:
     rms_eps: float  # {arch}.attention.layer_norm_rms_epsilon
     attn_scale: float  # multiplies Q.K before the softmax
     final_logit_softcap: float  # {arch}.final_logit_softcapping; 0 = none
+    attn_logit_softcap: float  # {arch}.attn_logit_softcapping (architectures with spec.attn_softcap); 0 = none
     # rope: theta_i = pos * freq_scale * freq_base^(-2i/n_rot) / rope_freqs[i] (YaRN mixes in the unscaled theta)
     rope_freq_base: float  # {arch}.rope.freq_base (default 10000)
     rope_freq_scale: float  # 1 / {arch}.rope.scaling.factor (1 when unset or the scaling type is "none")
@@ -90,7 +120,8 @@ class ModelConfig:
     # sliding-window attention (gemma3 local layers): a query at position p sees keys at p - window < pos <= p
     sliding_window: int  # {arch}.attention.sliding_window; 0 = none
     swa_layers: tuple[bool, ...]  # per layer: uses the sliding window (and the local rope base)
-    rope_freq_base_swa: float  # {arch}.rope.freq_base_swa (default 10000, src/llama-hparams.h)
+    rope_freq_base_swa: float  # {arch}.rope.freq_base_swa (default 10000, src/llama-hparams.h; gemma2: the global)
+    rope_freq_scale_swa: float  # 1 (gemma2: the global rope_freq_scale)
 
     @property
     def n_ctx_default(self) -> int:
@@ -154,18 +185,23 @@ class ModelConfig:
             ln_factor = math.log(1.0 / freq_scale)
             attn_factor *= (1.0 + 0.1 * ln_factor if ln_factor > 0 else 1.0) / (1.0 + 0.1 * ln_factor)
 
-        window = md.integer("attention.sliding_window", 0, lo=0)
+        window = md.integer("attention.sliding_window", spec.swa_window_default, lo=0)
         swa_layers = (False,) * n_layer
         if spec.swa_pattern is not None and window > 0:
             swa_layers = md.swa_layers(n_layer, spec.swa_pattern)
         else:
             window = 0
 
-        if arch == "gemma3" and n_layer == 62:
-            # src/models/gemma3.cpp: the 27B model scales queries by n_embd / n_head, not key_length
+        if n_layer == spec.attn_scale_embd_blocks:
+            # src/models/gemma{2,3}.cpp: the 27B model scales queries by n_embd / n_head, not key_length
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
         else:
             attn_scale = 1.0 / math.sqrt(head_dim_k)
+        # src/llama-graph.cpp build_attn_mha: kq = c * tanh(kq * (1/c)) when hparams.attn_soft_cap
+        attn_softcap = md.softcap("attn_logit_softcapping", 50.0, zero_ok=False) if spec.attn_softcap else 0.0
+        rope_freq_base = md.number("rope.freq_base", 10000.0, lo=1.0, lo_open=True)
+        # gemma2.cpp: rope_freq_base_train_swa = rope_freq_base_train before reading rope.freq_base_swa
+        base_swa_default = rope_freq_base if spec.swa_rope_global else 10000.0
 
         return cls(
             arch=arch,
@@ -183,9 +219,10 @@ class ModelConfig:
             # eps is added to a mean of squares: 0 divides by zero on a zero row, >= 1 swamps the activations
             rms_eps=md.number("attention.layer_norm_rms_epsilon", lo=0.0, lo_open=True, hi=1.0, hi_open=True),
             attn_scale=attn_scale,
-            final_logit_softcap=md.number("final_logit_softcapping", 0.0, lo=0.0),  # 0: none
+            final_logit_softcap=md.softcap("final_logit_softcapping", spec.final_softcap_default),  # 0: none
+            attn_logit_softcap=attn_softcap,
             # base <= 1 would make the frequencies grow with the dimension (or all equal)
-            rope_freq_base=md.number("rope.freq_base", 10000.0, lo=1.0, lo_open=True),
+            rope_freq_base=rope_freq_base,
             rope_freq_scale=freq_scale,
             rope_scaling_type=scaling,
             rope_has_freq_factors="rope_freqs.weight" in gguf.tensors,
@@ -196,13 +233,15 @@ class ModelConfig:
             yarn_beta_slow=1.0,
             sliding_window=window,
             swa_layers=swa_layers,
-            rope_freq_base_swa=md.number("rope.freq_base_swa", 10000.0, lo=1.0, lo_open=True),
+            rope_freq_base_swa=md.number("rope.freq_base_swa", base_swa_default, lo=1.0, lo_open=True),
+            rope_freq_scale_swa=freq_scale if spec.swa_rope_global else 1.0,
         )
 
 
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS (src/llama-hparams.h): llama.cpp sizes its per-layer arrays by it
 MAX_COUNT = 2**32 - 1  # llama.cpp holds every count, length and window as uint32_t
 MAX_FLOAT = float(np.finfo(np.float32).max)  # llama.cpp reads these keys as float (float32)
+MIN_SOFTCAP = 2.0**-126  # the smallest normal float32: its reciprocal still fits in a float32
 MAX_ATTN_FACTOR = 10.0  # multiplies Q and K alike, so the attention scores by its square; real files hold ~1
 _REQUIRED = object()
 _BLOCK = re.compile(r"blk\.(\d+)\.")
@@ -301,6 +340,14 @@ class _Metadata:
         if not ok:
             interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
             raise self.error(key, value, f"is out of range: expected a finite number in {interval}")
+        return value
+
+    def softcap(self, key: str, default: float, zero_ok: bool = True) -> float:
+        """A soft-capping constant c (x -> c * tanh(x * (1/c))): 0 (none, where zero_ok) or at least MIN_SOFTCAP,
+        so that 1/c is a finite float32 (a smaller one would turn a zero score into 0 * inf = NaN)."""
+        value = self.number(key, default, lo=0.0, lo_open=not zero_ok)
+        if 0.0 < value < MIN_SOFTCAP:
+            raise self.error(key, value, f"is out of range: expected {'0 (none) or ' if zero_ok else ''}>= 2^-126")
         return value
 
     def choice(self, key: str, default, *, choices: tuple[str, ...]) -> str:

@@ -376,6 +376,16 @@ def _softmax_inplace(x):
     return _inv_sum((t0 + t1) + (t2 + t3))
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _softcap_scores(x, cap):
+    """x = cap * tanh(x * (1 / cap)) in place, as llama.cpp's attention-logit soft-capping (src/llama-graph.cpp
+    build_attn_mha: ggml_scale, ggml_tanh (tanhf), ggml_scale). Its own compiled function without fast-math, so
+    decode and prefill round every score the same way."""
+    inv = np.float32(1.0) / cap
+    for j in range(x.shape[0]):
+        x[j] = cap * np.float32(math.tanh(x[j] * inv))
+
+
 KV_PAD = 32  # extra positions at the end of every key row and score row: tiles of 16 or 32 positions read past
 # the last valid one instead of taking a scalar tail (those lanes are computed and never used)
 
@@ -426,10 +436,11 @@ def _values_one(p, values, t0, n, out, oo):
 
 
 @numba.njit(parallel=True, **ATT)
-def attend_one(q, k_cache, v_cache, t0, t1, scores, out):
+def attend_one(q, k_cache, v_cache, t0, t1, softcap, scores, out):
     """Attention of one token over cached positions t0..t1-1, every head (decode), heads spread over threads.
 
     q [n_head*hd_k] (already scaled); k_cache [n_kv, hd_k, n_ctx + KV_PAD]; v_cache [n_kv, n_ctx, hd_v];
+    softcap: float32, scores = softcap * tanh(scores / softcap) before the softmax (0: none);
     scores: float32 scratch [n_head, >= t1 - t0 + KV_PAD]; out [n_head*hd_v]. Query head h reads K/V head
     h // (n_head / n_kv). Probabilities are rounded to the cache's precision, as llama.cpp does.
     """
@@ -441,6 +452,8 @@ def attend_one(q, k_cache, v_cache, t0, t1, scores, out):
         s = scores[h]
         _scores_one(q, h * hd_k, k_cache[h // group], t0, n, s)
         p = s[:n]
+        if softcap != 0.0:
+            _softcap_scores(p, softcap)
         inv = _softmax_inplace(p)
         for t in range(n):
             p[t] = _kv_round(p[t] * inv, v_cache)
@@ -521,10 +534,11 @@ def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo):
 
 
 @numba.njit(parallel=True, **ATT)
-def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, scores, out):
+def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out):
     """Causal attention of M queries (positions pos0..pos0+M-1) over cached keys t0..t0+n-1 (prefill).
 
-    q [M, n_head*hd_k] (scaled); k_cache [n_kv, hd_k, n_ctx + KV_PAD], v_cache [n_kv, n_ctx, hd_v]; scores:
+    q [M, n_head*hd_k] (scaled); k_cache [n_kv, hd_k, n_ctx + KV_PAD], v_cache [n_kv, n_ctx, hd_v]; softcap as
+    in attend_one (applied to the scores a query can see, so the masked ones never reach tanh); scores:
     float32 scratch [n_slots, QUERY_BLOCK, >= n + KV_PAD], one slot per concurrent task; out [M, n_head*hd_v].
     A query at position p sees keys at p - window < key <= p (window 0: all keys <= p).
     Work items are (head, block of 4 queries), dealt round-robin to the slots so causal rows balance out. Each
@@ -555,6 +569,8 @@ def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, scores, out):
                 rlo = max(0, p - window + 1 - t0) if window > 0 else 0
                 rhi = min(n, p - t0 + 1)
                 visible = row[rlo:rhi]
+                if softcap != 0.0:
+                    _softcap_scores(visible, softcap)
                 inv = _softmax_inplace(visible)
                 for j in range(rhi - rlo):
                     visible[j] = _kv_round(visible[j] * inv, v_cache)
@@ -622,9 +638,9 @@ def scale_rows(x, s):
             x[m, i] *= s
 
 
-@numba.njit(**JIT)
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def softcap(x, cap):
-    """x = cap * tanh(x / cap) in place (final logit soft-capping).  x: float32 [M, n]."""
+    """x = cap * tanh(x * (1 / cap)) in place (final logit soft-capping), the float32 operations of llama.cpp's
+    ggml_scale, ggml_tanh, ggml_scale (src/models/gemma2.cpp).  x: float32 [M, n]; cap: float32."""
     for m in range(x.shape[0]):
-        for i in range(x.shape[1]):
-            x[m, i] = cap * math.tanh(x[m, i] / cap)
+        _softcap_scores(x[m], cap)

@@ -1,9 +1,9 @@
-"""The forward pass: one shared pre-norm transformer block for llama, qwen2, qwen3 and gemma3, run-state buffers
-allocated once, and K/V appended to a KVCache (kv_cache.py: the cache and the token ids it holds).
+"""The forward pass: one shared pre-norm transformer block for llama, qwen2, qwen3, phi3, gemma2 and gemma3,
+run-state buffers allocated once, and K/V appended to a KVCache (kv_cache.py: the cache and the token ids it holds).
 
-Per block (src/models/{llama,qwen2,qwen3,gemma3}.cpp in llama.cpp):
+Per block (src/models/{llama,qwen2,qwen3,phi3,gemma2,gemma3}.cpp in llama.cpp):
     h = rmsnorm(x) ; q, k, v = h @ Wq/Wk/Wv (+ biases) ; per-head q/k norm ; rope ; append k, v to the cache
-    x += [post_norm](attention(q, K, V) @ Wo)
+    x += [post_norm](attention(q, K, V) @ Wo)     (gemma2: scores soft-capped, c * tanh(scores / c), before softmax)
     h = rmsnorm(x) ; x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h)))
 then logits = rmsnorm(x) @ output.T. What differs per architecture is data (config.ArchSpec) and optional
 tensors, not branches here.
@@ -127,19 +127,21 @@ class Transformer:
         self._batch_projectors: dict[int, Projector] = {}  # forward_batch passes of other row counts
         self._batch_logits = np.zeros((0, c.n_vocab), np.float32)  # [n_seqs, n_vocab] grown on demand
 
-        # rope tables per layer (gemma3's local layers use their own base); layers share equal tables
+        # rope tables per layer (gemma's local layers use their own base); layers share equal tables; the
+        # frequency divisors (rope_freqs, or phi3's LongRoPE factors) depend on the context size, as in llama.cpp
+        freq_factors = self.weights.rope_factors(n_ctx, c.yarn_orig_ctx)
         tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
         self._rope = []
         for il in range(c.n_layer):
             swa = c.swa_layers[il]
-            key = (c.rope_freq_base_swa, 1.0) if swa else (c.rope_freq_base, c.rope_freq_scale)
+            key = (c.rope_freq_base_swa, c.rope_freq_scale_swa) if swa else (c.rope_freq_base, c.rope_freq_scale)
             if key not in tables:
                 tables[key] = rope_table(
                     n_ctx,
                     c.n_rot,
                     base=key[0],
                     freq_scale=key[1],
-                    freq_factors=self.weights.rope_freqs,
+                    freq_factors=freq_factors,
                     ext_factor=c.yarn_ext_factor,
                     attn_factor=c.yarn_attn_factor,
                     n_ctx_orig=c.yarn_orig_ctx,
@@ -148,6 +150,7 @@ class Transformer:
                 )
             self._rope.append(tables[key])
         self._window = [c.sliding_window if swa else 0 for swa in c.swa_layers]
+        self._attn_softcap = np.float32(c.attn_logit_softcap)
         self._gelu_table = kernels.gelu_table() if c.spec.gelu else None
         self._embed_scale = np.float32(math.sqrt(c.n_embd)) if c.spec.embed_scale else None
 
@@ -353,6 +356,7 @@ class Transformer:
         project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
         cos, sin = self._rope[il]
         window = self._window[il]
+        softcap = self._attn_softcap
         for cache, r0, r1, pos0 in spans:
             k_cache, v_cache = cache.k[il], cache.v[il]
             kernels.qkv_rope_store(
@@ -363,9 +367,11 @@ class Transformer:
             end = pos0 + r1 - r0  # keys at positions [t0, end) can be visible to some query of this span
             t0 = max(0, pos0 - window + 1) if window else 0
             if r1 - r0 == 1:
-                kernels.attend_one(q[r0], k_cache, v_cache, t0, end, s.head_scores, att[r0])
+                kernels.attend_one(q[r0], k_cache, v_cache, t0, end, softcap, s.head_scores, att[r0])
             else:
-                kernels.attend_rows(q[r0:r1], k_cache, v_cache, pos0, t0, end - t0, window, s.block_scores, att[r0:r1])
+                kernels.attend_rows(
+                    q[r0:r1], k_cache, v_cache, pos0, t0, end - t0, window, softcap, s.block_scores, att[r0:r1]
+                )
         project(att, (lw.attn_output, o))
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 

@@ -4,11 +4,16 @@ Matrices stay zero-copy views into the file, wrapped with their dot kernel (line
 (norm weights, biases) become small float32 arrays. Attribute names are the GGUF names without `blk.N.` and
 `.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the kernels read as
 "not there".
+
+Fused matrices are split by rows into zero-copy views, as llama.cpp's graph splits their product
+(src/llama-graph.cpp build_qkv, ggml_swiglu): `attn_qkv` ([Q; K; V] rows, accepted wherever a file has it instead of
+attn_q/k/v, as llama_model_base::create_tensor_qkv does, with `attn_qkv.bias` split alike) and phi3's `ffn_up`
+([gate; up] rows). Every output row is its own dot product, so the views give the fused product's values.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -50,6 +55,22 @@ class Weights:
     output: Linear  # [n_vocab, n_embd]; token_embd itself when the file has no output.weight (tied)
     rope_freqs: np.ndarray | None  # [n_rot / 2]: llama3-style per-frequency divisors, or None
     layers: tuple[LayerWeights, ...]
+    rope_factors_long: np.ndarray | None = None  # [n_rot / 2] LongRoPE divisors for a long context (phi3), or None
+    rope_factors_short: np.ndarray | None = None  # [n_rot / 2] the same for a context within the original one
+
+    def rope_factors(self, n_ctx: int, n_ctx_orig: int) -> np.ndarray | None:
+        """The per-frequency divisors of the rope angles for a context of n_ctx positions, as
+        llama_model::get_rope_factors picks them: rope_freqs if present, else the LongRoPE long factors when the
+        context exceeds the original one (n_ctx_orig, rope.scaling.original_context_length) and the short ones
+        otherwise. llama.cpp compares its context padded to a multiple of 256 (llama_context: GGML_PAD(n_ctx, 256)),
+        and so does this."""
+        if self.rope_freqs is not None:
+            return self.rope_freqs
+        padded = -(-n_ctx // CTX_PAD) * CTX_PAD
+        return self.rope_factors_long if padded > n_ctx_orig else self.rope_factors_short
+
+
+CTX_PAD = 256  # llama.cpp rounds every context size up to a multiple of this
 
 
 def load_weights(gguf, cfg: ModelConfig) -> Weights:
@@ -102,23 +123,61 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
         quants.check_supported(name, t.type)
         return np.ascontiguousarray(quants.dequantize(t.data, t.type), dtype=np.float32).reshape(n[0])
 
+    def split(lin: Linear, sizes: tuple[int, ...], parts: tuple[str, ...]) -> list[Linear]:
+        """Consecutive row blocks of a fused matrix, each a zero-copy Linear (`NAME[part]`)."""
+        out, r = [], 0
+        for n, part in zip(sizes, parts):
+            out.append(replace(lin, name=f"{lin.name}[{part}]", w=lin.w[r : r + n], n_out=n))
+            r += n
+        return out
+
+    def divisors(name: str) -> np.ndarray:
+        """A vector of rope frequency divisors (rope_freqs, rope_factors_long/short): finite and positive."""
+        d = vector(name, rot_half, required=False)
+        if d.size and not (np.all(np.isfinite(d)) and np.all(d > 0)):
+            raise GGUFError(
+                f"{gguf.path}: tensor {name!r} must hold finite positive divisors of the rope frequencies, got {d[:8]}"
+            )
+        return d
+
+    qkv_dim = (q_dim[0] + k_dim[0] + v_dim[0], f"Q ({q_dim[1]}) + K ({k_dim[1]}) + V ({v_dim[1]})")
+    gate_up_dim = (2 * c.n_ff, f"2 x {ff[1]} for gate and up")
+
     layers = []
     for il in range(c.n_layer):
         p = f"blk.{il}."
+        qkv = matrix(p + "attn_qkv.weight", qkv_dim, embd, required=False)
+        if qkv is not None:
+            attn_q, attn_k, attn_v = split(qkv, (q_dim[0], k_dim[0], v_dim[0]), ("q", "k", "v"))
+        else:
+            attn_q = matrix(p + "attn_q.weight", q_dim, embd)
+            attn_k = matrix(p + "attn_k.weight", k_dim, embd)
+            attn_v = matrix(p + "attn_v.weight", v_dim, embd)
+        qkv_bias = vector(p + "attn_qkv.bias", qkv_dim, required=False) if qkv is not None else NONE
+        if qkv_bias.size:
+            q_bias, k_bias, v_bias = np.split(qkv_bias, [q_dim[0], q_dim[0] + k_dim[0]])
+        else:
+            q_bias = vector(p + "attn_q.bias", q_dim, required=False)
+            k_bias = vector(p + "attn_k.bias", k_dim, required=False)
+            v_bias = vector(p + "attn_v.bias", v_dim, required=False)
+        if spec.fused_gate_up:
+            ffn_gate, ffn_up = split(matrix(p + "ffn_up.weight", gate_up_dim, embd), (c.n_ff, c.n_ff), ("gate", "up"))
+        else:
+            ffn_gate, ffn_up = matrix(p + "ffn_gate.weight", ff, embd), matrix(p + "ffn_up.weight", ff, embd)
         layers.append(
             LayerWeights(
                 attn_norm=vector(p + "attn_norm.weight", embd),
-                attn_q=matrix(p + "attn_q.weight", q_dim, embd),
-                attn_k=matrix(p + "attn_k.weight", k_dim, embd),
-                attn_v=matrix(p + "attn_v.weight", v_dim, embd),
+                attn_q=attn_q,
+                attn_k=attn_k,
+                attn_v=attn_v,
                 attn_output=matrix(p + "attn_output.weight", embd, att_dim),
                 ffn_norm=vector(p + "ffn_norm.weight", embd),
-                ffn_gate=matrix(p + "ffn_gate.weight", ff, embd),
-                ffn_up=matrix(p + "ffn_up.weight", ff, embd),
+                ffn_gate=ffn_gate,
+                ffn_up=ffn_up,
                 ffn_down=matrix(p + "ffn_down.weight", embd, ff),
-                attn_q_bias=vector(p + "attn_q.bias", q_dim, required=False),
-                attn_k_bias=vector(p + "attn_k.bias", k_dim, required=False),
-                attn_v_bias=vector(p + "attn_v.bias", v_dim, required=False),
+                attn_q_bias=np.ascontiguousarray(q_bias),
+                attn_k_bias=np.ascontiguousarray(k_bias),
+                attn_v_bias=np.ascontiguousarray(v_bias),
                 attn_q_norm=vector(p + "attn_q_norm.weight", key_length, required=spec.qk_norm),
                 attn_k_norm=vector(p + "attn_k_norm.weight", key_length, required=spec.qk_norm),
                 post_attention_norm=vector(p + "post_attention_norm.weight", embd, required=spec.post_norms),
@@ -134,19 +193,20 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
             raise GGUFError(f"{gguf.path}: block {il} has only one of attn_q_norm / attn_k_norm")
 
     token_embd = matrix("token_embd.weight", vocab, embd)
-    output = matrix("output.weight", vocab, embd, required=False) or token_embd
-    rope_freqs = vector("rope_freqs.weight", rot_half, required=False)
-    if rope_freqs.size and not (np.all(np.isfinite(rope_freqs)) and np.all(rope_freqs > 0)):
-        raise GGUFError(
-            f"{gguf.path}: tensor 'rope_freqs.weight' must hold finite positive divisors of the rope frequencies, "
-            f"got {rope_freqs[:8]}"
-        )
+    output = None if spec.tied_output else matrix("output.weight", vocab, embd, required=False)
+    rope_freqs = divisors("rope_freqs.weight")
+    # phi3.cpp: one pair for every layer (TENSOR_DUPLICATED); a file may lack either one (no factors then)
+    long, short = (
+        (divisors("rope_factors_long.weight"), divisors("rope_factors_short.weight")) if spec.longrope else (NONE, NONE)
+    )
     weights = Weights(
         token_embd=token_embd,
         output_norm=vector("output_norm.weight", embd),
-        output=output,
+        output=output or token_embd,
         rope_freqs=rope_freqs if rope_freqs.size else None,
         layers=tuple(layers),
+        rope_factors_long=long if long.size else None,
+        rope_factors_short=short if short.size else None,
     )
     unused = sorted(set(tensors) - used)
     if unused:

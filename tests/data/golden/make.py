@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -149,6 +150,41 @@ def model(stem: str):
         return fn
 
     return register
+
+
+def longrope_attn_factor(n_ctx_train: int, n_ctx_orig: int) -> float:
+    """The attention factor llama.cpp's converter writes for a LongRoPE model (conversion/phi.py, Phi3MiniModel)."""
+    scale = n_ctx_train / n_ctx_orig
+    return math.sqrt(1 + math.log(scale) / math.log(n_ctx_orig)) if scale > 1.0 else 1.0
+
+
+@model("small-phi3-q8_0")
+def small_phi3(path: Path) -> None:
+    """phi3: fused attn_qkv and gate/up; LongRoPE factors whose original context is the trained one (2048), so
+    llama.cpp (n_ctx 256) and ggufrun (n_ctx 2048) both pick the short factors; a sliding window both ignore."""
+    from synthetic import write_model
+
+    quantized(path.stem, "Q8_0", lambda p: write_model(p, "phi3", **SMALL, window=8, longrope=(2048, 1.0)))
+
+
+@model("small-phi3-longrope-q8_0")
+def small_phi3_longrope(path: Path) -> None:
+    """phi3 with an original context of 128 < llama.cpp's n_ctx (256): the long factors and the attention factor
+    (1.25) apply."""
+    from synthetic import write_model
+
+    longrope = (128, longrope_attn_factor(SMALL["ctx"], 128))
+    quantized(path.stem, "Q8_0", lambda p: write_model(p, "phi3", **SMALL, longrope=longrope))
+
+
+@model("small-gemma2-q8_0")
+def small_gemma2(path: Path) -> None:
+    """gemma2: layer 0 local (window 8, crossed by the 32 tokens), layer 1 global; attention-logit soft-capping at
+    1.5 and final-logit soft-capping at 2.0 (small caps, so that tanh bends these random models' scores and logits);
+    embedding scale, post-norms, GELU, output tied to token_embd."""
+    from synthetic import write_model
+
+    quantized(path.stem, "Q8_0", lambda p: write_model(p, "gemma2", **SMALL, window=8, attn_softcap=1.5, softcap=2.0))
 
 
 def manifest_entry(stem: str) -> dict:

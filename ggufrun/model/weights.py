@@ -1,9 +1,10 @@
 """The model's tensors, looked up by their GGUF names and checked against the config.
 
-Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear); only 1-D vectors
-(norm weights, biases) become small float32 arrays. Attribute names are the GGUF names without `blk.N.` and
-`.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the kernels read as
-"not there".
+Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear); only 1-D vectors (norm
+weights, biases) become small float32 arrays. A mixture-of-experts block's 3-D expert tensors `ffn_{gate,up,down}_exps`
+[n_expert, rows, cols] become one Linear per expert, each a view of its slice of the tensor (src/llama-arch.cpp names;
+shapes as src/models/{llama,qwen2moe,qwen3moe}.cpp create them). Attribute names are the GGUF names without `blk.N.` and
+`.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the kernels read as "not there".
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ class LayerWeights:
     attn_v: Linear  # [n_head_kv * head_dim_v, n_embd]
     attn_output: Linear  # [n_embd, n_head * head_dim_v]
     ffn_norm: np.ndarray  # [n_embd]
-    ffn_gate: Linear  # [n_ff, n_embd]
-    ffn_up: Linear  # [n_ff, n_embd]
-    ffn_down: Linear  # [n_embd, n_ff]
+    ffn_gate: Linear | None  # [n_ff, n_embd]; None in a mixture-of-experts block
+    ffn_up: Linear | None  # [n_ff, n_embd]
+    ffn_down: Linear | None  # [n_embd, n_ff]
     attn_q_bias: np.ndarray  # [n_head * head_dim_k] or [0]
     attn_k_bias: np.ndarray  # [n_head_kv * head_dim_k] or [0]
     attn_v_bias: np.ndarray  # [n_head_kv * head_dim_v] or [0]
@@ -41,6 +42,20 @@ class LayerWeights:
     attn_k_norm: np.ndarray  # [head_dim_k] or [0]
     post_attention_norm: np.ndarray  # [n_embd] or [0] (gemma3)
     post_ffw_norm: np.ndarray  # [n_embd] or [0] (gemma3)
+    # mixture of experts (config.n_expert > 0), else None / empty
+    ffn_gate_inp: Linear | None = None  # [n_expert, n_embd] router
+    ffn_gate_exps: tuple[Linear, ...] = ()  # n_expert x [n_ff_exp, n_embd], views of one [n_expert, ...] tensor
+    ffn_up_exps: tuple[Linear, ...] = ()  # n_expert x [n_ff_exp, n_embd]
+    ffn_down_exps: tuple[Linear, ...] = ()  # n_expert x [n_embd, n_ff_exp]
+    ffn_gate_inp_shexp: Linear | None = None  # [1, n_embd]: the shared expert's gate logit (qwen2moe)
+    ffn_gate_shexp: Linear | None = None  # [n_ff_shexp, n_embd]
+    ffn_up_shexp: Linear | None = None  # [n_ff_shexp, n_embd]
+    ffn_down_shexp: Linear | None = None  # [n_embd, n_ff_shexp]
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's three matrices (what a token routed to it reads)."""
+        return sum(e[0].w.nbytes for e in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps) if e)
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,10 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
     att_dim = (c.n_head * c.head_dim_v, f"{heads} x {a}attention.value_length {c.head_dim_v}")
     vocab = (c.n_vocab, "the rows of output.weight (or token_embd.weight)")
     rot_half = (c.n_rot // 2, f"{a}rope.dimension_count {c.n_rot} / 2")
+    n_expert = (c.n_expert, f"{a}expert_count {c.n_expert}")
+    ff_exp_key = "expert_feed_forward_length" if spec.experts == "always" else "feed_forward_length"
+    ff_exp = (c.n_ff_exp, f"{a}{ff_exp_key} {c.n_ff_exp}")
+    ff_shexp = (c.n_ff_shexp, f"{a}expert_shared_feed_forward_length {c.n_ff_shexp}")
 
     def get(name: str, dims: tuple[tuple[int, str], ...], required: bool = True):
         t = tensors.get(name)
@@ -93,6 +112,10 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
         t = get(name, (rows, cols), required)
         return Linear.of(t) if t is not None else None
 
+    def experts(name: str, rows: tuple[int, str], cols: tuple[int, str]) -> tuple[Linear, ...]:
+        t = get(name, (n_expert, rows, cols))
+        return tuple(Linear.of(t, expert=e) for e in range(c.n_expert))
+
     def vector(name: str, n: tuple[int, str], required: bool = True) -> np.ndarray:
         t = get(name, (n,), required)
         if t is None:
@@ -105,6 +128,23 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
     layers = []
     for il in range(c.n_layer):
         p = f"blk.{il}."
+        moe = {}
+        if c.n_expert:
+            moe = dict(
+                ffn_gate_inp=matrix(p + "ffn_gate_inp.weight", n_expert, embd),
+                ffn_gate_exps=experts(p + "ffn_gate_exps.weight", ff_exp, embd),
+                ffn_up_exps=experts(p + "ffn_up_exps.weight", ff_exp, embd),
+                ffn_down_exps=experts(p + "ffn_down_exps.weight", embd, ff_exp),
+            )
+        if c.n_ff_shexp:
+            gate_inp_shexp = get(p + "ffn_gate_inp_shexp.weight", (embd,))
+            moe.update(
+                ffn_gate_inp_shexp=Linear.of(gate_inp_shexp, rows=(1, c.n_embd)),
+                ffn_gate_shexp=matrix(p + "ffn_gate_shexp.weight", ff_shexp, embd),
+                ffn_up_shexp=matrix(p + "ffn_up_shexp.weight", ff_shexp, embd),
+                ffn_down_shexp=matrix(p + "ffn_down_shexp.weight", embd, ff_shexp),
+            )
+        dense = not c.n_expert
         layers.append(
             LayerWeights(
                 attn_norm=vector(p + "attn_norm.weight", embd),
@@ -113,9 +153,9 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
                 attn_v=matrix(p + "attn_v.weight", v_dim, embd),
                 attn_output=matrix(p + "attn_output.weight", embd, att_dim),
                 ffn_norm=vector(p + "ffn_norm.weight", embd),
-                ffn_gate=matrix(p + "ffn_gate.weight", ff, embd),
-                ffn_up=matrix(p + "ffn_up.weight", ff, embd),
-                ffn_down=matrix(p + "ffn_down.weight", embd, ff),
+                ffn_gate=matrix(p + "ffn_gate.weight", ff, embd) if dense else None,
+                ffn_up=matrix(p + "ffn_up.weight", ff, embd) if dense else None,
+                ffn_down=matrix(p + "ffn_down.weight", embd, ff) if dense else None,
                 attn_q_bias=vector(p + "attn_q.bias", q_dim, required=False),
                 attn_k_bias=vector(p + "attn_k.bias", k_dim, required=False),
                 attn_v_bias=vector(p + "attn_v.bias", v_dim, required=False),
@@ -123,6 +163,7 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
                 attn_k_norm=vector(p + "attn_k_norm.weight", key_length, required=spec.qk_norm),
                 post_attention_norm=vector(p + "post_attention_norm.weight", embd, required=spec.post_norms),
                 post_ffw_norm=vector(p + "post_ffw_norm.weight", embd, required=spec.post_norms),
+                **moe,
             )
         )
         lw = layers[-1]

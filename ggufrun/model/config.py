@@ -12,6 +12,11 @@ microseconds instead of sizing an allocation. Keys that llama.cpp reads per laye
 feed_forward_length, attention.head_count, attention.head_count_kv) may be arrays of one entry per block; ggufrun
 needs the entries equal. Any violation is a GGUFError naming the key and its value; weights.py then checks every
 tensor's shape against the config.
+
+Mixture of experts (`_experts`): `expert_count` (at most LLAMA_MAX_EXPERTS = 1024), `expert_used_count` (1 ..
+expert_count), `expert_feed_forward_length` and `expert_shared_feed_forward_length`, with llama.cpp's defaults
+(src/models/{qwen2moe,qwen3moe,llama}.cpp). Gating and weight normalisation are per-architecture constants in llama.cpp
+for these architectures (build_moe_ffn's gating_op and norm_w arguments), so they live in ArchSpec, not in metadata.
 """
 
 from __future__ import annotations

@@ -19,6 +19,13 @@ into one decode): the rows of all sequences go through each matrix product toget
 for all of them), while RoPE, the K/V store and attention run per sequence on its own cache and positions. A
 matrix product's row is the same bits as a matvec of that row (ggufrun.quants.dot), and attention of one
 sequence never sees another's rows, so a sequence's logits are the same bits batched or alone.
+
+Mixture-of-experts blocks (config.ArchSpec.experts: qwen2moe, qwen3moe, llama files with experts) replace the FFN
+with src/llama-graph.cpp's build_moe_ffn: router logits h @ ffn_gate_inp.T, softmax, the top n_expert_used experts
+(kernels.route), each expert's SwiGLU run once on the rows routed to it (gathered, one matrix product, scattered to
+(token, rank) rows: a decode step reads only its chosen experts), then per token the weighted sum in rank order
+(kernels.combine_experts), plus qwen2moe's shared expert times sigmoid(h . ffn_gate_inp_shexp). A token's routing
+and sum never look at other rows, so batch invariance holds here too.
 """
 
 from __future__ import annotations

@@ -438,10 +438,14 @@ class Transformer:
             e = active[i]
             rows = order[offsets[e] : offsets[e + 1]]
             n = rows.shape[0]
-            x, y = s.expert_in[:n], s.expert_out[:n]
-            kernels.gather_rows(h, rows, k, x)
+            # decode: x is h (every row chose e) and y is the output's own (token 0, rank r) row
+            x = h if n == m else s.expert_in[:n]
+            y = outs[rows[0] : rows[0] + 1] if m == 1 else s.expert_out[:n]
+            if x is not h:
+                kernels.gather_rows(h, rows, k, x)
             self._swiglu_ffn(lw.ffn_gate_exps[e], lw.ffn_up_exps[e], lw.ffn_down_exps[e], x, y, project)
-            kernels.scatter_rows(y, rows, outs)
+            if m > 1:
+                kernels.scatter_rows(y, rows, outs)
         kernels.combine_experts(outs, weights, o)
         if lw.ffn_gate_inp_shexp is not None:
             y, gate_logit = s.expert_out[:m], s.shexp_gate[:m]

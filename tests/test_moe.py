@@ -216,3 +216,20 @@ def test_inspect_shows_experts(model_dir):
     assert summarize(open_variant(model_dir, "mixtral"))["experts"]["count"] == 4
     with GGUFFile(write_model(model_dir / "dense.gguf")) as dense:
         assert summarize(dense)["experts"] is None
+
+
+def test_load_and_chat(tmp_path):
+    """The whole stack on a MoE file: kernels compiled for the experts' own weight type (F16 here), a chat reply."""
+    import ggufrun
+    from ggufrun.runtime import qtypes_in_use_order
+
+    rng = np.random.default_rng(0)
+    experts = (rng.standard_normal((8, 32, 64)) / 8).astype(np.float16)
+    path = write_model(
+        tmp_path / "chat.gguf", "qwen3moe", n_expert=8, ff_exp=32, tokenizer="bytes",
+        override={f"blk.{il}.ffn_up_exps.weight": (experts, None) for il in range(2)},
+    )  # fmt: skip
+    model = ggufrun.load(path)
+    assert [t.name for t in qtypes_in_use_order(model.transformer.weights)] == ["F32", "F16"]
+    chunks = list(model.chat([{"role": "user", "content": "hi"}], max_tokens=6, temperature=0))
+    assert chunks[-1].finish_reason in ("length", "stop")

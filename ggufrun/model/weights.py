@@ -9,7 +9,7 @@ shapes as src/models/{llama,qwen2moe,qwen3moe}.cpp create them). Attribute names
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -51,6 +51,19 @@ class LayerWeights:
     ffn_gate_shexp: Linear | None = None  # [n_ff_shexp, n_embd]
     ffn_up_shexp: Linear | None = None  # [n_ff_shexp, n_embd]
     ffn_down_shexp: Linear | None = None  # [n_embd, n_ff_shexp]
+
+    @property
+    def matrices(self) -> list[Linear]:
+        """Every matrix this block multiplies by (absent ones left out, each expert of a 3-D tensor), in field
+        order: roughly the order of the forward pass."""
+        found = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Linear):
+                found.append(value)
+            elif isinstance(value, tuple):
+                found.extend(value)
+        return found
 
     @property
     def expert_bytes(self) -> int:

@@ -140,11 +140,6 @@ class ModelConfig:
     n_ff_shexp: int  # width of the shared expert: {arch}.expert_shared_feed_forward_length (default n_ff); 0: none
 
     @property
-    def n_ff_max(self) -> int:
-        """The widest FFN hidden layer any block runs (dense, one expert or the shared expert)."""
-        return max(self.n_ff, self.n_ff_exp, self.n_ff_shexp)
-
-    @property
     def n_ctx_default(self) -> int:
         return min(4096, self.n_ctx_train)
 

@@ -1,10 +1,13 @@
 """The model's tensors, looked up by their GGUF names and checked against the config.
 
-Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear); only 1-D vectors (norm
-weights, biases) become small float32 arrays. A mixture-of-experts block's 3-D expert tensors `ffn_{gate,up,down}_exps`
-[n_expert, rows, cols] become one Linear per expert, each a view of its slice of the tensor (src/llama-arch.cpp names;
-shapes as src/models/{llama,qwen2moe,qwen3moe}.cpp create them). Attribute names are the GGUF names without `blk.N.` and
-`.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the kernels read as "not there".
+Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear); only 1-D vectors
+(norm weights, biases) become small float32 arrays. Attribute names are the GGUF names without `blk.N.` and
+`.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the kernels read as
+"not there".
+
+A mixture-of-experts block's 3-D expert tensors `ffn_{gate,up,down}_exps` [n_expert, rows, cols] become one Linear
+per expert, each a view of its slice of the tensor (src/llama-arch.cpp names; shapes as
+src/models/{llama,qwen2moe,qwen3moe}.cpp create them).
 """
 
 from __future__ import annotations

@@ -102,6 +102,24 @@ def _kv_cache_bytes(meta: dict, arch: str, n_ctx: int) -> int | None:
     return kv_heads * n_ctx * (k_dim + v_dim) * KV_BYTES
 
 
+EXPERT_TENSORS = ("_exps.weight", "_exps.bias")  # the routed experts' 3-D tensors (src/llama-arch.cpp: ffn_*_exps)
+
+
+def _experts(meta: dict, arch: str, tensors: list, n_params: int) -> dict | None:
+    """Mixture of experts: `{arch}.expert_count`, `{arch}.expert_used_count` (one value, or the largest of a per-layer
+    array) and the parameters one token runs through: every tensor outside the routed experts, plus used / count of
+    the experts' (the shared expert, router and attention count whole). None for a dense model or malformed keys."""
+    count = _positive_int(_arch_value(meta, arch, "expert_count"))
+    used = _arch_value(meta, arch, "expert_used_count")
+    if isinstance(used, np.ndarray) and used.dtype.kind in "iu" and used.size:
+        used = used.max()
+    used = _positive_int(used)
+    if count is None or used is None or used > count:
+        return None
+    expert_params = sum(t.n_elements for t in tensors if t.name.endswith(EXPERT_TENSORS))
+    return {"count": count, "used": used, "active_params": n_params - expert_params + expert_params * used // count}
+
+
 def summarize(gguf_file: GGUFFile, n_ctx: int | None = None) -> dict:
     """Everything `ggufrun inspect` shows, as a JSON-ready dict.
 
@@ -165,6 +183,7 @@ def summarize(gguf_file: GGUFFile, n_ctx: int | None = None) -> dict:
         "n_params": n_params,
         "weight_bytes": weight_bytes,
         "bits_per_weight": weight_bytes * 8 / n_params if n_params else None,
+        "experts": _experts(meta, arch, tensors, n_params),
         "bytes_per_type": dict(bytes_per_type.most_common()),
         "tensors_per_type": {k: tensors_per_type[k] for k, _ in bytes_per_type.most_common()},
         "tokenizer": tokenizer,
@@ -212,6 +231,12 @@ def format_text(s: dict) -> str:
         f"parameters    {_count(s['n_params'])} in {s['n_tensors']} tensors, {_mb(s['weight_bytes'])}, "
         f"{bpw} bits per weight"
     )
+    e = s["experts"]
+    if e:
+        out.append(
+            f"experts       {e['count']}, {e['used']} used per token: {_count(e['active_params'])} active parameters "
+            f"per token"
+        )
     t = s["tokenizer"]
     merges = f", {t['n_merges']} merges" if t["n_merges"] is not None else ""
     pre = f", pre-tokenizer {t['pre']}" if t["pre"] else ""

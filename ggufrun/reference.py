@@ -29,7 +29,14 @@ ARCHS = {
     "qwen2": {"rope": "neox", "gemma": False},
     "qwen3": {"rope": "neox", "gemma": False},
     "gemma3": {"rope": "neox", "gemma": True},
+    "qwen2moe": {"rope": "neox", "gemma": False},
+    "qwen3moe": {"rope": "neox", "gemma": False},
 }
+# Mixture-of-experts blocks (a `ffn_gate_inp` router; src/llama-graph.cpp build_moe_ffn as src/models/llama.cpp,
+# qwen2moe.cpp, qwen3moe.cpp call it): softmax over the router logits, the top n_expert_used experts, their
+# probabilities divided by their sum except in qwen2moe, whose shared expert adds sigmoid(gate_inp_shexp . h) x
+# its own SwiGLU output.
+EXPERT_WEIGHTS_NORM = {"llama": True, "qwen2moe": False, "qwen3moe": True}
 
 
 def weight(f, name: str, rows=None, dtype=np.float64) -> np.ndarray:
@@ -133,6 +140,29 @@ class ReferenceModel:
             self._kept[name] = weight(self.f, name, dtype=self.dtype)
         return self._kept[name]
 
+    def _experts(self, h: np.ndarray, w, has) -> np.ndarray:
+        """The mixture-of-experts FFN of one block: h [T, dim] -> [T, dim]."""
+        k = int(np.max(self._key("expert_used_count")))
+        logits = h @ w("ffn_gate_inp.weight").T  # [T, n_expert]
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p = p / p.sum(axis=1, keepdims=True)
+        top = np.argsort(-p, axis=1, kind="stable")[:, :k]  # ties: the lower index first
+        weights = np.take_along_axis(p, top, axis=1)  # [T, k]
+        if EXPERT_WEIGHTS_NORM[self.arch]:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        gate, up, down = w("ffn_gate_exps.weight"), w("ffn_up_exps.weight"), w("ffn_down_exps.weight")
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            for r in range(k):
+                e = top[t, r]
+                out[t] += weights[t, r] * ((silu(gate[e] @ h[t]) * (up[e] @ h[t])) @ down[e].T)
+        if has("ffn_gate_inp_shexp.weight"):
+            shared = (silu(h @ w("ffn_gate_shexp.weight").T) * (h @ w("ffn_up_shexp.weight").T)) @ w(
+                "ffn_down_shexp.weight"
+            ).T
+            out = out + shared / (1.0 + np.exp(-(h @ w("ffn_gate_inp_shexp.weight"))))[:, None]
+        return out
+
     def logits(self, tokens) -> np.ndarray:
         """Logits [len(tokens), n_vocab] (in self.dtype) after each token of `tokens`, positions 0.. (a fresh
         context)."""
@@ -183,6 +213,9 @@ class ReferenceModel:
                 o = rmsnorm(o, w("post_attention_norm.weight"), eps)
             x = x + o
             h = rmsnorm(x, w("ffn_norm.weight"), eps)
+            if has("ffn_gate_inp.weight"):
+                x = x + self._experts(h, w, has)
+                continue
             gate, up = h @ w("ffn_gate.weight").T, h @ w("ffn_up.weight").T
             act = gelu_tanh(gate) if self.spec["gemma"] else silu(gate)
             o = (act * up) @ w("ffn_down.weight").T

@@ -94,7 +94,7 @@ def qtypes_in_use_order(weights) -> list:
     """The weight types of the model's matrix products, in the order a forward pass first uses them."""
     order: dict = {}
     for lw in weights.layers:
-        for lin in (lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate, lw.ffn_up, lw.ffn_down):
+        for lin in lw.matrices:
             order.setdefault(lin.qtype)
     order.setdefault(weights.output.qtype)
     return list(order)

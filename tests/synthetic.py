@@ -1,8 +1,9 @@
 """Tiny random-weight GGUF files for tests, written with gguf-py's GGUFWriter (one writer for every test file).
 
-write_model(path, arch, ...) writes a llama/qwen2/qwen3/phi3/gemma2/gemma3 model in F32 (or with overridden tensor
-types), with no tokenizer (token ids only) or a byte-level BPE tokenizer and a ChatML template, so that the generation
-loop, the chat API and the server can be tested without downloading a real model.
+write_model(path, arch, ...) writes a llama/qwen2/qwen3/phi3/gemma2/gemma3 model (or, with n_expert, a mixture of
+experts: llama (Mixtral-style), qwen2moe (with shared_ff: its shared expert), qwen3moe) in F32 (or with overridden
+tensor types), with no tokenizer (token ids only) or a byte-level BPE tokenizer and a ChatML template, so that the
+generation loop, the chat API and the server can be tested without downloading a real model.
 
 write_gguf(path, metadata, tensors, ...) writes any GGUF file gguf-py can write (typed metadata via Typed, split
 shards, big-endian, a tensor table without data); rewrite_gguf(src, dst, changes) copies a file with some metadata
@@ -74,6 +75,11 @@ def write_model(
     seed=0,
     override=None,
     tokenizer="none",
+    n_expert=0,
+    n_expert_used=2,
+    ff_exp=None,
+    shared_ff=0,
+    router_scale=1.0,
 ):
     """A random-weight model in F32. `override`: {tensor name: (array, raw GGML type or None)} replaces/adds
     tensors (None as the value drops one). `tokenizer`: "none" (ids only) or "bytes" (a byte-level BPE vocabulary
@@ -85,7 +91,12 @@ def write_model(
     ties it to token_embd). `softcap` / `attn_softcap`: final_logit_softcapping / attn_logit_softcapping keys.
     `longrope` (phi3): (original context length, attention factor): rope_factors_long / rope_factors_short tensors
     (divisors in [1, 4) and [1, 1.5)) and the keys rope.scaling.original_context_length, rope.scaling.attn_factor,
-    as llama.cpp's converter writes them for LongRoPE models (conversion/phi.py)."""
+    as llama.cpp's converter writes them for LongRoPE models (conversion/phi.py).
+
+    Mixture of experts: n_expert > 0 replaces each block's ffn_gate/up/down with a router `ffn_gate_inp`
+    [n_expert, dim] (logits about router_scale x N(0, 1)) and 3-D experts `ffn_{gate,up,down}_exps` of width ff_exp
+    (default ff; written as `expert_feed_forward_length` for qwen2moe/qwen3moe), n_expert_used per token;
+    shared_ff > 0 adds qwen2moe's shared expert (`ffn_*_shexp`, gate `ffn_gate_inp_shexp`)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -119,6 +130,14 @@ def write_model(
     if longrope:
         w.add_rope_scaling_orig_ctx_len(longrope[0])
         w.add_rope_scaling_attn_factors(longrope[1])
+    ff_exp = ff_exp or ff
+    if n_expert:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        if arch != "llama":
+            w.add_expert_feed_forward_length(ff_exp)
+    if shared_ff:
+        w.add_expert_shared_feed_forward_length(shared_ff)
 
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
@@ -145,20 +164,31 @@ def write_model(
                 p + "attn_v.weight": mat(kd, dim),
                 p + "attn_output.weight": mat(dim, qd),
                 p + "ffn_norm.weight": norm(dim),
-                p + "ffn_gate.weight": mat(ff, dim),
-                p + "ffn_up.weight": mat(ff, dim),
-                p + "ffn_down.weight": mat(dim, ff),
             }
         )
+        if n_expert:
+            tensors[p + "ffn_gate_inp.weight"] = router_scale * mat(n_expert, dim)
+            tensors[p + "ffn_gate_exps.weight"] = np.stack([mat(ff_exp, dim) for _ in range(n_expert)])
+            tensors[p + "ffn_up_exps.weight"] = np.stack([mat(ff_exp, dim) for _ in range(n_expert)])
+            tensors[p + "ffn_down_exps.weight"] = np.stack([mat(dim, ff_exp) for _ in range(n_expert)])
+        else:
+            tensors[p + "ffn_gate.weight"] = mat(ff, dim)
+            tensors[p + "ffn_up.weight"] = mat(ff, dim)
+            tensors[p + "ffn_down.weight"] = mat(dim, ff)
+        if shared_ff:
+            tensors[p + "ffn_gate_inp_shexp.weight"] = mat(1, dim).reshape(dim)
+            tensors[p + "ffn_gate_shexp.weight"] = mat(shared_ff, dim)
+            tensors[p + "ffn_up_shexp.weight"] = mat(shared_ff, dim)
+            tensors[p + "ffn_down_shexp.weight"] = mat(dim, shared_ff)
         if arch == "phi3":  # fused, as llama.cpp's converter writes Phi-3 (and its loader reads them)
             tensors[p + "attn_qkv.weight"] = np.concatenate([tensors.pop(p + f"attn_{x}.weight") for x in "qkv"])
             tensors[p + "ffn_up.weight"] = np.concatenate(
                 [tensors.pop(p + "ffn_gate.weight"), tensors[p + "ffn_up.weight"]]
             )
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2moe"):
             for name, n in (("attn_q.bias", qd), ("attn_k.bias", kd), ("attn_v.bias", kd)):
                 tensors[p + name] = (0.3 * rng.standard_normal(n)).astype(np.float32)
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
             tensors[p + "attn_q_norm.weight"] = norm(head_dim)
             tensors[p + "attn_k_norm.weight"] = norm(head_dim)
         if arch in ("gemma2", "gemma3"):

@@ -12,6 +12,11 @@ microseconds instead of sizing an allocation. Keys that llama.cpp reads per laye
 feed_forward_length, attention.head_count, attention.head_count_kv) may be arrays of one entry per block; ggufrun
 needs the entries equal. Any violation is a GGUFError naming the key and its value; weights.py then checks every
 tensor's shape against the config.
+
+Mixture of experts (`_experts`): `expert_count` (at most LLAMA_MAX_EXPERTS = 1024), `expert_used_count` (1 ..
+expert_count), `expert_feed_forward_length` and `expert_shared_feed_forward_length`, with llama.cpp's defaults
+(src/models/{qwen2moe,qwen3moe,llama}.cpp). Gating and weight normalisation are per-architecture constants in llama.cpp
+for these architectures (build_moe_ffn's gating_op and norm_w arguments), so they live in ArchSpec, not in metadata.
 """
 
 from __future__ import annotations
@@ -48,12 +53,27 @@ class ArchSpec:
     longrope: bool = False  # rope_factors_long / rope_factors_short divide the rope frequencies (phi3, LongRoPE)
     attn_scale_embd_blocks: int = 0  # block count of the variant (the 27B) whose queries are scaled by
     # 1/sqrt(n_embd / n_head) instead of 1/sqrt(key_length); 0: none
+    # mixture of experts (src/llama-graph.cpp build_moe_ffn, called with these per-architecture constants):
+    # "none": dense FFN; "optional": experts in every block when {arch}.expert_count > 0 (llama: Mixtral);
+    # "always": every block routes (qwen2moe, qwen3moe; the experts' width is {arch}.expert_feed_forward_length)
+    experts: str = "none"
+    expert_gating: str = "softmax"  # router logits -> probabilities: "softmax" or "sigmoid" (gating_op)
+    expert_weights_norm: bool = False  # the chosen experts' probabilities divided by their sum (norm_w)
+    shared_expert: bool = False  # plus an always-on expert (ffn_*_shexp) times sigmoid(ffn_gate_inp_shexp . x)
 
 
 ARCHS = {
-    # src/models/llama.cpp: LLAMA_ROPE_TYPE_NORM (llama.cpp's converter permutes Q/K rows for adjacent pairs)
+    # src/models/llama.cpp: LLAMA_ROPE_TYPE_NORM (llama.cpp's converter permutes Q/K rows for adjacent pairs);
+    # with expert_count > 0 its MoE branch: softmax gating, norm_w true, experts as wide as feed_forward_length
     "llama": ArchSpec(
-        rope_neox=False, qk_norm=False, post_norms=False, gelu=False, embed_scale=False, swa_pattern=None
+        rope_neox=False,
+        qk_norm=False,
+        post_norms=False,
+        gelu=False,
+        embed_scale=False,
+        swa_pattern=None,
+        experts="optional",
+        expert_weights_norm=True,
     ),
     # src/models/qwen2.cpp: Q/K/V biases (optional tensors), NEOX rope
     "qwen2": ArchSpec(rope_neox=True, qk_norm=False, post_norms=False, gelu=False, embed_scale=False, swa_pattern=None),
@@ -79,6 +99,28 @@ ARCHS = {
         rope_neox=True, qk_norm=False, post_norms=True, gelu=True, embed_scale=True, swa_pattern=2,
         swa_window_default=4096, swa_rope_global=True, attn_softcap=True, final_softcap_default=30.0,
         tied_output=True, attn_scale_embd_blocks=46,
+    ),
+    # src/models/qwen2moe.cpp: qwen2's block with softmax-routed experts (norm_w false) and a gated shared expert
+    "qwen2moe": ArchSpec(
+        rope_neox=True,
+        qk_norm=False,
+        post_norms=False,
+        gelu=False,
+        embed_scale=False,
+        swa_pattern=None,
+        experts="always",
+        shared_expert=True,
+    ),
+    # src/models/qwen3moe.cpp: qwen3's block with softmax-routed experts, weights normalised (norm_w true)
+    "qwen3moe": ArchSpec(
+        rope_neox=True,
+        qk_norm=True,
+        post_norms=False,
+        gelu=False,
+        embed_scale=False,
+        swa_pattern=None,
+        experts="always",
+        expert_weights_norm=True,
     ),
 }  # fmt: skip
 SUPPORTED_ARCHITECTURES = tuple(ARCHS)
@@ -122,6 +164,12 @@ class ModelConfig:
     swa_layers: tuple[bool, ...]  # per layer: uses the sliding window (and the local rope base)
     rope_freq_base_swa: float  # {arch}.rope.freq_base_swa (default 10000, src/llama-hparams.h; gemma2: the global)
     rope_freq_scale_swa: float  # 1 (gemma2: the global rope_freq_scale)
+    rope_freq_base_swa: float  # {arch}.rope.freq_base_swa (default 10000, src/llama-hparams.h)
+    # mixture of experts (all 0 for a dense model): each token runs n_expert_used of n_expert SwiGLU experts
+    n_expert: int  # {arch}.expert_count
+    n_expert_used: int  # {arch}.expert_used_count: experts per token (top-k of the router's probabilities)
+    n_ff_exp: int  # width of one expert: {arch}.expert_feed_forward_length (default n_ff / n_expert_used); llama: n_ff
+    n_ff_shexp: int  # width of the shared expert: {arch}.expert_shared_feed_forward_length (default n_ff); 0: none
 
     @property
     def n_ctx_default(self) -> int:
@@ -192,6 +240,9 @@ class ModelConfig:
         else:
             window = 0
 
+        n_ff = md.integer("feed_forward_length", per_layer=n_layer, **({"lo": 0} if spec.experts == "always" else {}))
+        moe = _experts(md, spec, n_layer, n_ff)
+
         if n_layer == spec.attn_scale_embd_blocks:
             # src/models/gemma{2,3}.cpp: the 27B model scales queries by n_embd / n_head, not key_length
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
@@ -208,7 +259,7 @@ class ModelConfig:
             spec=spec,
             n_layer=n_layer,
             n_embd=n_embd,
-            n_ff=md.integer("feed_forward_length", per_layer=n_layer),
+            n_ff=n_ff,
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim_k=head_dim_k,
@@ -235,6 +286,7 @@ class ModelConfig:
             swa_layers=swa_layers,
             rope_freq_base_swa=md.number("rope.freq_base_swa", base_swa_default, lo=1.0, lo_open=True),
             rope_freq_scale_swa=freq_scale if spec.swa_rope_global else 1.0,
+            **moe,
         )
 
 
@@ -242,9 +294,30 @@ MAX_LAYERS = 512  # LLAMA_MAX_LAYERS (src/llama-hparams.h): llama.cpp sizes its 
 MAX_COUNT = 2**32 - 1  # llama.cpp holds every count, length and window as uint32_t
 MAX_FLOAT = float(np.finfo(np.float32).max)  # llama.cpp reads these keys as float (float32)
 MIN_SOFTCAP = 2.0**-126  # the smallest normal float32: its reciprocal still fits in a float32
+MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS (src/llama-hparams.h)
 MAX_ATTN_FACTOR = 10.0  # multiplies Q and K alike, so the attention scores by its square; real files hold ~1
 _REQUIRED = object()
 _BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def _experts(md: _Metadata, spec: ArchSpec, n_layer: int, n_ff: int) -> dict:
+    """The mixture-of-experts fields of ModelConfig, as src/llama-model.cpp load_hparams and the architecture's
+    load_arch_hparams / load_arch_tensors read them: expert_count (at most LLAMA_MAX_EXPERTS), expert_used_count
+    (1 .. expert_count; per block or one value), the expert and shared-expert widths."""
+    none = dict(n_expert=0, n_expert_used=0, n_ff_exp=0, n_ff_shexp=0)
+    if spec.experts == "none":
+        return none
+    required = spec.experts == "always"
+    n_expert = md.integer("expert_count", _REQUIRED if required else 0, lo=1 if required else 0, hi=MAX_EXPERTS)
+    if n_expert == 0:
+        return none
+    n_used = md.integer("expert_used_count", hi=n_expert, per_layer=n_layer)
+    if required:  # qwen2moe / qwen3moe: n_ff_exp = expert_feed_forward_length, else n_ff / n_expert_used
+        n_ff_exp = md.integer("expert_feed_forward_length", n_ff // n_used, per_layer=n_layer)
+    else:  # llama: the experts are feed_forward_length wide
+        n_ff_exp = n_ff
+    n_ff_shexp = md.integer("expert_shared_feed_forward_length", n_ff) if spec.shared_expert else 0
+    return dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp)
 
 
 def _blocks_in(tensors) -> int:

@@ -644,3 +644,113 @@ def softcap(x, cap):
     ggml_scale, ggml_tanh, ggml_scale (src/models/gemma2.cpp).  x: float32 [M, n]; cap: float32."""
     for m in range(x.shape[0]):
         _softcap_scores(x[m], cap)
+
+
+# ---- mixture of experts -----------------------------------------------------------------------------------------
+# src/llama-graph.cpp build_moe_ffn on the CPU backend: soft_max (or sigmoid) of the router logits, argsort_top_k,
+# get_rows of the chosen probabilities, optional division by their sum (clamped below at 2^-14), then per token
+# moe_out = e_0 * w_0 + e_1 * w_1 + ... (products rounded, then added in rank order: ggml_mul, then ggml_add).
+# No fast-math: the rounding order is part of the result, and a token's result must not depend on its batch.
+MOE = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
+WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)  # build_moe_ffn's clamp of the weights' sum (smallest normal half)
+
+
+@numba.njit(**MOE)
+def route(logits, sigmoid, norm, sel, weights):
+    """Pick each row's experts: logits float32 [M, n_expert] (overwritten by the probabilities, then scratch);
+    sel int32 [M, k] gets the k most probable experts, most probable first (ties: the lower index first, as
+    std::sort's insertion sort leaves them for up to 16 experts), weights float32 [M, k] their probabilities,
+    divided by their sum when `norm`."""
+    n, k = logits.shape[1], sel.shape[1]
+    for m in range(logits.shape[0]):
+        p = logits[m]
+        if sigmoid:
+            for j in range(n):
+                p[j] = np.float32(1.0) / (np.float32(1.0) + _expf(np.float32(0.0) - p[j]))
+        else:
+            inv = _softmax_inplace(p)
+            for j in range(n):
+                p[j] *= inv
+        total = 0.0  # ggml_vec_sum_f32 sums in double
+        for r in range(k):
+            best = 0
+            for j in range(1, n):
+                if p[j] > p[best]:
+                    best = j
+            sel[m, r] = best
+            weights[m, r] = p[best]
+            total += p[best]
+            p[best] = np.float32(-1.0)  # below every probability: taken
+        if norm:
+            s = max(np.float32(total), WEIGHTS_SUM_MIN)
+            for r in range(k):
+                weights[m, r] = weights[m, r] / s
+
+
+@numba.njit(**MOE)
+def group_by_expert(sel, offsets, order, active):
+    """Group the (token, rank) choices by expert: order int32 [M * k] lists t * k + r for every sel[t, r], expert by
+    expert, tokens ascending; expert e's entries are order[offsets[e]:offsets[e + 1]] (offsets int32
+    [n_expert + 1]); active int32 [n_expert] gets the experts chosen at least once, ascending. Returns their count."""
+    n_expert, k = offsets.shape[0] - 1, sel.shape[1]
+    offsets[:] = 0
+    for t in range(sel.shape[0]):
+        for r in range(k):
+            offsets[sel[t, r] + 1] += 1
+    n_active = 0
+    for e in range(n_expert):
+        if offsets[e + 1]:
+            active[n_active] = e
+            n_active += 1
+        offsets[e + 1] += offsets[e]
+    # fill with offsets[e] as expert e's cursor, then shift the (now advanced) cursors back
+    for t in range(sel.shape[0]):
+        for r in range(k):
+            e = sel[t, r]
+            order[offsets[e]] = t * k + r
+            offsets[e] += 1
+    for e in range(n_expert, 0, -1):
+        offsets[e] = offsets[e - 1]
+    offsets[0] = 0
+    return n_active
+
+
+@numba.njit(**MOE)
+def gather_rows(x, order, k, out):
+    """out[i] = x[order[i] // k]: the input rows of the tokens routed to one expert.  x [M, n], out [len(order), n]."""
+    for i in range(order.shape[0]):
+        out[i] = x[order[i] // k]
+
+
+@numba.njit(**MOE)
+def scatter_rows(y, order, out):
+    """out[order[i]] = y[i]: one expert's outputs to their (token, rank) rows.  y [len(order), n], out [M * k, n]."""
+    for i in range(order.shape[0]):
+        out[order[i]] = y[i]
+
+
+@numba.njit(**MOE)
+def combine_experts(y, weights, out):
+    """out[t] = y[t*k] * w[t, 0] + y[t*k + 1] * w[t, 1] + ..., each product rounded, added in rank order.
+    y float32 [M * k, n] (row t * k + r: token t's rank-r expert output), weights [M, k], out [M, n]."""
+    k = weights.shape[1]
+    for t in range(out.shape[0]):
+        w0 = weights[t, 0]
+        for i in range(out.shape[1]):
+            out[t, i] = y[t * k, i] * w0
+        for r in range(1, k):
+            w = weights[t, r]
+            row = y[t * k + r]
+            for i in range(out.shape[1]):
+                out[t, i] = out[t, i] + row[i] * w
+
+
+@numba.njit(**MOE)
+def add_gated(out, y, gate_logit):
+    """out[t] += y[t] * sigmoid(gate_logit[t, 0]), the sigmoid as qwen2moe's graph computes it: silu(g) / g (0.5
+    where g == 0, which llama.cpp would turn into NaN).  out, y: float32 [M, n]; gate_logit [M, 1]."""
+    for t in range(out.shape[0]):
+        g = gate_logit[t, 0]
+        s = _silu(g) / g if g != 0 else np.float32(0.5)
+        for i in range(out.shape[1]):
+            out[t, i] = out[t, i] + y[t, i] * s

@@ -31,12 +31,20 @@ class Linear:
     n_in: int
 
     @classmethod
-    def of(cls, t: TensorInfo) -> Linear:
+    def of(cls, t: TensorInfo, expert: int | None = None, rows: tuple[int, int] | None = None) -> Linear:
+        """The matrix of tensor `t` (shape-checked by the caller): t itself [n_out, n_in]; with `expert`, that
+        expert's slice of a 3-D [n_expert, n_out, n_in] tensor (a view: no copy); with rows=(1, n_in), a 1-D
+        tensor [n_in] as a one-row matrix."""
         quants.check_supported(t.name, t.type)
         e = quants.REGISTRY[t.type]
         w = t.data if t.data.dtype == e.weight_dtype else t.data.view(e.weight_dtype)  # F16: uint16 bits
-        assert w.ndim == 2 and w.flags.c_contiguous, t.name
-        return cls(t.name, w, t.type, e.act, e.dot, t.shape[0], t.shape[1])
+        shape = t.shape
+        if expert is not None:
+            w, shape = w[expert], shape[1:]
+        elif rows is not None:
+            w, shape = w.reshape(1, -1), rows
+        assert w.ndim == 2 and w.flags.c_contiguous and len(shape) == 2, t.name
+        return cls(t.name, w, t.type, e.act, e.dot, shape[0], shape[1])
 
 
 class Projector:

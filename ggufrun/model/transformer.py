@@ -19,6 +19,13 @@ into one decode): the rows of all sequences go through each matrix product toget
 for all of them), while RoPE, the K/V store and attention run per sequence on its own cache and positions. A
 matrix product's row is the same bits as a matvec of that row (ggufrun.quants.dot), and attention of one
 sequence never sees another's rows, so a sequence's logits are the same bits batched or alone.
+
+Mixture-of-experts blocks (config.ArchSpec.experts: qwen2moe, qwen3moe, llama files with experts) replace the FFN
+with src/llama-graph.cpp's build_moe_ffn: router logits h @ ffn_gate_inp.T, softmax, the top n_expert_used experts
+(kernels.route), each expert's SwiGLU run once on the rows routed to it (gathered, one matrix product, scattered to
+(token, rank) rows: a decode step reads only its chosen experts), then per token the weighted sum in rank order
+(kernels.combine_experts), plus qwen2moe's shared expert times sigmoid(h . ffn_gate_inp_shexp). A token's routing
+and sum never look at other rows, so batch invariance holds here too.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from ..errors import ContextOverflowError
 from . import kernels
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .linear import Projector
+from .linear import Linear, Projector
 from .rope import rope_table
 from .weights import LayerWeights, Weights, load_weights
 
@@ -61,10 +68,24 @@ class RunState:
     head_scores: np.ndarray  # [n_head, n_ctx + KV_PAD] attention scores, then probabilities (decode)
     block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx + KV_PAD] the same for blocks of queries (prefill)
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
+    # mixture of experts (zero-size for a dense model); k = n_expert_used, f = max(n_ff_exp, n_ff_shexp)
+    router: np.ndarray  # [n_batch, n_expert] router logits, then probabilities
+    expert_sel: np.ndarray  # int32 [n_batch, k] each token's experts, most probable first
+    expert_weights: np.ndarray  # [n_batch, k] their weights
+    expert_offsets: np.ndarray  # int32 [n_expert + 1] expert e's choices: expert_order[offsets[e]:offsets[e + 1]]
+    expert_order: np.ndarray  # int32 [n_batch * k] the choices t * k + r grouped by expert
+    expert_active: np.ndarray  # int32 [n_expert] the experts chosen in this pass, ascending
+    expert_in: np.ndarray  # [n_batch, n_embd] the rows routed to one expert, gathered
+    expert_gate: np.ndarray  # [n_batch * f] one expert's gate (then act(gate) * up), as [rows, width]
+    expert_up: np.ndarray  # [n_batch * f]
+    expert_out: np.ndarray  # [n_batch, n_embd] one expert's (or the shared expert's) output rows
+    expert_outs: np.ndarray  # [n_batch * k, n_embd] row t * k + r: the output of token t's rank-r expert
+    shexp_gate: np.ndarray  # [n_batch, 1] the shared expert's gate logit
 
     @classmethod
     def allocate(cls, c: ModelConfig, n_ctx: int, n_batch: int) -> RunState:
         f32 = np.float32
+        k, f = c.n_expert_used, max(c.n_ff_exp, c.n_ff_shexp)
         return cls(
             x=np.zeros((n_batch, c.n_embd), f32),
             h=np.zeros((n_batch, c.n_embd), f32),
@@ -79,6 +100,18 @@ class RunState:
             # one slot per thread Numba may ever run (the thread count can change between calls)
             block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx + kernels.KV_PAD), f32),
             logits=np.zeros((1, c.n_vocab), f32),
+            router=np.zeros((n_batch, c.n_expert), f32),
+            expert_sel=np.zeros((n_batch, k), np.int32),
+            expert_weights=np.zeros((n_batch, k), f32),
+            expert_offsets=np.zeros(c.n_expert + 1, np.int32),
+            expert_order=np.zeros(n_batch * k, np.int32),
+            expert_active=np.zeros(c.n_expert, np.int32),
+            expert_in=np.zeros((n_batch if k else 0, c.n_embd), f32),
+            expert_gate=np.zeros(n_batch * f, f32),
+            expert_up=np.zeros(n_batch * f, f32),
+            expert_out=np.zeros((n_batch if f else 0, c.n_embd), f32),
+            expert_outs=np.zeros((n_batch * k, c.n_embd), f32),
+            shexp_gate=np.zeros((n_batch if c.n_ff_shexp else 0, 1), f32),
         )
 
 
@@ -153,6 +186,9 @@ class Transformer:
         self._attn_softcap = np.float32(c.attn_logit_softcap)
         self._gelu_table = kernels.gelu_table() if c.spec.gelu else None
         self._embed_scale = np.float32(math.sqrt(c.n_embd)) if c.spec.embed_scale else None
+        # bytes of expert matrices the forward passes have read (each chosen expert once per pass, whatever the
+        # number of rows routed to it): a decode step reads n_expert_used of n_expert experts per block
+        self.expert_bytes_read = 0
 
     def new_cache(self, kv_dtype=None) -> KVCache:
         """Another KV cache for this model (n_ctx positions), e.g. one per independent conversation."""
@@ -376,13 +412,58 @@ class Transformer:
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 
     def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray, project: Projector) -> None:
-        """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))); then h = next_norm(x)."""
+        """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))) (or the experts' mix); then h = next_norm(x)."""
         c, s = self.config, self.state
         h, gate, up, o = s.h[:m], s.gate[:m], s.up[:m], s.o[:m]
-        project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
-        if self._gelu_table is not None:
-            kernels.geglu(gate, up, self._gelu_table)
+        if lw.ffn_gate_inp is not None:
+            self._moe(lw, m, project)
         else:
-            kernels.swiglu(gate, up)
-        project(gate, (lw.ffn_down, o))
+            project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
+            if self._gelu_table is not None:
+                kernels.geglu(gate, up, self._gelu_table)
+            else:
+                kernels.swiglu(gate, up)
+            project(gate, (lw.ffn_down, o))
         kernels.add_norm(s.x[:m], o, lw.post_ffw_norm, next_norm, c.rms_eps, h)
+
+    def _moe(self, lw: LayerWeights, m: int, project: Projector) -> None:
+        """o = the mixture of experts of h (src/llama-graph.cpp build_moe_ffn): route each row to its top-k
+        experts, run each chosen expert once on all the rows routed to it (gathered into one matrix product;
+        a decode step reads only its k experts' matrices), scatter the outputs to (token, rank) rows and sum them
+        per token in rank order, weighted; qwen2moe adds the shared expert times sigmoid(its gate logit)."""
+        c, s = self.config, self.state
+        k, spec = c.n_expert_used, c.spec
+        h, o = s.h[:m], s.o[:m]
+        router, sel, weights = s.router[:m], s.expert_sel[:m], s.expert_weights[:m]
+        project(h, (lw.ffn_gate_inp, router))
+        kernels.route(router, spec.expert_gating == "sigmoid", spec.expert_weights_norm, sel, weights)
+        order, offsets, active = s.expert_order[: m * k], s.expert_offsets, s.expert_active
+        n_active = kernels.group_by_expert(sel, offsets, order, active)
+        outs = s.expert_outs[: m * k]
+        for i in range(n_active):
+            e = active[i]
+            rows = order[offsets[e] : offsets[e + 1]]
+            n = rows.shape[0]
+            # decode: x is h (every row chose e) and y is the output's own (token 0, rank r) row
+            x = h if n == m else s.expert_in[:n]
+            y = outs[rows[0] : rows[0] + 1] if m == 1 else s.expert_out[:n]
+            if x is not h:
+                kernels.gather_rows(h, rows, k, x)
+            self._swiglu_ffn(lw.ffn_gate_exps[e], lw.ffn_up_exps[e], lw.ffn_down_exps[e], x, y, project)
+            if m > 1:
+                kernels.scatter_rows(y, rows, outs)
+        kernels.combine_experts(outs, weights, o)
+        if lw.ffn_gate_inp_shexp is not None:
+            y, gate_logit = s.expert_out[:m], s.shexp_gate[:m]
+            project(h, (lw.ffn_gate_inp_shexp, gate_logit))
+            self._swiglu_ffn(lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, h, y, project)
+            kernels.add_gated(o, y, gate_logit)
+        self.expert_bytes_read += n_active * lw.expert_bytes
+
+    def _swiglu_ffn(self, gate: Linear, up: Linear, down: Linear, x: np.ndarray, out: np.ndarray, project) -> None:
+        """out = down(silu(gate(x)) * up(x)) for one expert: x [n, n_embd], out [n, n_embd]."""
+        s, n, f = self.state, x.shape[0], gate.n_out
+        g, u = s.expert_gate[: n * f].reshape(n, f), s.expert_up[: n * f].reshape(n, f)
+        project(x, (gate, g), (up, u))
+        kernels.swiglu(g, u)
+        project(g, (down, out))

@@ -9,11 +9,14 @@ Fused matrices are split by rows into zero-copy views, as llama.cpp's graph spli
 (src/llama-graph.cpp build_qkv, ggml_swiglu): `attn_qkv` ([Q; K; V] rows, accepted wherever a file has it instead of
 attn_q/k/v, as llama_model_base::create_tensor_qkv does, with `attn_qkv.bias` split alike) and phi3's `ffn_up`
 ([gate; up] rows). Every output row is its own dot product, so the views give the fused product's values.
+A mixture-of-experts block's 3-D expert tensors `ffn_{gate,up,down}_exps` [n_expert, rows, cols] become one Linear
+per expert, each a view of its slice of the tensor (src/llama-arch.cpp names; shapes as
+src/models/{llama,qwen2moe,qwen3moe}.cpp create them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -36,9 +39,9 @@ class LayerWeights:
     attn_v: Linear  # [n_head_kv * head_dim_v, n_embd]
     attn_output: Linear  # [n_embd, n_head * head_dim_v]
     ffn_norm: np.ndarray  # [n_embd]
-    ffn_gate: Linear  # [n_ff, n_embd]
-    ffn_up: Linear  # [n_ff, n_embd]
-    ffn_down: Linear  # [n_embd, n_ff]
+    ffn_gate: Linear | None  # [n_ff, n_embd]; None in a mixture-of-experts block
+    ffn_up: Linear | None  # [n_ff, n_embd]
+    ffn_down: Linear | None  # [n_embd, n_ff]
     attn_q_bias: np.ndarray  # [n_head * head_dim_k] or [0]
     attn_k_bias: np.ndarray  # [n_head_kv * head_dim_k] or [0]
     attn_v_bias: np.ndarray  # [n_head_kv * head_dim_v] or [0]
@@ -46,6 +49,33 @@ class LayerWeights:
     attn_k_norm: np.ndarray  # [head_dim_k] or [0]
     post_attention_norm: np.ndarray  # [n_embd] or [0] (gemma3)
     post_ffw_norm: np.ndarray  # [n_embd] or [0] (gemma3)
+    # mixture of experts (config.n_expert > 0), else None / empty
+    ffn_gate_inp: Linear | None = None  # [n_expert, n_embd] router
+    ffn_gate_exps: tuple[Linear, ...] = ()  # n_expert x [n_ff_exp, n_embd], views of one [n_expert, ...] tensor
+    ffn_up_exps: tuple[Linear, ...] = ()  # n_expert x [n_ff_exp, n_embd]
+    ffn_down_exps: tuple[Linear, ...] = ()  # n_expert x [n_embd, n_ff_exp]
+    ffn_gate_inp_shexp: Linear | None = None  # [1, n_embd]: the shared expert's gate logit (qwen2moe)
+    ffn_gate_shexp: Linear | None = None  # [n_ff_shexp, n_embd]
+    ffn_up_shexp: Linear | None = None  # [n_ff_shexp, n_embd]
+    ffn_down_shexp: Linear | None = None  # [n_embd, n_ff_shexp]
+
+    @property
+    def matrices(self) -> list[Linear]:
+        """Every matrix this block multiplies by (absent ones left out, each expert of a 3-D tensor), in field
+        order: roughly the order of the forward pass."""
+        found = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Linear):
+                found.append(value)
+            elif isinstance(value, tuple):
+                found.extend(value)
+        return found
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's three matrices (what a token routed to it reads)."""
+        return sum(e[0].w.nbytes for e in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps) if e)
 
 
 @dataclass(frozen=True)
@@ -94,6 +124,10 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
     att_dim = (c.n_head * c.head_dim_v, f"{heads} x {a}attention.value_length {c.head_dim_v}")
     vocab = (c.n_vocab, "the rows of output.weight (or token_embd.weight)")
     rot_half = (c.n_rot // 2, f"{a}rope.dimension_count {c.n_rot} / 2")
+    n_expert = (c.n_expert, f"{a}expert_count {c.n_expert}")
+    ff_exp_key = "expert_feed_forward_length" if spec.experts == "always" else "feed_forward_length"
+    ff_exp = (c.n_ff_exp, f"{a}{ff_exp_key} {c.n_ff_exp}")
+    ff_shexp = (c.n_ff_shexp, f"{a}expert_shared_feed_forward_length {c.n_ff_shexp}")
 
     def get(name: str, dims: tuple[tuple[int, str], ...], required: bool = True):
         t = tensors.get(name)
@@ -113,6 +147,10 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
     def matrix(name: str, rows: tuple[int, str], cols: tuple[int, str], required: bool = True) -> Linear | None:
         t = get(name, (rows, cols), required)
         return Linear.of(t) if t is not None else None
+
+    def experts(name: str, rows: tuple[int, str], cols: tuple[int, str]) -> tuple[Linear, ...]:
+        t = get(name, (n_expert, rows, cols))
+        return tuple(Linear.of(t, expert=e) for e in range(c.n_expert))
 
     def vector(name: str, n: tuple[int, str], required: bool = True) -> np.ndarray:
         t = get(name, (n,), required)
@@ -160,10 +198,29 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
             q_bias = vector(p + "attn_q.bias", q_dim, required=False)
             k_bias = vector(p + "attn_k.bias", k_dim, required=False)
             v_bias = vector(p + "attn_v.bias", v_dim, required=False)
-        if spec.fused_gate_up:
+        dense = not c.n_expert
+        if not dense:  # the experts below replace the dense FFN
+            ffn_gate = ffn_up = None
+        elif spec.fused_gate_up:
             ffn_gate, ffn_up = split(matrix(p + "ffn_up.weight", gate_up_dim, embd), (c.n_ff, c.n_ff), ("gate", "up"))
         else:
             ffn_gate, ffn_up = matrix(p + "ffn_gate.weight", ff, embd), matrix(p + "ffn_up.weight", ff, embd)
+        moe = {}
+        if c.n_expert:
+            moe = dict(
+                ffn_gate_inp=matrix(p + "ffn_gate_inp.weight", n_expert, embd),
+                ffn_gate_exps=experts(p + "ffn_gate_exps.weight", ff_exp, embd),
+                ffn_up_exps=experts(p + "ffn_up_exps.weight", ff_exp, embd),
+                ffn_down_exps=experts(p + "ffn_down_exps.weight", embd, ff_exp),
+            )
+        if c.n_ff_shexp:
+            gate_inp_shexp = get(p + "ffn_gate_inp_shexp.weight", (embd,))
+            moe.update(
+                ffn_gate_inp_shexp=Linear.of(gate_inp_shexp, rows=(1, c.n_embd)),
+                ffn_gate_shexp=matrix(p + "ffn_gate_shexp.weight", ff_shexp, embd),
+                ffn_up_shexp=matrix(p + "ffn_up_shexp.weight", ff_shexp, embd),
+                ffn_down_shexp=matrix(p + "ffn_down_shexp.weight", embd, ff_shexp),
+            )
         layers.append(
             LayerWeights(
                 attn_norm=vector(p + "attn_norm.weight", embd),
@@ -174,7 +231,7 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
                 ffn_norm=vector(p + "ffn_norm.weight", embd),
                 ffn_gate=ffn_gate,
                 ffn_up=ffn_up,
-                ffn_down=matrix(p + "ffn_down.weight", embd, ff),
+                ffn_down=matrix(p + "ffn_down.weight", embd, ff) if dense else None,
                 attn_q_bias=np.ascontiguousarray(q_bias),
                 attn_k_bias=np.ascontiguousarray(k_bias),
                 attn_v_bias=np.ascontiguousarray(v_bias),
@@ -182,6 +239,7 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
                 attn_k_norm=vector(p + "attn_k_norm.weight", key_length, required=spec.qk_norm),
                 post_attention_norm=vector(p + "post_attention_norm.weight", embd, required=spec.post_norms),
                 post_ffw_norm=vector(p + "post_ffw_norm.weight", embd, required=spec.post_norms),
+                **moe,
             )
         )
         lw = layers[-1]

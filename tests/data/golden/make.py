@@ -185,6 +185,36 @@ def small_gemma2(path: Path) -> None:
     from synthetic import write_model
 
     quantized(path.stem, "Q8_0", lambda p: write_model(p, "gemma2", **SMALL, window=8, attn_softcap=1.5, softcap=2.0))
+# Mixture of experts (src/models/qwen2moe.cpp, qwen3moe.cpp, llama.cpp's MoE branch): 4 experts, 2 per token; the
+# router's logits spread about 2 x N(0, 1) so that the top-2 choice rarely sits on a near-tie that llama.cpp's 8-bit
+# activations could flip. llama-quantize keeps the router (ffn_gate_inp) and the 1-D shared-expert gate in F32.
+MOE = dict(n_expert=4, n_expert_used=2, router_scale=2.0)
+
+
+@model("small-qwen2moe-q8_0")
+def small_qwen2moe_q8_0(path: Path) -> None:
+    from synthetic import write_model
+
+    quantized(
+        path.stem,
+        "Q8_0",
+        lambda f: write_model(f, "qwen2moe", **SMALL | dict(ff=256), **MOE, ff_exp=128, shared_ff=256),
+    )
+
+
+@model("small-qwen3moe-q8_0")
+def small_qwen3moe_q8_0(path: Path) -> None:
+    from synthetic import write_model
+
+    quantized(path.stem, "Q8_0", lambda f: write_model(f, "qwen3moe", **SMALL | dict(ff=256), **MOE, ff_exp=128))
+
+
+@model("small-mixtral-q8_0")
+def small_mixtral_q8_0(path: Path) -> None:
+    """A llama file with experts (Mixtral-style: ffn_gate_inp, ffn_*_exps as wide as feed_forward_length)."""
+    from synthetic import write_model
+
+    quantized(path.stem, "Q8_0", lambda f: write_model(f, "llama", **SMALL | dict(ff=128), **MOE))
 
 
 def manifest_entry(stem: str) -> dict:

@@ -1105,6 +1105,8 @@ IQ3XXS_GRID = _code_book("".join(IQ3XXS_HEX), 4, 4, (0x04, 0x0C, 0x14, 0x1C, 0x2
 IQ3S_GRID = _code_book("".join(IQ3S_HEX), 4, 4, range(1, 16, 2))  # [512, 4]
 # ksigns_iq2xs: a 7-bit sign index plus an 8th sign bit that makes the count of negative values even
 KSIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], np.uint8)
+# the same signs as 8 bytes of +1 / -1 (0x01 / 0xFF) per index: llama.cpp's keven_signs_q2xs
+KSIGNS_PM1 = np.where((KSIGNS[:, None] >> np.arange(8)) & 1, 0xFF, 0x01).astype(np.uint8)  # [128, 8]
 
 
 @intrinsic
@@ -1154,52 +1156,65 @@ def ld_grid4x8(typingctx, table, i0, i1, i2, i3, i4, i5, i6, i7):
 
 
 @intrinsic
-def negate_bits(typingctx, v, m):
-    """Byte j of v negated where bit j of the integer m is set (v's bytes are in -127..127)."""
-    if v != I8x32 or not isinstance(m, types.Integer):
+def bits_pm1(typingctx, m):
+    """Byte j = -1 if bit j of the integer m is set, else +1: sign bits as the second operand of apply_sign."""
+    if not isinstance(m, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
-        bits = builder.bitcast(_int_arg(context, builder, sig.args[1], args[1]), ir.VectorType(ir.IntType(1), 32))
-        return builder.select(bits, builder.sub(_splat(_v32i8, 0), args[0]), args[0])
+        bits = builder.bitcast(_int_arg(context, builder, sig.args[0], args[0]), ir.VectorType(ir.IntType(1), 32))
+        return builder.select(bits, _splat(_v32i8, 0xFF), _splat(_v32i8, 1))
 
-    return I8x32(I8x32, m), codegen
+    return I8x32(m), codegen
 
 
 @intrinsic
-def dpbusd_s16(typingctx, acc, u, s):
-    """dpbusd for operands whose byte pairs u[2k] * s[2k] + u[2k+1] * s[2k+1] stay within int16 (code book values
-    below 64 times quants of -127..127): on AVX2 without VNNI, vpmaddubsw (which saturates beyond int16) and
-    vpmaddwd by ones, llama.cpp's pair for these types, instead of widening every byte to int32."""
+def apply_sign(typingctx, v, sgn):
+    """v * sgn per byte, sgn +1 or -1 (v's bytes in -127..127): AVX2's vpsignb."""
 
     def codegen(context, builder, sig, args):
-        if HAS_VNNI or not HAS_AVX2:
-            return _dpbusd(builder, *args)
-        v16 = ir.VectorType(_i16, 16)
-        ubs = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
-        )
-        wd = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_v8i32, [v16, v16]), "llvm.x86.avx2.pmadd.wd"
-        )
-        pairs = builder.call(ubs, [args[1], args[2]])
-        return builder.add(args[0], builder.call(wd, [pairs, _splat(v16, 1)]))
+        if HAS_AVX2:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.psign.b"
+            )
+            return builder.call(fn, list(args))
+        neg = builder.icmp_signed("<", args[1], _splat(_v32i8, 0))
+        return builder.select(neg, builder.sub(_splat(_v32i8, 0), args[0]), args[0])
 
-    return I32x8(I32x8, I8x32, I8x32), codegen
+    return I8x32(I8x32, I8x32), codegen
 
 
 @intrinsic
-def isplat2(typingctx, a, b):
-    """(a x 4, b x 4): the scales of a group's two 16-value halves, in dpbusd's lane order."""
+def dpbusd_scaled(typingctx, acc, u, s, a, b):
+    """acc + (dpbusd lanes of u . s) * (a in lanes 0-3, b in lanes 4-7): a group's two 16-value halves, each
+    times its scale. For operands whose byte pairs u[2k] * s[2k] + u[2k+1] * s[2k+1] stay within int16 (code
+    book values below 64 times quants of -127..127) and scales below 2^15: on AVX2 without VNNI, llama.cpp's
+    vpmaddubsw (which saturates beyond int16) then vpmaddwd by the scales; else vpdpbusd and a multiply."""
     if not isinstance(a, types.Integer) or not isinstance(b, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
-        va = _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[0], args[0]))
-        vb = _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[1], args[1]))
-        return builder.shuffle_vector(va, vb, ir.Constant(_v8i32, [0, 1, 2, 3, 12, 13, 14, 15]))
+        acc, u, s = args[:3]
+        if HAS_AVX2 and not HAS_VNNI:
+            v16 = ir.VectorType(_i16, 16)
+            sa, sb = (builder.trunc(_int_arg(context, builder, t, x), _i16) for t, x in zip(sig.args[3:], args[3:]))
+            scale = builder.shuffle_vector(
+                _bsplat(builder, v16, sa),
+                _bsplat(builder, v16, sb),
+                ir.Constant(ir.VectorType(_i32, 16), [0] * 8 + [16] * 8),
+            )
+            ubs = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
+            )
+            wd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v8i32, [v16, v16]), "llvm.x86.avx2.pmadd.wd"
+            )
+            return builder.add(acc, builder.call(wd, [builder.call(ubs, [u, s]), scale]))
+        va, vb = (_bsplat(builder, _v8i32, _int_arg(context, builder, t, x)) for t, x in zip(sig.args[3:], args[3:]))
+        scale = builder.shuffle_vector(va, vb, ir.Constant(_v8i32, [0, 1, 2, 3, 12, 13, 14, 15]))
+        return builder.add(acc, builder.mul(_dpbusd(builder, _splat(_v8i32, 0), u, s), scale))
 
-    return I32x8(a, b), codegen
+    return I32x8(I32x8, I8x32, I8x32, a, b), codegen
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1603,26 +1618,21 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
 # ---- Grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256-value super-blocks of 8 groups of 32 values; a
 # group is 4 code book entries of 8 values (IQ2) or 8 entries of 4 (IQ3), 32 sign bits, and one scale 2s+1 per
 # 32 values (IQ2_XXS, IQ3_XXS, IQ3_S) or per 16 (IQ2_XS, IQ2_S). As llama.cpp's AVX2 kernels do, the signs go
-# onto the activation quants (negated where the weight is negative), which then meet the unsigned code book
-# values (< 64) in dpbusd_s16. The super-block factor d * 1/8 (IQ2) or d * 1/4 (IQ3_XXS) is exact.
+# onto the activation quants (apply_sign), which then meet the unsigned code book values (< 64) and the scales
+# in dpbusd_scaled. The super-block factor d * 1/8 (IQ2) or d * 1/4 (IQ3_XXS) is exact.
 # -----------------------------------------------------------------------------------------------------------------
 
 
 @njit(inline="always", **DOT)
 def _ksigns4(aux):
-    """Four 7-bit sign indices (bits 0-27 of aux) -> their 32 sign bits (ksigns_iq2xs)."""
-    return (
-        np.int64(KSIGNS[aux & 127])
-        | (np.int64(KSIGNS[(aux >> 7) & 127]) << 8)
-        | (np.int64(KSIGNS[(aux >> 14) & 127]) << 16)
-        | (np.int64(KSIGNS[(aux >> 21) & 127]) << 24)
-    )
+    """Four 7-bit sign indices (bits 0-27 of aux) -> their 32 signs as +-1 bytes (ksigns_iq2xs)."""
+    return ld_grid8x4(KSIGNS_PM1, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127)
 
 
 @njit(**DOT)
 def _group_iq(kind, w, o, g):
-    """Group g (values 32g..32g+31) of the super-block at byte o -> (code book values I8x32, sign bits (bit j:
-    value j is negative), scale of values 0-15, scale of values 16-31). Layouts: see registry."""
+    """Group g (values 32g..32g+31) of the super-block at byte o -> (code book values I8x32, their signs I8x32 (+1
+    or -1), scale of values 0-15, scale of values 16-31). Layouts: see registry."""
     if kind == IQ2_XXS:  # qs[4g:4g+4] as uint16: 4 entry bytes, then 4 x 7 sign bits and a 4-bit scale
         e, aux = np.int64(ld_u32(w, o + 2 + 8 * g)), np.int64(ld_u32(w, o + 6 + 8 * g))
         u = ld_grid8x4(IQ2XXS_GRID, e & 255, (e >> 8) & 255, (e >> 16) & 255, e >> 24)
@@ -1631,12 +1641,7 @@ def _group_iq(kind, w, o, g):
     if kind == IQ2_XS:  # 4 uint16 (9-bit entry, 7-bit sign index), scales[g]: a 4-bit scale per 16 values
         a, b = np.int64(ld_u32(w, o + 2 + 8 * g)), np.int64(ld_u32(w, o + 6 + 8 * g))
         u = ld_grid8x4(IQ2XS_GRID, a & 511, (a >> 16) & 511, b & 511, (b >> 16) & 511)
-        signs = (
-            np.int64(KSIGNS[(a >> 9) & 127])
-            | (np.int64(KSIGNS[a >> 25]) << 8)
-            | (np.int64(KSIGNS[(b >> 9) & 127]) << 16)
-            | (np.int64(KSIGNS[b >> 25]) << 24)
-        )
+        signs = ld_grid8x4(KSIGNS_PM1, (a >> 9) & 127, a >> 25, (b >> 9) & 127, b >> 25)
         sc = ld_u8(w, o + 66 + g)
         return u, signs, 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1
     if kind == IQ2_S:  # qs[4g:4g+4] + 2 bits each of qh[g]: entries; signs[4g:4g+4]; scales[g] per 16 values
@@ -1649,7 +1654,7 @@ def _group_iq(kind, w, o, g):
             (e >> 24) | ((qh & 192) << 2),
         )
         sc = ld_u8(w, o + 74 + g)
-        return u, ld_u32(w, o + 34 + 4 * g), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1
+        return u, bits_pm1(ld_u32(w, o + 34 + 4 * g)), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1
     if kind == IQ3_XXS:  # qs[8g:8g+8]: entries; then per group a uint32 of 4 x 7 sign bits and a 4-bit scale
         a, b = np.int64(ld_u32(w, o + 2 + 8 * g)), np.int64(ld_u32(w, o + 6 + 8 * g))
         u = ld_grid4x8(
@@ -1680,7 +1685,7 @@ def _group_iq(kind, w, o, g):
         (b >> 24) | ((qh & 128) << 1),
     )
     s = 2 * ((ld_u8(w, o + 106 + g // 2) >> (4 * (g % 2))) & 15) + 1
-    return u, ld_u32(w, o + 74 + 4 * g), s, s
+    return u, bits_pm1(ld_u32(w, o + 74 + 4 * g)), s, s
 
 
 @njit(inline="always", **DOT)
@@ -1705,9 +1710,8 @@ def rowiq(kind, bsize, w, wo, m, d, qs):
         o = wo + b * bsize
         i0 = izero()
         for g in range(8):
-            u, signs, s0, s1 = _group_iq(kind, w, o, g)
-            x = negate_bits(ld_i8x32(qs, m * K + 256 * b + 32 * g), signs)
-            i0 = imadd16(i0, dpbusd_s16(izero(), u, x), isplat2(s0, s1))
+            u, sgn, s0, s1 = _group_iq(kind, w, o, g)
+            i0 = dpbusd_scaled(i0, u, apply_sign(ld_i8x32(qs, m * K + 256 * b + 32 * g), sgn), s0, s1)
         acc = fma_i(acc, i0, _d_iq(kind, w, o) * d[m, b])
     return hsum(acc)
 
@@ -1721,13 +1725,12 @@ def rowiqx4(kind, bsize, w, wo, m, d, qs):
         o = wo + b * bsize
         i0, i1, i2, i3 = izero(), izero(), izero(), izero()
         for g in range(8):
-            u, signs, s0, s1 = _group_iq(kind, w, o, g)
-            sc = isplat2(s0, s1)
+            u, sgn, s0, s1 = _group_iq(kind, w, o, g)
             xo = m * K + 256 * b + 32 * g
-            i0 = imadd16(i0, dpbusd_s16(izero(), u, negate_bits(ld_i8x32(qs, xo), signs)), sc)
-            i1 = imadd16(i1, dpbusd_s16(izero(), u, negate_bits(ld_i8x32(qs, xo + K), signs)), sc)
-            i2 = imadd16(i2, dpbusd_s16(izero(), u, negate_bits(ld_i8x32(qs, xo + 2 * K), signs)), sc)
-            i3 = imadd16(i3, dpbusd_s16(izero(), u, negate_bits(ld_i8x32(qs, xo + 3 * K), signs)), sc)
+            i0 = dpbusd_scaled(i0, u, apply_sign(ld_i8x32(qs, xo), sgn), s0, s1)
+            i1 = dpbusd_scaled(i1, u, apply_sign(ld_i8x32(qs, xo + K), sgn), s0, s1)
+            i2 = dpbusd_scaled(i2, u, apply_sign(ld_i8x32(qs, xo + 2 * K), sgn), s0, s1)
+            i3 = dpbusd_scaled(i3, u, apply_sign(ld_i8x32(qs, xo + 3 * K), sgn), s0, s1)
         dw = _d_iq(kind, w, o)
         a0 = fma_i(a0, i0, dw * d[m, b])
         a1 = fma_i(a1, i1, dw * d[m + 1, b])

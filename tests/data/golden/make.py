@@ -139,6 +139,45 @@ def model(stem: str):
     return register
 
 
+# -- grid weight types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) -------------------------------------------------
+
+
+def write_uniform_imatrix(model_path: Path, out: Path) -> None:
+    """An importance matrix of ones for every 2-D weight of `model_path`, in the legacy format that llama.cpp's
+    common/imatrix-loader.cpp reads (int32 entry count; per entry: int32 name length, name, int32 ncall = 1,
+    int32 n values = the row length, float32 values). llama-quantize refuses IQ2_XXS, IQ2_XS, IQ2_S and IQ3_XXS
+    without one (src/llama-quant.cpp tensor_requires_imatrix); all-equal importances make the quantizer fit every
+    value alike, as it would without a matrix."""
+    import gguf
+
+    entries = [(t.name, int(t.data.shape[-1])) for t in gguf.GGUFReader(str(model_path)).tensors if t.data.ndim == 2]
+    parts = [np.int32(len(entries)).tobytes()]
+    for name, n in entries:
+        parts += [np.int32(len(name)).tobytes(), name.encode(), np.array([1, n], np.int32).tobytes()]
+        parts.append(np.ones(n, np.float32).tobytes())
+    out.write_bytes(b"".join(parts))
+
+
+def quantized_uniform_imatrix(stem: str, qtype: str, write) -> None:
+    """quantized(), with a uniform importance matrix (write_uniform_imatrix) for the types that need one."""
+    with tempfile.TemporaryDirectory() as tmp:
+        f32, imatrix = Path(tmp) / "f32.gguf", Path(tmp) / "imatrix.dat"
+        write(f32)
+        write_uniform_imatrix(f32, imatrix)
+        llama_quantize(f32, HERE / f"{stem}.gguf", qtype, imatrix)
+
+
+def _small_llama(path: Path) -> None:
+    from synthetic import write_model
+
+    write_model(path, "llama", seed=1, **SMALL)
+
+
+for _qtype in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"):
+    _stem = f"small-llama-{_qtype.lower()}"
+    model(_stem)(lambda path, stem=_stem, qtype=_qtype: quantized_uniform_imatrix(stem, qtype, _small_llama))
+
+
 def manifest_entry(stem: str) -> dict:
     import gguf
 

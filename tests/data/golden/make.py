@@ -159,7 +159,8 @@ def write_uniform_imatrix(model_path: Path, out: Path) -> None:
 
 
 def quantized_uniform_imatrix(stem: str, qtype: str, write) -> None:
-    """quantized(), with a uniform importance matrix (write_uniform_imatrix) for the types that need one."""
+    """quantized(), with a uniform importance matrix (write_uniform_imatrix): the grid types that need one, and
+    IQ3_S with them (one recipe for the five)."""
     with tempfile.TemporaryDirectory() as tmp:
         f32, imatrix = Path(tmp) / "f32.gguf", Path(tmp) / "imatrix.dat"
         write(f32)
@@ -173,9 +174,17 @@ def _small_llama(path: Path) -> None:
     write_model(path, "llama", seed=1, **SMALL)
 
 
-for _qtype in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"):
+# tensor type -> the llama-quantize file type whose every tensor has it under --pure (llama_ftype_get_default_type in
+# src/llama-quant.cpp: file type IQ2_S is IQ2_XS tensors, IQ2_M is IQ2_S tensors)
+for _qtype, _ftype in (
+    ("IQ2_XXS", "IQ2_XXS"),
+    ("IQ2_XS", "IQ2_XS"),
+    ("IQ2_S", "IQ2_M"),
+    ("IQ3_XXS", "IQ3_XXS"),
+    ("IQ3_S", "IQ3_S"),
+):
     _stem = f"small-llama-{_qtype.lower()}"
-    model(_stem)(lambda path, stem=_stem, qtype=_qtype: quantized_uniform_imatrix(stem, qtype, _small_llama))
+    model(_stem)(lambda path, stem=_stem, ftype=_ftype: quantized_uniform_imatrix(stem, ftype, _small_llama))
 
 
 def manifest_entry(stem: str) -> dict:

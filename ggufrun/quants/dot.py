@@ -1226,14 +1226,15 @@ def apply_sign(typingctx, v, sgn):
 def dpbusd_scaled(typingctx, acc, u, s, a, b):
     """acc + (dpbusd lanes of u . s) * (a in lanes 0-3, b in lanes 4-7): a group's two 16-value halves, each
     times its scale. For operands whose byte pairs u[2k] * s[2k] + u[2k+1] * s[2k+1] stay within int16 (code
-    book values below 64 times quants of -127..127) and scales below 2^15: on AVX2 without VNNI, llama.cpp's
-    vpmaddubsw (which saturates beyond int16) then vpmaddwd by the scales; else vpdpbusd and a multiply."""
+    book values below 64 times quants of -127..127) and scales below 2^15: llama.cpp's vpmaddubsw (which
+    saturates beyond int16) then vpmaddwd by the scales, two instructions, also where VNNI has vpdpbusd (which
+    would still need a vpmulld for the scales)."""
     if not isinstance(a, types.Integer) or not isinstance(b, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
         acc, u, s = args[:3]
-        if HAS_AVX2 and not HAS_VNNI:
+        if HAS_AVX2:
             v16 = ir.VectorType(_i16, 16)
             sa, sb = (builder.trunc(_int_arg(context, builder, t, x), _i16) for t, x in zip(sig.args[3:], args[3:]))
             scale = builder.shuffle_vector(

@@ -55,6 +55,8 @@ def test_sign_table_matches_gguf_py():
     np.testing.assert_array_equal(dq.KSIGNS, ref)
     np.testing.assert_array_equal(dot.KSIGNS, ref)
     assert all(bin(int(v)).count("1") % 2 == 0 for v in ref)  # an even number of negative values per 8
+    bits = (ref[:, None] >> np.arange(8)) & 1
+    np.testing.assert_array_equal(dot.KSIGNS_PM1.view(np.int8), np.where(bits, -1, 1))  # the kernels' +-1 form
 
 
 def _every_entry_blocks(qtype: T) -> np.ndarray:

@@ -288,12 +288,12 @@ def test_missing_wrong_and_unused_tensors(tmp_path):
 
 
 def test_unsupported_tensor_type(tmp_path):
-    # IQ2_XXS: 66-byte blocks of 256 values, a type ggufrun does not implement
-    raw = np.zeros((64, 66), np.uint8)
+    # F64: 8-byte values, a type ggufrun does not implement
+    raw = np.zeros((64, 256 * 8), np.uint8)
     path = write_model(
-        tmp_path / "iq2.gguf", ff=256, override={"blk.0.ffn_down.weight": (raw, gguf.GGMLQuantizationType.IQ2_XXS)}
+        tmp_path / "f64.gguf", ff=256, override={"blk.0.ffn_down.weight": (raw, gguf.GGMLQuantizationType.F64)}
     )
-    with pytest.raises(GGUFError, match=r"(?s)blk\.0\.ffn_down\.weight.*IQ2_XXS"):
+    with pytest.raises(GGUFError, match=r"(?s)blk\.0\.ffn_down\.weight.*F64"):
         Transformer(GGUFFile(path))
 
 

@@ -28,25 +28,27 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
     3. Activation quantizers      quantize_q8_1, quantize_q8_k, round_f16_rows, round_bf16_rows
     4. Row dots                   per weight family, the dot of weight rows with activation rows:
                                   32-value blocks (_block32, row32, rows8x1, rows8x4), K-quants (_scales_k,
-                                  _group_k, rowk, rowkx4), float weights (row_float, row_floatx4)
+                                  _group_k, rowk, rowkx4), grid types (_group_iq, rowiq, rowiqx4), float
+                                  weights (row_float, row_floatx4)
     5. Kernels                    dot_<type>(w, *activation arrays, out): a prange over chunks of weight rows,
                                   each calling a serial _rows_<type> worker
 
 A weight type's knowledge is its layout comment in registry.py, its dequant kernel, and here: its branch in
 _block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_k, _mins_k, _min_term, _signed_k (K-quants),
-plus one `_rows_<type>` / `dot_<type>` pair. `kind` is the weight's GGML type number, a compile-time constant in
-every kernel, so the branches on it fold away.
+or in _group_iq, _d_iq (IQ2 / IQ3 grid types), plus one `_rows_<type>` / `dot_<type>` pair. `kind` is the weight's
+GGML type number, a compile-time constant in every kernel, so the branches on it fold away.
 
 Activation layouts (structure of arrays, leading dimension M = number of activation rows):
     Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): d float32 [M, K/32] (fp16-rounded scale), s float32
         [M, K/32] (fp16(d * sum of quants), Q8_1's s), qs int8 [M, K] (the quants), sums int32 [M, K/32]
-    Q8_K (for Q2_K..Q6_K, IQ4_XS): qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16 int32
-        [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values), qs int8 [M, K]
+    Q8_K (for Q2_K..Q6_K, IQ4_XS, IQ2_XXS..IQ3_S): qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16
+        int32 [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values), qs int8 [M, K]
     F32 / F16 / BF16 weights: x float32 [M, K], rounded to f16 / bf16 first for F16 / BF16 weights
 vpdpbusd multiplies unsigned bytes by signed bytes. Weight codes without an offset (Q4_K, Q5_K, Q2_K) and the
 unsigned codes of the 32-value types (their offset is taken off afterwards, times the block's quant sum) meet
 the signed quants qs. K-quant codes with an offset (Q3_K, Q6_K, IQ4_XS) stay signed and meet qu = q + 128,
-corrected by -128 * sum(codes) (corr128): Q8_K stores the quants in both forms, Q8_1 only as qs.
+corrected by -128 * sum(codes) (corr128): Q8_K stores the quants in both forms, Q8_1 only as qs. The grid types'
+code book values are unsigned; their sign bits go onto the quants qs (apply_sign).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ HAS_FMA = "fma" in _FEATS
 F32, F16, BF16 = T.F32.value, T.F16.value, T.BF16.value
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (t.value for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (t.value for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS))
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S = (t.value for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S))
 
 # ---------------------------------------------------------------------------------------------------------
 # 2. Vector vocabulary. Types: Numba values backed by LLVM vectors.
@@ -1013,6 +1016,284 @@ def ld_bf16x8(typingctx, a, off):
     return F32x8(a, off), codegen
 
 
+# ---- grid code books and sign bits (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) --------------------------------------
+# Their values are entries of a code book (8 values per entry for IQ2, 4 for IQ3) whose values are all positive,
+# with one sign bit per value. The tables are ggml-common.h's (iq2xxs_grid .. iq3s_grid, ksigns_iq2xs), the same
+# text as in dequant.py (a kernel must not read another file's globals: Numba's cache would not see an edit):
+# one 16-bit word (4 hex digits) per entry, value j is level number (word >> bits * j).
+
+# fmt: off
+IQ2XXS_HEX = (  # iq2xxs_grid, 256 entries
+    "0000000200050008000a00110014002000220028002a00410044005000580061006400800082008a00a20101010401100115014001840198"
+    "020002020222028204010404041004210424044004420448046004810484049004a405000502050805200546056905800591060906100640"
+    "068406a40800080508080814082808410844085008520888090409400a020a14100110041010102110401060108410901095110011081120"
+    "1150115a1180122412451400140814201425144914801518156216001616180118041810184018811900190519a01a5120002002200a2044"
+    "20612080208221292148220022022401240424102440245625002541256426902808282028942a4440014004401040184021402440404048"
+    "4056406040814084409041004120416141804185420142104248425642684400440844204480449945124524460048014804481048404845"
+    "49004958496149824a454a9050005008501150195020508050885104514251a4529154905492550a56015654580058115819586459405a08"
+    "6004601060406068610061556218626064006405651065126584684280008002800a80418082810481188140821184018404841084158440"
+    "8460850085468594860986408660880289048a11900490109024904090a1911691809245940094229444955198819920a002a050a085a109"
+    "a200a418a850a904"
+)
+IQ2XS_HEX = (  # iq2xs_grid, 512 entries
+    "0000000200050008000a00110014001600190020002200250028004100440046004900500052005500580061006400800082008500880091"
+    "0094009900a001010104010601090110011201150118011a0121012401400142014501480151015401600168018101840190020002020205"
+    "020802110214022002410244025002550280028a040104040406040904100412041504180421042404400442044504480451045404560460"
+    "04810484049005000502050505080511051405200541054405500561058006010604061006260640064206840800080208050808080a0811"
+    "0814082008250841084408500858088008a008aa0901090409100940098109890a000a200a280a960aa01001100410061009101010121015"
+    "1018102110241040104210451048105110541060106a10811084109011001102110511081111111411201141114411501180119411961201"
+    "1204120612101240126014001402140514081411141414201441144414491450146414801501150415101540160016141649180118041810"
+    "18121840185418861900190519661a511aa92000200220052008200a201120142020204120442050208020a0210121042110214021482165"
+    "22002222228022a82401240424102429244025002541255225992601261a26a628002808280a28202855288828a2296829902a082a202a82"
+    "2a882a8a40014004400640094010401240154018402140244040404240454048404a40514054406040654081408440904100410241054108"
+    "4111411441204141414441504180418541a24201420442104212422942404400440244054408441144144419442044414444445044804494"
+    "45014504451045244540459a4600460a464446504801480448104840484548544862490049114944495049694a0450005002500550085011"
+    "50145020502850415044505050805101510451105115514051425200524452aa540154045410542154405460548154a15500550855805588"
+    "5621566856a158005814584158505899591a594059425a85600160046010604060546062608660a961006224624a62926400641665106540"
+    "654565a46801686a69256a066a546a628000800280058008801180148020802a8041804480508080808280a880aa81018104810681108140"
+    "81518159820082208280828282a082a8840184048410841284158440846084898500854485a58618866a880088088825885a8880888288a8"
+    "89068a228a808a888a968aa890019004901090409056908491009122916492569289940094059444945094589529959095929641985198a6"
+    "99499a159a60a000a002a008a00aa020a02aa0a0a151a159a1a6a200a202a208a22aa280a2a0a440a495a665a698a80aa820a822a828a8a0"
+    "a8a8a904a984a986aa28aa2aaa91aaaa"
+)
+IQ2S_HEX = (  # iq2s_grid, 1024 entries
+    "0000000200050008000a00110014001600190020002200250028004100440046004900500052005500580061006400660069008000820085"
+    "00880091009400a000a500aa0101010401060109011001120115011801210124014001420145014801510154015601590160016501680181"
+    "018401900192019501a101a40200020202050208021102140220022a02410244024602490250025502800285028a029402a2040104040406"
+    "0409041004120415041804210424042604290440044204450448044a04510454045604590460046204650481048404860489049004950498"
+    "04a104a40500050205050508050a051105140516051905200525052805410544054605490550055205550558056105640580058205850588"
+    "0591059405a00601060406060609061006150640064506480651065406600681068406900800080208050808081108140816081908200825"
+    "082a084108440846084908500852085508580861086408800885089408aa0901090409100912091509180921094009450948095109540960"
+    "098109900a000a110a140a220a280a2a0a500a99100110041006100910101012101510181021102410261040104210451048105110541056"
+    "1059106010621065106810811084108610901095109810a110a41100110211051108110a1111111411161119112011221125112811411144"
+    "1146114911501152115511581161116411801182118511881191119412011204120912101215122112241240124512511254128112841290"
+    "14001402140514081411141414161419142014251428144114441446144914501452145514581461146414801482148514881491149414a0"
+    "1501150415061509151015121515151815211524154015421545154815511554156015811584159016001605160816111614162016411644"
+    "1650168016aa1801180418061809181018151818182118401842184518481851185418601881188419001902190519081911191419201941"
+    "19441950196919a21a041a101a401a562000200220052008201120142016201920202025202a2041204420502052205520642080208a2094"
+    "20aa2101210421102112211521212140214221452151215421602181218421902200220a22222228222a224422502288228a22a824012404"
+    "2406240924102415241824212424244024422445244824512454246024812484249025002505250825112514252025412544255025662580"
+    "260126042610264026592800280528112814284128442850288a28aa29012904291029952a0a2a222a642a882a8a40014004400640094010"
+    "401240154018401a4021402440264040404240454048404a40514054405640594060406240654081408440904095409840a140a441004102"
+    "410541084111411441164119412041224125414141444146414941504152415541584161416441804182418541884191419441a042014204"
+    "42104212421542184224424042454248425142544260428142844400440244054408440a4411441444164419442044224425442844414444"
+    "4446444944504452445544584461446444804482448544884491449444a04501450445064509451045124515451845214524454045424545"
+    "4548455145544560456a4581458445904600460246054608461146144620464146444650468046a548014804480948104812481548184821"
+    "48244840484248454848485148544860488448904900490249054908491149144920494149444950498049964a014a044a104a4050005002"
+    "5005500850115014501650195020502250255028504150445046504950505052505550585061506450805082508550885091509451015104"
+    "5106510951105112511551185121512451405142514551485151515451605181518451905200520552085211521452205241524452505269"
+    "5280540154045406540954105412541554185421542454405442544554485451545454605481548454905500550255055508551155145520"
+    "5541554455505580560156045610562656405800580258055808581158145820584158445850585a588059015904591059405a005a195a85"
+    "5aa8600160046006601060126015601860216024604060456048605160546060608460906100610261056108611161146120614161446150"
+    "61806199620462106240625662a164006405640864116414642064416444645064806501650465106540654a656865926600669468016804"
+    "6810686568986900692a6a426aa1800080028005800880118014801980208025804180448050805280558058806180808085809180948101"
+    "8104810981108112811581188121812481408142814581488151815481818184819081a982008205820a8211821482418244825084018404"
+    "8406840984108412841584188421844084428445844884518454846084818484849085008502850585088511851485208541854485508580"
+    "858a86018604861086298640880088058811881488418844885088a289018904894089658a228a588a5a8a828aa290019004900990109012"
+    "90159018902490409042904590489051905490609081908490909100910591119114914191449150915a920192049210924092a694009402"
+    "94059408941194149420944194449450948094969501950495109540959895a19600964696649801980498109826984098a9990099499952"
+    "9a90a000a005a00aa014a022a02aa041a044a050a0a2a0aaa140a165a202a20aa222a228a22aa282a288a28aa2a8a401a404a410a440a489"
+    "a4a4a500a519a651a80aa828a8a2a954a986aa08aa0aaa20aa22aa28aa88aaaa"
+)
+IQ3XXS_HEX = (  # iq3xxs_grid, 256 entries
+    "0000000200040011001300170020002200310042007300750101010301100112012101250130013201410154017002000202020402110220"
+    "0222023102330237025102570275030103070310031203250370041304370444045704730475050105070532055206350664071007140716"
+    "0743076110011003101010121021102310301032103410471050110011021111112011221201120312101212122112301272130013021320"
+    "1331134613661401140514501520152415461571160517221740200020022011201320202022202620312042210121032105211021122121"
+    "2130216321672170220022022211221722202222223722402255230123102314237023742435245325032527254125742701270327162745"
+    "3001301030123021302330503065307231003102312031313144314632013203321032253252327233113333343034473472350035063522"
+    "3555361436363663373337604004401740354037405340574174422042374240426042664307434544044451446445254543457047054710"
+    "4712473050125041507051005106512651555214523252725302535354105423542754725502553156505724574260246044604660646121"
+    "6161621762646330633664446505655266336703672170037005700770107032705271267140721272457252730073157333736074217441"
+    "7500750275247630"
+)
+IQ3S_HEX = (  # iq3s_grid, 512 entries
+    "0000000100020005000700100011001200140016002000210025003300400042004500470051005300600062007100740077010001010102"
+    "0104011001110115012001230127013101350144016101650172020002010205020702100213021602210225023002340242024502470251"
+    "0253027002730303031103150320032203310333033603440350035203670371037504000413041704210424043204400443045104700502"
+    "0504052005220526053305410545054705660573060606110613063106520671070007020704072007220726073307500754100010011002"
+    "1004101010111013101510171020102210311034103610541056106110721100110111031106111011141121113011331141115011521170"
+    "1176120012121215121712201224123212401243125512601272130113041307131013131321132713301334134113621370140314051412"
+    "1414143114331442144614501454150115101513152115301532155116201624162716441646170117031710171217211735174117621770"
+    "2000200120032005200720102012201420162021202320272030203220412043204520502052206720702073207521002102211021132117"
+    "2122212521312134214221512201220422072221222322302237224122532257227122742300230223052311232223242331233323422350"
+    "2366240124072420242324322435244124722475250425112522253725402553257026002602260726212655266127052711272627302743"
+    "2750300230113013301530173022303130333035304230443047305130633071310131033105311431213123314031603172317632003212"
+    "3220323232343250330133103314332133233327333033413343334733553373340334113416342234313452346034643501351035123525"
+    "3532354435563573361636413701370337203722373540004004401240204024402740324041405040704102410741114113412241304135"
+    "4143415141554201420342104215422142334240425742624270430443114313432043224331433544004402442444374440447145054507"
+    "4521456246134634466047104715473047434751500250105014502250405044504750525066507451015103510551125121513251725200"
+    "5211522352305236525353025307531053275344535153655373540154045420543254465512552655515553564257025704572260116013"
+    "6015603160336060610061206127616462126234624262556262627063006314632163406425644364626500650365346560660566406711"
+    "6713700070047007702070227036704070547062710271117124714371457201720472107216722172307251730273327335735374017405"
+    "74137420745075227542760276317700"
+)
+# fmt: on
+
+
+def _code_book(words: str, n_values: int, bits: int, levels) -> np.ndarray:
+    """The packed table -> uint8 [entries, n_values] of grid values."""
+    w = np.array([int(words[k : k + 4], 16) for k in range(0, len(words), 4)], np.int64)
+    return np.array(levels, np.uint8)[(w[:, None] >> (bits * np.arange(n_values))) & ((1 << bits) - 1)]
+
+
+IQ2_LEVELS = (0x08, 0x19, 0x2B)
+IQ2XXS_GRID = _code_book("".join(IQ2XXS_HEX), 8, 2, IQ2_LEVELS)  # [256, 8]
+IQ2XS_GRID = _code_book("".join(IQ2XS_HEX), 8, 2, IQ2_LEVELS)  # [512, 8]
+IQ2S_GRID = _code_book("".join(IQ2S_HEX), 8, 2, IQ2_LEVELS)  # [1024, 8]
+IQ3XXS_GRID = _code_book("".join(IQ3XXS_HEX), 4, 4, (0x04, 0x0C, 0x14, 0x1C, 0x24, 0x2C, 0x34, 0x3E))  # [256, 4]
+IQ3S_GRID = _code_book("".join(IQ3S_HEX), 4, 4, range(1, 16, 2))  # [512, 4]
+# ksigns_iq2xs: a 7-bit sign index plus an 8th sign bit that makes the count of negative values even
+KSIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], np.uint8)
+# the same signs as 8 bytes of +1 / -1 (0x01 / 0xFF) per index: llama.cpp's keven_signs_q2xs
+KSIGNS_PM1 = np.where((KSIGNS[:, None] >> np.arange(8)) & 1, 0xFF, 0x01).astype(np.uint8)  # [128, 8]
+
+
+@intrinsic
+def ld_u8(typingctx, a, off):
+    """The byte at `off`, as int32."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.zext(_load(context, builder, sig, args, _i8), _i32)
+
+    return types.int32(a, off), codegen
+
+
+def _grid_rows(context, builder, sig, args):
+    """Rows args[1:] of the uint8 [n, width] table args[0], concatenated into 32 bytes (width = 32 / rows)."""
+    aryty, idx = sig.args[0], args[1:]
+    width = 32 // len(idx)
+    ity = ir.IntType(8 * width)
+    v = ir.Constant(ir.VectorType(ity, len(idx)), None)
+    for k, (t, i) in enumerate(zip(sig.args[1:], idx)):
+        off = builder.mul(context.cast(builder, i, t, types.intp), ir.Constant(_i64, width))
+        x = builder.load(_ptr(context, builder, aryty, args[0], types.intp, off, ity), align=1)
+        v = builder.insert_element(v, x, ir.Constant(_i32, k))
+    return builder.bitcast(v, _v32i8)
+
+
+def _is_table(t) -> bool:
+    return isinstance(t, types.Array) and t.layout == "C" and t.ndim == 2 and t.dtype == types.uint8
+
+
+@intrinsic
+def ld_grid8x4(typingctx, table, i0, i1, i2, i3):
+    """Rows i0..i3 of a uint8 [n, 8] code book: four 8-value entries as 32 bytes."""
+    if not _is_table(table) or not all(isinstance(t, types.Integer) for t in (i0, i1, i2, i3)):
+        return None
+    return I8x32(table, i0, i1, i2, i3), _grid_rows
+
+
+@intrinsic
+def ld_grid4x8(typingctx, table, i0, i1, i2, i3, i4, i5, i6, i7):
+    """Rows i0..i7 of a uint8 [n, 4] code book: eight 4-value entries as 32 bytes."""
+    idx = (i0, i1, i2, i3, i4, i5, i6, i7)
+    if not _is_table(table) or not all(isinstance(t, types.Integer) for t in idx):
+        return None
+    return I8x32(table, *idx), _grid_rows
+
+
+@intrinsic
+def ld_grid4x8v(typingctx, table, idx):
+    """Rows idx[0..7] (int32 lanes) of a uint8 [n, 4] code book as 32 bytes. Eight scalar loads: AVX2's
+    vpgatherdd measured no faster here (AMD Zen, IQ3_S matvec 4.4 vs 4.5 ns per group) and is microcoded slow
+    on Intel CPUs with the Gather Data Sampling mitigation."""
+    if not _is_table(table) or idx != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], types.intp, context.get_constant(types.intp, 0), _i8)
+        v = ir.Constant(_v8i32, None)
+        for k in range(8):
+            i = builder.zext(builder.extract_element(args[1], ir.Constant(_i32, k)), _i64)
+            p = builder.bitcast(builder.gep(base, [builder.mul(i, ir.Constant(_i64, 4))]), _i32.as_pointer())
+            v = builder.insert_element(v, builder.load(p, align=1), ir.Constant(_i32, k))
+        return builder.bitcast(v, _v32i8)
+
+    return I8x32(table, idx), codegen
+
+
+@intrinsic
+def iq3s_entries(typingctx, a, off, qh):
+    """IQ3_S entry numbers of a group: byte off + k | bit k of qh << 8, k = 0..7, as int32 lanes."""
+    if not _is_ptr_args(a, off) or not isinstance(qh, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.VectorType(_i8, 8))
+        lo = builder.zext(builder.load(p, align=1), _v8i32)
+        h = _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[2], args[2]))
+        hi = builder.and_(builder.shl(h, ir.Constant(_v8i32, [8, 7, 6, 5, 4, 3, 2, 1])), _splat(_v8i32, 256))
+        return builder.or_(lo, hi)
+
+    return I32x8(a, off, qh), codegen
+
+
+@intrinsic
+def bits_pm1(typingctx, m):
+    """Byte j = -1 if bit j of the integer m is set, else +1: sign bits as the second operand of apply_sign."""
+    if not isinstance(m, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        bits = builder.bitcast(_int_arg(context, builder, sig.args[0], args[0]), ir.VectorType(ir.IntType(1), 32))
+        return builder.select(bits, _splat(_v32i8, 0xFF), _splat(_v32i8, 1))
+
+    return I8x32(m), codegen
+
+
+@intrinsic
+def apply_sign(typingctx, v, sgn):
+    """v * sgn per byte, sgn +1 or -1 (v's bytes in -127..127): AVX2's vpsignb."""
+
+    def codegen(context, builder, sig, args):
+        if HAS_AVX2:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.psign.b"
+            )
+            return builder.call(fn, list(args))
+        neg = builder.icmp_signed("<", args[1], _splat(_v32i8, 0))
+        return builder.select(neg, builder.sub(_splat(_v32i8, 0), args[0]), args[0])
+
+    return I8x32(I8x32, I8x32), codegen
+
+
+@intrinsic
+def dpbusd_scaled(typingctx, acc, u, s, a, b):
+    """acc + (dpbusd lanes of u . s) * (a in lanes 0-3, b in lanes 4-7): a group's two 16-value halves, each
+    times its scale. For operands whose byte pairs u[2k] * s[2k] + u[2k+1] * s[2k+1] stay within int16 (code
+    book values below 64 times quants of -127..127) and scales below 2^15: llama.cpp's vpmaddubsw (which
+    saturates beyond int16) then vpmaddwd by the scales, two instructions, also where VNNI has vpdpbusd (which
+    would still need a vpmulld for the scales)."""
+    if not isinstance(a, types.Integer) or not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        acc, u, s = args[:3]
+        if HAS_AVX2:
+            v16 = ir.VectorType(_i16, 16)
+            sa, sb = (builder.trunc(_int_arg(context, builder, t, x), _i16) for t, x in zip(sig.args[3:], args[3:]))
+            scale = builder.shuffle_vector(
+                _bsplat(builder, v16, sa),
+                _bsplat(builder, v16, sb),
+                ir.Constant(ir.VectorType(_i32, 16), [0] * 8 + [16] * 8),
+            )
+            ubs = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
+            )
+            wd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v8i32, [v16, v16]), "llvm.x86.avx2.pmadd.wd"
+            )
+            return builder.add(acc, builder.call(wd, [builder.call(ubs, [u, s]), scale]))
+        va, vb = (_bsplat(builder, _v8i32, _int_arg(context, builder, t, x)) for t, x in zip(sig.args[3:], args[3:]))
+        scale = builder.shuffle_vector(va, vb, ir.Constant(_v8i32, [0, 1, 2, 3, 12, 13, 14, 15]))
+        return builder.add(acc, builder.mul(_dpbusd(builder, _splat(_v8i32, 0), u, s), scale))
+
+    return I32x8(I32x8, I8x32, I8x32, a, b), codegen
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 3. Activation quantization. Rounding follows llama.cpp's x86 build, which produced the reference logits:
 # quantize_row_q8_0 / q8_1 (ggml-cpu/arch/x86/quants.c): d = amax/127, q = round-half-even(x * (127/amax)),
@@ -1422,6 +1703,119 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     return hsum(a0) - m0, hsum(a1) - m1, hsum(a2) - m2, hsum(a3) - m3
 
 
+# ---- Grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256-value super-blocks of 8 groups of 32 values; a
+# group is 4 code book entries of 8 values (IQ2) or 8 entries of 4 (IQ3), 32 sign bits, and one scale 2s+1 per
+# 32 values (IQ2_XXS, IQ3_XXS, IQ3_S) or per 16 (IQ2_XS, IQ2_S). As llama.cpp's AVX2 kernels do, the signs go
+# onto the activation quants (apply_sign), which then meet the unsigned code book values (< 64) and the scales
+# in dpbusd_scaled. The super-block factor d * 1/8 (IQ2) or d * 1/4 (IQ3_XXS) is exact.
+# -----------------------------------------------------------------------------------------------------------------
+
+
+@njit(inline="always", **DOT)
+def _ksigns4(aux):
+    """Four 7-bit sign indices (bits 0-27 of aux) -> their 32 signs as +-1 bytes (ksigns_iq2xs)."""
+    return ld_grid8x4(KSIGNS_PM1, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127)
+
+
+@njit(**DOT)
+def _group_iq(kind, w, o, g):
+    """Group g (values 32g..32g+31) of the super-block at byte o -> (code book values I8x32, their signs I8x32 (+1
+    or -1), scale of values 0-15, scale of values 16-31). Layouts: see registry."""
+    if kind == IQ2_XXS:  # qs[4g:4g+4] as uint16: 4 entry bytes, then 4 x 7 sign bits and a 4-bit scale
+        e, aux = np.int64(ld_u32(w, o + 2 + 8 * g)), np.int64(ld_u32(w, o + 6 + 8 * g))
+        u = ld_grid8x4(IQ2XXS_GRID, e & 255, (e >> 8) & 255, (e >> 16) & 255, e >> 24)
+        s = 2 * (aux >> 28) + 1
+        return u, _ksigns4(aux), s, s
+    if kind == IQ2_XS:  # 4 uint16 (9-bit entry, 7-bit sign index), scales[g]: a 4-bit scale per 16 values
+        a, b = np.int64(ld_u32(w, o + 2 + 8 * g)), np.int64(ld_u32(w, o + 6 + 8 * g))
+        u = ld_grid8x4(IQ2XS_GRID, a & 511, (a >> 16) & 511, b & 511, (b >> 16) & 511)
+        signs = ld_grid8x4(KSIGNS_PM1, (a >> 9) & 127, a >> 25, (b >> 9) & 127, b >> 25)
+        sc = ld_u8(w, o + 66 + g)
+        return u, signs, 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1
+    if kind == IQ2_S:  # qs[4g:4g+4] + 2 bits each of qh[g]: entries; signs[4g:4g+4]; scales[g] per 16 values
+        e, qh = np.int64(ld_u32(w, o + 2 + 4 * g)), ld_u8(w, o + 66 + g)
+        u = ld_grid8x4(
+            IQ2S_GRID,
+            (e & 255) | ((qh & 3) << 8),
+            ((e >> 8) & 255) | ((qh & 12) << 6),
+            ((e >> 16) & 255) | ((qh & 48) << 4),
+            (e >> 24) | ((qh & 192) << 2),
+        )
+        sc = ld_u8(w, o + 74 + g)
+        return u, bits_pm1(ld_u32(w, o + 34 + 4 * g)), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1
+    if kind == IQ3_XXS:  # qs[8g:8g+8]: entries; then per group a uint32 of 4 x 7 sign bits and a 4-bit scale
+        a, b = np.int64(ld_u32(w, o + 2 + 8 * g)), np.int64(ld_u32(w, o + 6 + 8 * g))
+        u = ld_grid4x8(
+            IQ3XXS_GRID,
+            a & 255,
+            (a >> 8) & 255,
+            (a >> 16) & 255,
+            a >> 24,
+            b & 255,
+            (b >> 8) & 255,
+            (b >> 16) & 255,
+            b >> 24,
+        )
+        aux = np.int64(ld_u32(w, o + 66 + 4 * g))
+        s = 2 * (aux >> 28) + 1
+        return u, _ksigns4(aux), s, s
+    # IQ3_S: qs[8g:8g+8] + bit k of qh[g]: entries; signs[4g:4g+4]; a 4-bit scale per 32 values
+    u = ld_grid4x8v(IQ3S_GRID, iq3s_entries(w, o + 2 + 8 * g, ld_u8(w, o + 66 + g)))
+    s = 2 * ((ld_u8(w, o + 106 + g // 2) >> (4 * (g % 2))) & 15) + 1
+    return u, bits_pm1(ld_u32(w, o + 74 + 4 * g)), s, s
+
+
+@njit(inline="always", **DOT)
+def _d_iq(kind, w, o):
+    """Super-block factor: d times llama.cpp's constant (0.125 IQ2, 0.25 IQ3_XXS, 1 IQ3_S), exact."""
+    if kind == IQ3_S:
+        return ld_f16(w, o)
+    if kind == IQ3_XXS:
+        return ld_f16(w, o) * np.float32(0.25)
+    return ld_f16(w, o) * np.float32(0.125)
+
+
+@njit(inline="always", **DOT)
+def rowiq(kind, bsize, w, wo, m, d, qs):
+    """Weight row at byte wo . activation row m, for a grid type of `bsize` bytes per super-block.
+
+    Per group: int32 lanes of the code book values . the sign-adjusted quants, times the two 16-value scales;
+    per super-block: acc = fma(float(lanes), d_w * d_x, acc); an 8-lane hsum at the end."""
+    K = qs.shape[1]
+    acc = fzero()
+    for b in range(K // 256):
+        o = wo + b * bsize
+        i0 = izero()
+        for g in range(8):
+            u, sgn, s0, s1 = _group_iq(kind, w, o, g)
+            i0 = dpbusd_scaled(i0, u, apply_sign(ld_i8x32(qs, m * K + 256 * b + 32 * g), sgn), s0, s1)
+        acc = fma_i(acc, i0, _d_iq(kind, w, o) * d[m, b])
+    return hsum(acc)
+
+
+@njit(inline="always", **DOT)
+def rowiqx4(kind, bsize, w, wo, m, d, qs):
+    """rowiq for activation rows m .. m+3, decoding each weight group once."""
+    K = qs.shape[1]
+    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
+    for b in range(K // 256):
+        o = wo + b * bsize
+        i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+        for g in range(8):
+            u, sgn, s0, s1 = _group_iq(kind, w, o, g)
+            xo = m * K + 256 * b + 32 * g
+            i0 = dpbusd_scaled(i0, u, apply_sign(ld_i8x32(qs, xo), sgn), s0, s1)
+            i1 = dpbusd_scaled(i1, u, apply_sign(ld_i8x32(qs, xo + K), sgn), s0, s1)
+            i2 = dpbusd_scaled(i2, u, apply_sign(ld_i8x32(qs, xo + 2 * K), sgn), s0, s1)
+            i3 = dpbusd_scaled(i3, u, apply_sign(ld_i8x32(qs, xo + 3 * K), sgn), s0, s1)
+        dw = _d_iq(kind, w, o)
+        a0 = fma_i(a0, i0, dw * d[m, b])
+        a1 = fma_i(a1, i1, dw * d[m + 1, b])
+        a2 = fma_i(a2, i2, dw * d[m + 2, b])
+        a3 = fma_i(a3, i3, dw * d[m + 3, b])
+    return hsum(a0), hsum(a1), hsum(a2), hsum(a3)
+
+
 # ---- Float weights (F32, F16, BF16) ----------------------------------------------------------------------
 # w is the typed matrix (float32, or uint16 bits of F16 / BF16), x float32 already rounded to
 # the weight's precision. Four accumulators per row hide the FMA latency; the tail (K % 32) is scalar.
@@ -1719,6 +2113,85 @@ def dot_iq4_xs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_iq4_xs(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(inline="always", **DOT)
+def _rowsiq(kind, bsize, w, d, qs, out, n0, n1):
+    """out[:, n0:n1] for a grid type: tiles of 4 activation rows sweep the chunk's weight rows (each weight group
+    decoded once per 4 rows), the M % 4 rest one activation row at a time."""
+    rb = w.shape[1]
+    M = qs.shape[0]
+    M4 = M // 4 * 4
+    MT = _m_tile(qs.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            _prefetch_ahead(w, n * rb, rb)
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowiqx4(kind, bsize, w, n * rb, m, d, qs)
+    for n in range(n0, n1):
+        _prefetch_ahead(w, n * rb, rb)
+        for m in range(M4, M):
+            out[m, n] = rowiq(kind, bsize, w, n * rb, m, d, qs)
+
+
+@njit(**DOT)
+def _rows_iq2_xxs(w, d, qs, out, n0, n1):
+    _rowsiq(IQ2_XXS, 66, w, d, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_iq2_xxs(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq2_xxs(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_iq2_xs(w, d, qs, out, n0, n1):
+    _rowsiq(IQ2_XS, 74, w, d, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_iq2_xs(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq2_xs(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_iq2_s(w, d, qs, out, n0, n1):
+    _rowsiq(IQ2_S, 82, w, d, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_iq2_s(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq2_s(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_iq3_xxs(w, d, qs, out, n0, n1):
+    _rowsiq(IQ3_XXS, 98, w, d, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_iq3_xxs(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq3_xxs(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_iq3_s(w, d, qs, out, n0, n1):
+    _rowsiq(IQ3_S, 110, w, d, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_iq3_s(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq3_s(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
 
 
 @njit(inline="always", **DOT)

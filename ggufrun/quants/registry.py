@@ -73,6 +73,24 @@ REGISTRY: dict[T, QuantType] = {
     T.IQ4_NL: _q(T.IQ4_NL, "Q8_1", dq.deq_iq4_nl, dot.dot_iq4_nl, (0,)),
     # IQ4_XS: 256 values per 136-byte block (d:2, scales_h:2, scales_l:4 (8 x 6-bit scales), qs:128)
     T.IQ4_XS: _q(T.IQ4_XS, "Q8_K", dq.deq_iq4_xs, dot.dot_iq4_xs, (0,)),
+    # ---- grid types: each 8 (IQ2) or 4 (IQ3) values an entry of a code book (ggml-common.h iq2xxs_grid ..
+    # iq3s_grid, all values positive) with a sign bit per value; x = d * (2 * scale + 1) / 8 (IQ2), / 4 (IQ3_XXS)
+    # or d * (2 * scale + 1) (IQ3_S) times the entry's value, negated where its sign bit is set
+    # IQ2_XXS: 256 values per 66-byte block (d:2, qs:64 = per 32 values 4 entry bytes + uint32 of 4 x 7-bit sign
+    # indices (ksigns_iq2xs) and a 4-bit scale)
+    T.IQ2_XXS: _q(T.IQ2_XXS, "Q8_K", dq.deq_iq2_xxs, dot.dot_iq2_xxs, (0,)),
+    # IQ2_XS: 256 values per 74-byte block (d:2, qs:64 = 32 uint16 of 9-bit entry + 7-bit sign index,
+    # scales:8 = a 4-bit scale per 16 values)
+    T.IQ2_XS: _q(T.IQ2_XS, "Q8_K", dq.deq_iq2_xs, dot.dot_iq2_xs, (0,)),
+    # IQ2_S: 256 values per 82-byte block (d:2, qs:32 entry low bytes, signs:32 (a bit per value), qh:8 (2 high
+    # entry bits each), scales:8 = a 4-bit scale per 16 values)
+    T.IQ2_S: _q(T.IQ2_S, "Q8_K", dq.deq_iq2_s, dot.dot_iq2_s, (0,)),
+    # IQ3_XXS: 256 values per 98-byte block (d:2, qs:64 entry bytes (4 values each), then per 32 values a uint32
+    # of 4 x 7-bit sign indices and a 4-bit scale)
+    T.IQ3_XXS: _q(T.IQ3_XXS, "Q8_K", dq.deq_iq3_xxs, dot.dot_iq3_xxs, (0,)),
+    # IQ3_S: 256 values per 110-byte block (d:2, qs:64 entry low bytes (4 values each), qh:8 (the 9th entry bit),
+    # signs:32 (a bit per value), scales:4 = a 4-bit scale per 32 values)
+    T.IQ3_S: _q(T.IQ3_S, "Q8_K", dq.deq_iq3_s, dot.dot_iq3_s, (0,)),
 }
 
 SUPPORTED_TYPES: frozenset[T] = frozenset(REGISTRY)

@@ -185,6 +185,8 @@ def small_gemma2(path: Path) -> None:
     from synthetic import write_model
 
     quantized(path.stem, "Q8_0", lambda p: write_model(p, "gemma2", **SMALL, window=8, attn_softcap=1.5, softcap=2.0))
+
+
 # Mixture of experts (src/models/qwen2moe.cpp, qwen3moe.cpp, llama.cpp's MoE branch): 4 experts, 2 per token; the
 # router's logits spread about 2 x N(0, 1) so that the top-2 choice rarely sits on a near-tie that llama.cpp's 8-bit
 # activations could flip. llama-quantize keeps the router (ffn_gate_inp) and the 1-D shared-expert gate in F32.
@@ -215,6 +217,54 @@ def small_mixtral_q8_0(path: Path) -> None:
     from synthetic import write_model
 
     quantized(path.stem, "Q8_0", lambda f: write_model(f, "llama", **SMALL | dict(ff=128), **MOE))
+
+
+# -- grid weight types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) -------------------------------------------------
+
+
+def write_uniform_imatrix(model_path: Path, out: Path) -> None:
+    """An importance matrix of ones for every 2-D weight of `model_path`, in the legacy format that llama.cpp's
+    common/imatrix-loader.cpp reads (int32 entry count; per entry: int32 name length, name, int32 ncall = 1,
+    int32 n values = the row length, float32 values). llama-quantize refuses IQ2_XXS, IQ2_XS, IQ2_S and IQ3_XXS
+    without one (src/llama-quant.cpp tensor_requires_imatrix); all-equal importances make the quantizer fit every
+    value alike, as it would without a matrix."""
+    import gguf
+
+    entries = [(t.name, int(t.data.shape[-1])) for t in gguf.GGUFReader(str(model_path)).tensors if t.data.ndim == 2]
+    parts = [np.int32(len(entries)).tobytes()]
+    for name, n in entries:
+        parts += [np.int32(len(name)).tobytes(), name.encode(), np.array([1, n], np.int32).tobytes()]
+        parts.append(np.ones(n, np.float32).tobytes())
+    out.write_bytes(b"".join(parts))
+
+
+def quantized_uniform_imatrix(stem: str, qtype: str, write) -> None:
+    """quantized(), with a uniform importance matrix (write_uniform_imatrix): the grid types that need one, and
+    IQ3_S with them (one recipe for the five)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        f32, imatrix = Path(tmp) / "f32.gguf", Path(tmp) / "imatrix.dat"
+        write(f32)
+        write_uniform_imatrix(f32, imatrix)
+        llama_quantize(f32, HERE / f"{stem}.gguf", qtype, imatrix)
+
+
+def _small_llama(path: Path) -> None:
+    from synthetic import write_model
+
+    write_model(path, "llama", seed=1, **SMALL)
+
+
+# tensor type -> the llama-quantize file type whose every tensor has it under --pure (llama_ftype_get_default_type in
+# src/llama-quant.cpp: file type IQ2_S is IQ2_XS tensors, IQ2_M is IQ2_S tensors)
+for _qtype, _ftype in (
+    ("IQ2_XXS", "IQ2_XXS"),
+    ("IQ2_XS", "IQ2_XS"),
+    ("IQ2_S", "IQ2_M"),
+    ("IQ3_XXS", "IQ3_XXS"),
+    ("IQ3_S", "IQ3_S"),
+):
+    _stem = f"small-llama-{_qtype.lower()}"
+    model(_stem)(lambda path, stem=_stem, ftype=_ftype: quantized_uniform_imatrix(stem, ftype, _small_llama))
 
 
 def manifest_entry(stem: str) -> dict:

@@ -50,6 +50,8 @@ corrected by -128 * sum(codes) (corr128): Q8_K stores the quants in both forms, 
 
 from __future__ import annotations
 
+import base64
+
 import llvmlite.binding as llb
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -82,6 +84,7 @@ HAS_FMA = "fma" in _FEATS
 F32, F16, BF16 = T.F32.value, T.F16.value, T.BF16.value
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (t.value for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (t.value for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS))
+IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4 = (t.value for t in (T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0, T.MXFP4))
 
 # ---------------------------------------------------------------------------------------------------------
 # 2. Vector vocabulary. Types: Numba values backed by LLVM vectors.
@@ -975,6 +978,271 @@ def ld_bf16x8(typingctx, a, off):
     return F32x8(a, off), codegen
 
 
+# ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4: code books, trits, E8M0 scales ------------------------------------
+# iq1s_grid (llama.cpp ggml-common.h), packed as in ggufrun.quants.dequant (the same literal; a test checks).
+IQ1S_GRID_PACKED = (
+    "AAACAAUACAAKABEAFQAgACIAKAAqAEUAUQBUAFYAZQCAAIIAiACKAJUAoACiAKgAqgAEAQUBEQEUARYBGQEaASUBQQFGAUkBUgFVAVoBYQFk"
+    "AWYBaAGFAZEBlAGWAaUBAAICAggCCgIVAiACIgIoAioCRQJRAlkCZAJpAoACggKIAooCkQKVApkCoAKiAqgCqgIRBBQEFgQlBEEESQRVBFoE"
+    "ZARlBJEEmQSlBAEFBAUFBQYFFQUYBRoFKQVABUUFSgVQBVEFVAVVBVYFWQVgBWIFZQVoBWoFgQWRBZUFmAWaBaEFpAWlBaYFqQUUBhkGQQZE"
+    "BlAGUgZVBlgGYAZhBmYGaQaFBpEGlAaZBgAIAggICAoIFQggCCIIKAgqCEUIUQhWCGUIgAiCCIgIigiVCKAIogioCKoIBQkRCRQJGQkkCSUJ"
+    "QQlQCVEJVQlhCWQJaQmRCZQJlgmZCaUJAAoCCggKCgoVCiAKIgooCioKRQpRClkKYQplCoAKggqFCogKigqVCqAKogqoCqoKEBAREBQQGRAk"
+    "ECUQQRBEEFAQVRBYEGEQZBBlEGkQkRCUEJYQoRClEAERBBEGEQkREBESERURGBEhESQRKRFFEUoRUBFREVIRVBFVEVYRWRFgEWURhBGSEZUR"
+    "oRGkERESFBIWEiUSQBJGEkkSUhJVElgSWhJkEmYShRKREpQSlhKlEgEUBhQJFBQUFRQYFBkUIRQmFEEURRRGFEgUShRRFFQUVRRWFFkUYhRl"
+    "FGgUhBSJFJAUlBSVFJgUmRSaFKEUpBSlFKkUAhUFFQoVERUUFRUVFhUZFSAVIhUlFSgVKhVBFUQVRRVGFVEVUhVUFVUVVhVZFVoVYRVkFWUV"
+    "ZhVpFYAVghWEFYUViBWKFZAVkRWUFZUVlhWZFZoVoBWiFaUVARYEFgUWBhYVFhYWGBYaFiEWJhZAFkIWRBZFFkgWShZRFlUWVhZYFlkWYRZk"
+    "FmUWaBZpFmoWhhaKFpIWlRakFqkWERgWGCUYQRhEGEYYSRhQGFUYWBhaGGAYYRhkGGYYaRiFGJEYlBilGBAZEhkVGRoZIRklGUIZRBlFGUgZ"
+    "URlUGVUZVhlZGVoZYBllGWoZiRmRGZIZlRmYGaEZphmpGQkaFhokGiYaRBpGGkkaUBpSGlUaWBphGmYaaRqFGpEalhqaGgAgAiAIIAogFSAg"
+    "ICIgJSAoICogRSBRIFkgYSBlIIAggiCIIIoglSCgIKIgpSCoIKogBSERIRQhGSElIUIhRCFJIVUhWCFaIWEhZCFlIWYhhSGQIZYhmSGlIQEi"
+    "CCIKIhEiFSIgIiIiKCIqIkUiUSJWIlkiZSKBIogiiiKRIpUioCKiIqgiqiIFJBQkFiQZJCUkRCRFJEYkSSRSJFUkWCRaJGYkhSSRJJQkmSSh"
+    "JKUkCSUVJSElKSVAJUUlSCVRJVQlVSVZJWIlZSVoJYklkCWUJZUlmCWaJaElpCWmJaklBSYQJhImGSYlJkEmSSZVJmAmYSZpJoQmhiaQJpom"
+    "ACgCKAgoCigVKCAoIigoKCooRShRKFQoZSiAKIIoiCiKKKAooiioKKooCSkRKRQpGSklKUYpSSlSKVUpYSlkKWYpaSmFKZAplimZKaQppSkA"
+    "KgIqCCoKKiAqIiooKioqRSpRKlYqWSplKoAqgiqIKooqlSqgKqIqqCqqKgVAEUAWQCVASUBSQFVAWEBaQGFAZEBmQJRAmUChQKZAAEEBQQRB"
+    "BkEJQRJBFUEWQRhBGkEhQSZBKUFFQUhBSkFRQVRBVUFWQVlBWkFlQWhBakGBQYRBhkGQQZJBlUGgQaFBokEFQhFCFEIWQiVCQUJSQlVCWkJk"
+    "QmlCiUKUQqVCAUQVRBlEKURFREhESkRRRFREVURWRGFEYkRlRGhEakSBRIZEiUSQRJJElUSgRKFEqUQBRQJFBUUKRRFFFEUVRRZFGUUgRSVF"
+    "KkVBRURFRUVGRUlFUEVRRVRFVUVWRVhFWUVhRWRFZUVmRWlFgkWERYVFiEWRRZRFlUWWRZlFmkWlRahFqkUBRgVGCUYURhVGGEYaRiFGJEYp"
+    "RkBGQkZFRkhGUEZRRlJGVUZWRllGYkZlRmhGgUaFRopGlEaVRqFGpEamRgVIEUgVSBpIJUhCSElIUEhVSFhIYUhkSGZIaUiFSJFIlEiWSJlI"
+    "pUgBSQVJBkkKSRBJFEkVSRhJIUkkSSZJQElFSUpJUUlSSVRJVUlWSVlJYEliSWVJZklqSYZJiUmSSZVJlkmYSaFJpEmmSalJFkpESkZKSUpV"
+    "SlhKWkpkSmlKlEqlSgFQBFAFUAZQCVASUBVQGlAhUCRQKVBAUEVQSFBRUFRQVVBWUFlQZVBoUIZQiVCVUJhQoFChUKZQqVAFUQhRCVEKURFR"
+    "FFEVURZRGFEZUSBRJVEmUShRKlFBUURRRVFGUUlRUFFRUVJRVFFVUVZRWFFZUVpRYVFkUWVRZlFpUYJRhVGRUZRRlVGWUZlRoFGlUapRAVIG"
+    "UhJSFVIaUiFSJFJCUkVSSlJRUlRSVVJWUllSYlJlUoVSkFKSUpVSmVKaUqRSBFQFVBFUFFQVVBZUGFQZVCFUJVQoVCpUQVREVEVURlRJVEpU"
+    "UFRRVFRUVVRWVFhUWVRaVGFUYlRkVGVUZlRpVIBUiFSKVJFUlFSVVJZUmVShVKRUpVSqVAFVAlUEVQVVBlUJVRBVEVUSVRRVFVUWVRlVGlUh"
+    "VSRVJVUmVSlVQFVBVUJVRFVFVUZVSFVJVVBVUVVSVVRVVVVWVVhVWVVaVWBVYVVkVWVVZlVoVWlValWBVYRVhVWJVYpVkFWRVZRVlVWWVZhV"
+    "mVWhVaRVpVWmValVAFYBVgJWBFYGVghWCVYRVhRWFVYYVhlWIFYhViJWJFYlViZWKFYpVkFWRVZGVkhWSVZKVlBWUVZSVlRWVVZWVlhWWVZa"
+    "VmFWZFZlVmlWglaFVoZWiFaJVopWkVaVVppWolalVqZWqFapVgRYBVgGWAlYEFgVWBhYIVgqWEVYSFhKWFFYVFhVWFZYWFhZWGBYYlhkWGVY"
+    "gliJWJBYkliVWJhYoVipWAFZAlkFWQpZEVkUWRVZFlkZWSVZQVlEWUVZRllJWVBZUVlSWVRZVVlWWVhZWVlaWWFZZFllWWZZaVmBWYVZiVmR"
+    "WZRZlVmWWZhZmVmlWQRaCFoVWhpaIFolWiZaKVpFWkhaSVpRWlVaVlpYWllaYlplWmhaalqBWopaklqVWpZamFqaWqFaBWAUYBZgGWAlYERg"
+    "UGBVYFZgWGBaYGFgZGBmYGlggWCWYKVgAWEEYQZhCWESYRVhIWEiYSZhKWFFYUlhUWFVYVZhWWFlYWZhamGEYYphkmGVYaFhpmGpYRFiFmIZ"
+    "YkBiQWJGYlViVmJYYmBihWKRYpZipWIRZBJkFWQWZBpkIWQmZClkQGRCZEVkSGRKZFFkVGRVZFZkWWRaZGBkYmRlZIRkhWSJZJBkkmSUZJVk"
+    "lmSYZJpkoWSkZKlkBWUIZQplEWUVZRZlGWVEZUVlRmVJZVBlUWVUZVVlVmVZZWFlZGVlZWZlaWWGZYllimWRZZVllmWZZZplomWlZaZlqGUC"
+    "ZglmFWYgZiZmKGYpZkBmRWZIZkpmUWZUZlVmVmZYZlpmYGZlZmhmgGaCZoVmimaUZpZmmGaZZqBmpGamZqpmFmgZaCVoQWhSaFVoWmhhaGlo"
+    "hWiRaJhopmgBaQRpEGkVaSFpJGkmaSlpQGlBaUVpRmlIaVFpVGlVaVZpWWlgaWVpammCaYRpimmVaaFppGmlaalpEWoWahhqQWpEaklqUGpV"
+    "alhqWmpkamVqaWqGapRqmGqaaqZqAIACgAiACoAggCKAKIAqgEWAUIBRgFSAVoBZgGWAgICCgIiAioCVgKCAooCogKqABYERgRSBFoEZgSWB"
+    "QYFEgUmBUIFSgVWBVoFYgVmBZIFmgWmBhYGJgZSBloGZgaWBAIICggiCCoIVgiCCIoIogiqCUYJUglmCZYKAgoKCiIKKgpWCoIKigqiCqoIU"
+    "hBmEQYREhFGEVYRahGGEZIRphJSEmYQBhQmFEoUVhRqFJoUphUCFQYVFhUiFUYVUhVWFVoVZhVqFZYVmhWiFaoWBhYSFhoWJhZCFkoWVhZiF"
+    "poURhhaGGYYlhkGGRIZJhkqGUIZVhlmGWoZhhmaGaoaFhpGGmoakhgCIAogIiAqIFYggiCKIKIgqiEGIRYhRiFSIWYhliGmIgIiCiIiIioiV"
+    "iKCIooioiKqIBYkGiRGJFIkWiSWJQYlEiUaJSYlQiVKJVYlaiWGJZImFiZaJmYmliQCKAooIigqKFYogiiKKKIoqikWKUYpUilaKgIqCioiK"
+    "ioqViqCKooqoiqqKBZARkBaQGJAZkCWQQZBGkEmQVZBYkFqQaZBqkIWQkZCUkJaQmZClkAGRBJEGkQmREJEVkRiRGpEhkSSRJpEpkUCRRZFQ"
+    "kVGRVJFVkVaRWZFikWWRhJGGkZKRlZGYkaGRpJGmkamRBZIRkhSSGZIlkkSSRpJJklCSUpJVkliSZpJpkoWSlJKWkqmSAZQElAaUEJQVlBiU"
+    "JpRAlEqUUZRUlFWUVpRYlFmUYJRhlGKUZZSElIaUkpSUlJWUmJShlKmUAJUFlQiVCpUQlRGVFJUVlRaVGZUhlSWVKZUqlUGVRJVFlUaVSZVQ"
+    "lVGVUpVUlVWVVpVYlVmVWpVhlWSVZZVmlWmVgZWFlYiVkZWSlZSVlZWWlZmVmpWglaKVpZWolaqVAZYElhCWFZYZliCWJpYplkWWSJZJllGW"
+    "UpZVllaWWZZllmiWgpaElomWipaSlpSWlZaklqaWqZYFmBaYGZglmEGYRphQmFKYVZhWmFqYZJhlmIWYkZiWmJmYpZgEmQaZCZkQmRKZFZkY"
+    "mRqZIJkhmSSZJplAmUKZRZlImUqZUZlUmVWZVplZmWKZZZlmmWqZgZmEmZCZkpmVmZqZoZmmmQWaFZolmkSaRppJmlCaVZpYmmGahZqRmpSa"
+    "lZqWmgCgAqAIoAqgFaAgoCKgKKAqoEWgUaBUoFagWaCAoIKgiKCKoJWgoKCioKigqqAFoQmhEaEUoRahGaEaoUahSaFRoVWhWKFaoWGhZKGF"
+    "oZChkqGWoZmhAqIIogqiEKIZoiKiKKIqokWiUaJWolmiZaKAooKiiKKKopWioKKioqiiqqIZpCWkQaREpFCkVKRVpFikWqRhpGWkZqRopGmk"
+    "haQGpQmlEKUSpRWlGKUmpSmlQqVFpVGlVKVVpValWaVlpWqlgaWEpYWlhqWJpZKllaWYpQWmEaYWphqmIaYlpkSmRqZKplKmVaZWplimYKZi"
+    "poamkKaVppammaahpqSmpqYAqAKoCKgKqCCoIqgoqCqoUahUqFaoWaiAqIKoiKiKqJWooKiiqKioqqgFqRSpGakhqSWpQalQqVWpWqlhqWap"
+    "aamQqZapAKoCqgiqCqogqiKqKKoqqlGqVKpWqoCqgqqIqoqqlaqgqqKqqKqqqg=="
+)
+
+
+def _iq1_grid_codes(packed: str) -> np.ndarray:
+    """IQ1S_GRID_PACKED -> int64 [2048]: per entry its 8 values v as the bytes 8 * (v + 1) (0, 8, 16), the
+    grid part of the IQ1 codes 8 * (v + 1) + (delta + 1) that the row dots use (see _codes_t)."""
+    entries = np.frombuffer(base64.b64decode("".join(packed)), "<u2").astype(np.int64)
+    codes = ((entries[:, None] >> (2 * np.arange(8))) & 3) * 8
+    return (codes << (8 * np.arange(8))).sum(1).astype(np.int64)
+
+
+IQ1_GRID8 = _iq1_grid_codes(IQ1S_GRID_PACKED)
+IQ1_DELTA_UP = 0x0202020202020202  # + 2 in each of 8 bytes: delta + 1 for delta = +1
+
+# TQ1_0: the power of three that selects each value's trit from its byte, per group of 32 values (see _codes_t)
+TQ1_POW3 = np.array(
+    [[3**g] * 32 for g in range(5)]
+    + [[1] * 16 + [3] * 16, [9] * 16 + [27] * 16, [81] * 16 + sum(([p] * 4 for p in (1, 3, 9, 27)), [])],
+    np.uint8,
+).reshape(-1)
+
+# kvalues_mxfp4 (llama.cpp ggml-common.h): E2M1 values doubled
+FP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+@intrinsic
+def i8x32_of(typingctx, a, b, c, e):
+    """The 32 bytes of four 64-bit integers, a's first (little-endian): four 8-value grid entries as one vector."""
+    if not all(isinstance(t, types.Integer) for t in (a, b, c, e)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(ir.VectorType(_i64, 4), [0] * 4)
+        for k in range(4):
+            x = context.cast(builder, args[k], sig.args[k], types.int64)
+            v = builder.insert_element(v, x, ir.Constant(_i32, k))
+        return builder.bitcast(v, _v32i8)
+
+    return I8x32(a, b, c, e), codegen
+
+
+@intrinsic
+def tq1_trits(typingctx, v, p):
+    """((v * p mod 256) * 3) >> 8 per byte: the base-3 digit of v that the power of three p selects (0..2),
+    TQ1_0's unpacking (dequantize_row_tq1_0)."""
+    if v != I8x32 or p != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_i16, 32)
+        q = builder.zext(builder.mul(args[0], args[1]), v16)
+        t = builder.lshr(builder.mul(q, _splat(v16, 3)), _splat(v16, 8))
+        return builder.trunc(t, _v32i8)
+
+    return I8x32(I8x32, I8x32), codegen
+
+
+@intrinsic
+def ld_dup16(typingctx, a, off):
+    """16 bytes at `off`, twice."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
+
+    return I8x32(a, off), codegen
+
+
+@intrinsic
+def ld_tq1_tail(typingctx, a, off):
+    """TQ1_0's last 20 bytes of codes at `off` (qs[32:48], qh[0:4]) -> qs[32:48], then qh[0:4] four times."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lo = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        qh = builder.load(
+            builder.bitcast(builder.gep(p, [ir.Constant(_i64, 16)]), ir.VectorType(_i8, 4).as_pointer()), align=1
+        )
+        hi = builder.shuffle_vector(qh, qh, ir.Constant(ir.VectorType(_i32, 16), [0, 1, 2, 3] * 4))
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
+
+    return I8x32(a, off), codegen
+
+
+def _lut16(builder, idx, table):
+    """table[idx] per byte (idx 0..15, table 16 byte values): vpshufb where the CPU has AVX2."""
+    if HAS_AVX2:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.pshuf.b"
+        )
+        return builder.call(fn, [ir.Constant(_v32i8, list(table) * 2), idx])
+    out = _splat(_v32i8, 0)
+    for k, t in enumerate(table):
+        out = builder.select(builder.icmp_unsigned("==", idx, _splat(_v32i8, k)), _splat(_v32i8, t), out)
+    return out
+
+
+@intrinsic
+def fp4_lut(typingctx, idx):
+    """kvalues_mxfp4[idx] per byte (idx 0..15), as signed bytes."""
+
+    def codegen(context, builder, sig, args):
+        return _lut16(builder, args[0], [v & 0xFF for v in FP4_VALUES])
+
+    return I8x32(I8x32), codegen
+
+
+@intrinsic
+def fp4_lut_u(typingctx, idx):
+    """kvalues_mxfp4[idx] + 128 per byte: the code book as unsigned bytes."""
+
+    def codegen(context, builder, sig, args):
+        return _lut16(builder, args[0], [(v + 128) & 0xFF for v in FP4_VALUES])
+
+    return I8x32(I8x32), codegen
+
+
+def _e8m0_half(builder, e):
+    """E8M0 bytes (i32 or <n x i32>) -> GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128) as float (exact)."""
+    vec = isinstance(e.type, ir.VectorType)
+
+    def c(v):
+        return ir.Constant(e.type, [v] * e.type.count) if vec else ir.Constant(_i32, v)
+
+    sub = builder.shl(c(0x00200000), e)  # e < 2: the subnormals 2^-128, 2^-127
+    normal = builder.shl(builder.sub(e, c(1)), c(23))
+    bits = builder.select(builder.icmp_unsigned("<", e, c(2)), sub, normal)
+    return builder.bitcast(bits, ir.VectorType(_f32, e.type.count) if vec else _f32)
+
+
+@intrinsic
+def ld_e8m0(typingctx, a, off):
+    """The E8M0 scale byte at `off`, as GGML_E8M0_TO_FP32_HALF (MXFP4's d)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _e8m0_half(builder, builder.zext(_load(context, builder, sig, args, _i8), _i32))
+
+    return types.float32(a, off), codegen
+
+
+@intrinsic
+def ld_e8m0_rows(typingctx, a, off, stride):
+    """ld_e8m0 of the bytes at off, off + stride, ..., off + 7 * stride, as float32 lanes (8 rows' scales)."""
+    if not (_is_ptr_args(a, off) and isinstance(stride, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        base = context.cast(builder, args[1], sig.args[1], types.intp)
+        step = context.cast(builder, args[2], sig.args[2], types.intp)
+        e = ir.Constant(_v8i32, [0] * 8)
+        for r in range(8):
+            o = builder.add(base, builder.mul(step, ir.Constant(_i64, r)))
+            x = builder.load(_ptr(context, builder, sig.args[0], args[0], types.intp, o, _i8), align=1)
+            e = builder.insert_element(e, builder.zext(x, _i32), ir.Constant(_i32, r))
+        return _e8m0_half(builder, e)
+
+    return F32x8(a, off, stride), codegen
+
+
+@intrinsic
+def h2f(typingctx, h):
+    """IEEE half bits (an integer 0..0xFFFF) -> float32, exactly."""
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _h2f(builder, builder.trunc(context.cast(builder, args[0], sig.args[0], types.int32), _i16))
+
+    return types.float32(h), codegen
+
+
+@intrinsic
+def iq1s_scales(typingctx, a, off):
+    """IQ1_S: the 8 uint16 qh words at `off` -> the group scales 2 * ((qh >> 12) & 7) + 1, as int32 lanes."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        qh = builder.zext(_load(context, builder, sig, args, ir.VectorType(_i16, 8)), _v8i32)
+        ls = builder.and_(builder.lshr(qh, _splat(_v8i32, 12)), _splat(_v8i32, 7))
+        return builder.or_(builder.shl(ls, _splat(_v8i32, 1)), _splat(_v8i32, 1))
+
+    return I32x8(a, off), codegen
+
+
+@intrinsic
+def iq1m_scales(typingctx, a, off):
+    """IQ1_M: the 4 uint16 scale words at `off` -> the 16 scales 2 * s + 1 of 16 values each (s the 3-bit fields
+    at bits 0, 3, 6, 9 of each word), as two int32 vectors in value order (they line up with bsums16)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        sc = builder.zext(_load(context, builder, sig, args, ir.VectorType(_i16, 4)), ir.VectorType(_i32, 4))
+        shifts = ir.Constant(_v8i32, [0, 3, 6, 9] * 2)
+        out = []
+        for lanes in ([0, 0, 0, 0, 1, 1, 1, 1], [2, 2, 2, 2, 3, 3, 3, 3]):
+            v = builder.shuffle_vector(sc, sc, ir.Constant(_v8i32, lanes))
+            ls = builder.and_(builder.lshr(v, shifts), _splat(_v8i32, 7))
+            out.append(builder.or_(builder.shl(ls, _splat(_v8i32, 1)), _splat(_v8i32, 1)))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return types.UniTuple(I32x8, 2)(a, off), codegen
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 3. Activation quantization. Rounding follows llama.cpp's x86 build, which produced the reference logits:
 # quantize_row_q8_0 / q8_1 (ggml-cpu/arch/x86/quants.c): d = amax/127, q = round-half-even(x * (127/amax)),
@@ -1104,6 +1372,9 @@ def _block32(kind, w, o, unsigned):
     if kind == Q8_0:
         q = ld_i8x32(w, o + 2)
         return (flip(q) if unsigned else q), ld_f16(w, o), np.float32(0.0)
+    if kind == MXFP4:  # E8M0 scale byte, then nibbles as IQ4_NL's, through kvalues_mxfp4
+        q = ld_nib(w, o + 1)
+        return (fp4_lut_u(q) if unsigned else fp4_lut(q)), ld_e8m0(w, o), np.float32(0.0)
     q = ld_nib(w, o + 2)  # IQ4_NL
     return (iq4_lut_u(q) if unsigned else iq4_lut(q)), ld_f16(w, o), np.float32(0.0)
 
@@ -1115,7 +1386,7 @@ def _offset32(kind):
         return 8
     if kind == Q5_0:
         return 16
-    if kind == Q8_0 or kind == IQ4_NL:
+    if kind == Q8_0 or kind == IQ4_NL or kind == MXFP4:
         return 128
     return 0
 
@@ -1137,6 +1408,14 @@ def row32(kind, bsize, w, wo, m, d, s, qs, sums):
         if kind == Q4_1 or kind == Q5_1:
             accm = sfma(mw, s[m, b], accm)  # the min term m * d_x * sum(q_x) (Q8_1's s), fused as llama.cpp's
     return acc + accm
+
+
+@njit(inline="always", **DOT)
+def _d8(kind, w, o, rb):
+    """Scales d of the blocks at bytes o, o + rb, ..., o + 7 rb, as float32 lanes."""
+    if kind == MXFP4:
+        return ld_e8m0_rows(w, o, rb)
+    return ld_f16_rows(w, o, rb)
 
 
 @njit(inline="always", **DOT)
@@ -1172,7 +1451,7 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
         o = wo + b * bsize
         u = _codes8(kind, w, o, rb)
         p = _dots8(u, qs, m * K + 32 * b, off * sums[m, b])
-        acc = fma_v(acc, fcvt(p), fscale(ld_f16_rows(w, o, rb), d[m, b]))
+        acc = fma_v(acc, fcvt(p), fscale(_d8(kind, w, o, rb), d[m, b]))
         if kind == Q4_1 or kind == Q5_1:
             accm = fma_v(accm, ld_f16_rows(w, o + 2, rb), fbcast(s[m, b]))
     return fadd_v(acc, accm)
@@ -1188,7 +1467,7 @@ def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     for b in range(K // 32):
         o = wo + b * bsize
         u = _codes8(kind, w, o, rb)
-        dw = ld_f16_rows(w, o, rb)
+        dw = _d8(kind, w, o, rb)
         xo = m * K + 32 * b
         p = _dots8(u, qs, xo, off * sums[m, b])
         a0 = fma_v(a0, fcvt(p), fscale(dw, d[m, b]))
@@ -1451,6 +1730,154 @@ def row_floatx4(kind, w, n, x, m):
         _fold(c0, c1, c2, c3, kind, w, wo, x, m + 2, k),
         _fold(e0, e1, e2, e3, kind, w, wo, x, m + 3, k),
     )
+
+
+# ---- Ternary-code types (IQ1_S, IQ1_M, TQ1_0, TQ2_0): 256-value super-blocks of values in {-1, 0, 1} (IQ1: plus a
+# shift of +-1/8 per 8 or 32 values), Q8_K activations --------------------------------------------------------------
+# Each group of 32 values is decoded to unsigned byte codes u, value = (u - offset) / div:
+#   TQ1_0, TQ2_0: u = q + 1 in 0..2 (offset 1, div 1), every group scale 1;
+#   IQ1_S, IQ1_M: u = 8 * (grid + 1) + (delta + 1) in {0, 2, 8, 10, 16, 18} (offset 9, div 8): the +-1/8 shift
+#     folded into the code, with the odd scales 2s + 1 of 32 (IQ1_S) or 16 (IQ1_M) values.
+# Per super-block and activation row the integer T = sum_g scale_g (u_g . x_g) - offset * sum_h scale_h bsum_h is
+# exact (|T| < 2^23), and the result gains (d_w * d_x) * (T / div), one FMA: llama.cpp's order
+# (ggml_vec_dot_iq1_s_q8_K: sumf += d * y.d * (sumi + IQ1S_DELTA * sumi1), and T / 8 is that sum exactly).
+
+
+@njit(inline="always", **DOT)
+def _ternary(kind):
+    return kind == TQ1_0 or kind == TQ2_0
+
+
+@njit(**DOT)
+def _scales_t(kind, w, o):
+    """IQ1_S: the 8 group scales (and again); IQ1_M: the 16 scales of 16 values in two vectors; TQ: unused."""
+    if kind == IQ1_S:
+        a = iq1s_scales(w, o + 34)
+        return a, a
+    if kind == IQ1_M:
+        return iq1m_scales(w, o + 48)
+    return izero(), izero()
+
+
+@njit(**DOT)
+def _d_t(kind, w, o):
+    """Super-block scale d (IQ1_M: assembled from the top nibbles of its four scale words)."""
+    if kind == IQ1_S:
+        return ld_f16(w, o)
+    if kind == IQ1_M:
+        h = (ld_u16(w, o + 48) >> 12) | ((ld_u16(w, o + 50) >> 8) & 0xF0)
+        return h2f(h | ((ld_u16(w, o + 52) >> 4) & 0xF00) | (ld_u16(w, o + 54) & 0xF000))
+    if kind == TQ1_0:
+        return ld_f16(w, o + 52)
+    return ld_f16(w, o + 64)  # TQ2_0
+
+
+@njit(inline="always", **DOT)
+def _iq1m_entry(q4, qh, l):
+    """IQ1_M codes of values 8l..8l+7 of a group: grid index qs[l] | (bits 0-2 of nibble l of qh) << 8; bit 3 of
+    the nibble set: delta -1/8 (code part 0), else +1/8 (code part 2)."""
+    nib = (qh >> (4 * l)) & 0xF
+    e = IQ1_GRID8[((q4 >> (8 * l)) & 0xFF) | ((nib & 7) << 8)]
+    return e if nib & 8 else e | IQ1_DELTA_UP
+
+
+@njit(**DOT)
+def _codes_t(kind, w, o, g, sc0, sc1):
+    """Group g (values 32g..32g+31) of the super-block at byte o -> (unsigned codes, scales in dpbusd lanes)."""
+    if kind == TQ2_0:  # bits 2(g%4) of qs[32*(g//4):], as Q2_K
+        return field(ld_i8x32(w, o + 32 * (g // 4)), 2 * (g % 4), 3, 0), sc0
+    if kind == TQ1_0:  # trits: 5 per byte of qs[0:32] (groups 0-4), of qs[32:48] (5, 6, 7), 4 per byte of qh (7)
+        if g < 5:
+            v = ld_i8x32(w, o)
+        elif g < 7:
+            v = ld_dup16(w, o + 32)
+        else:
+            v = ld_tq1_tail(w, o + 32)
+        return tq1_trits(v, ld_i8x32(TQ1_POW3, 32 * g)), sc0
+    if kind == IQ1_S:  # grid index qs[4g + l] | bits 3l..3l+2 of qh[g] << 8; bit 15 of qh[g]: delta -1/8
+        q4 = np.int64(ld_u32(w, o + 2 + 4 * g))
+        qh = np.int64(ld_u16(w, o + 34 + 2 * g))
+        up = 0 if qh & 0x8000 else IQ1_DELTA_UP
+        u = i8x32_of(
+            IQ1_GRID8[(q4 & 0xFF) | ((qh & 7) << 8)] | up,
+            IQ1_GRID8[((q4 >> 8) & 0xFF) | (((qh >> 3) & 7) << 8)] | up,
+            IQ1_GRID8[((q4 >> 16) & 0xFF) | (((qh >> 6) & 7) << 8)] | up,
+            IQ1_GRID8[((q4 >> 24) & 0xFF) | (((qh >> 9) & 7) << 8)] | up,
+        )
+        return u, ibcast(sc0, g)
+    q4 = np.int64(ld_u32(w, o + 4 * g))  # IQ1_M: qs[4g:4g+4], qh[2g:2g+2] (a nibble per 8 values)
+    qh = np.int64(ld_u16(w, o + 32 + 2 * g))
+    u = i8x32_of(_iq1m_entry(q4, qh, 0), _iq1m_entry(q4, qh, 1), _iq1m_entry(q4, qh, 2), _iq1m_entry(q4, qh, 3))
+    return u, ipair(sc0 if g < 4 else sc1, g % 4)
+
+
+@njit(inline="always", **DOT)
+def _gacc_t(kind, acc, u, sc, qs, xo):
+    """acc + scale * (u . the activation quants at byte xo), per dpbusd lane. Lanes sum 4 products of |x| <= 127
+    and u <= 18: inside int16, so the scale multiply is imadd16."""
+    if _ternary(kind):
+        return dpbusd(acc, u, ld_i8x32(qs, xo))
+    return imadd16(acc, dpbusd(izero(), u, ld_i8x32(qs, xo)), sc)
+
+
+@njit(inline="always", **DOT)
+def _corr_t(kind, sc0, sc1, m, b, bsums16, bsums32):
+    """offset * sum over scale groups of scale * (sum of activation quants), activation row m, super-block b."""
+    if kind == IQ1_S:
+        return 9 * idot(sc0, ld_i32x8(bsums32, 4 * (m * bsums32.shape[1] + 8 * b)))
+    if kind == IQ1_M:
+        o = 4 * (m * bsums16.shape[1] + 16 * b)
+        return 9 * (idot(sc0, ld_i32x8(bsums16, o)) + idot(sc1, ld_i32x8(bsums16, o + 32)))
+    return isum1(ld_i32x8(bsums32, 4 * (m * bsums32.shape[1] + 8 * b)))
+
+
+@njit(inline="always", **DOT)
+def _fold_t(kind, acc, lanes, corr, dwx):
+    """acc + dwx * (T / div), T = lanes' sum - corr (exact in float32)."""
+    t = np.float32(isum1(lanes) - corr)
+    if not _ternary(kind):
+        t = t * np.float32(0.125)  # IQ1S_DELTA: exact, a power of two
+    return sfma(dwx, t, acc)
+
+
+@njit(inline="always", **DOT)
+def rowt(kind, bsize, w, wo, m, d, bsums16, bsums32, qs):
+    """Weight row at byte wo . activation row m, for a ternary-code type of `bsize`-byte super-blocks."""
+    K = qs.shape[1]
+    acc = np.float32(0.0)
+    for b in range(K // 256):
+        o = wo + b * bsize
+        sc0, sc1 = _scales_t(kind, w, o)
+        i0 = izero()
+        for g in range(8):
+            u, sc = _codes_t(kind, w, o, g, sc0, sc1)
+            i0 = _gacc_t(kind, i0, u, sc, qs, m * K + 256 * b + 32 * g)
+        acc = _fold_t(kind, acc, i0, _corr_t(kind, sc0, sc1, m, b, bsums16, bsums32), _d_t(kind, w, o) * d[m, b])
+    return acc
+
+
+@njit(inline="always", **DOT)
+def rowtx4(kind, bsize, w, wo, m, d, bsums16, bsums32, qs):
+    """rowt for activation rows m .. m+3, decoding each weight group once."""
+    K = qs.shape[1]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(K // 256):
+        o = wo + b * bsize
+        sc0, sc1 = _scales_t(kind, w, o)
+        i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+        for g in range(8):
+            u, sc = _codes_t(kind, w, o, g, sc0, sc1)
+            xo = m * K + 256 * b + 32 * g
+            i0 = _gacc_t(kind, i0, u, sc, qs, xo)
+            i1 = _gacc_t(kind, i1, u, sc, qs, xo + K)
+            i2 = _gacc_t(kind, i2, u, sc, qs, xo + 2 * K)
+            i3 = _gacc_t(kind, i3, u, sc, qs, xo + 3 * K)
+        dw = _d_t(kind, w, o)
+        a0 = _fold_t(kind, a0, i0, _corr_t(kind, sc0, sc1, m, b, bsums16, bsums32), dw * d[m, b])
+        a1 = _fold_t(kind, a1, i1, _corr_t(kind, sc0, sc1, m + 1, b, bsums16, bsums32), dw * d[m + 1, b])
+        a2 = _fold_t(kind, a2, i2, _corr_t(kind, sc0, sc1, m + 2, b, bsums16, bsums32), dw * d[m + 2, b])
+        a3 = _fold_t(kind, a3, i3, _corr_t(kind, sc0, sc1, m + 3, b, bsums16, bsums32), dw * d[m + 3, b])
+    return a0, a1, a2, a3
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1723,3 +2150,86 @@ def dot_bf16(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_bf16(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+# ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0 (ternary codes, Q8_K activations) and MXFP4 (32-value blocks, Q8_1) -----------
+
+
+@njit(inline="always", **DOT)
+def _rowst(kind, bsize, w, qu, d, b16, b32, qs, out, n0, n1):
+    """out[:, n0:n1] for a ternary-code type: as _rowsk, with rowtx4 / rowt."""
+    rb = w.shape[1]
+    M = qs.shape[0]
+    M4 = M // 4 * 4
+    MT = _m_tile(qs.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            _prefetch_ahead(w, n * rb, rb)
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowtx4(
+                    kind, bsize, w, n * rb, m, d, b16, b32, qs
+                )
+    for n in range(n0, n1):
+        _prefetch_ahead(w, n * rb, rb)
+        for m in range(M4, M):
+            out[m, n] = rowt(kind, bsize, w, n * rb, m, d, b16, b32, qs)
+
+
+@njit(**DOT)
+def _rows_iq1_s(w, qu, d, b16, b32, qs, out, n0, n1):
+    _rowst(IQ1_S, 50, w, qu, d, b16, b32, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_iq1_s(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq1_s(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_iq1_m(w, qu, d, b16, b32, qs, out, n0, n1):
+    _rowst(IQ1_M, 56, w, qu, d, b16, b32, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_iq1_m(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq1_m(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_tq1_0(w, qu, d, b16, b32, qs, out, n0, n1):
+    _rowst(TQ1_0, 54, w, qu, d, b16, b32, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_tq1_0(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_tq1_0(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_tq2_0(w, qu, d, b16, b32, qs, out, n0, n1):
+    _rowst(TQ2_0, 66, w, qu, d, b16, b32, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_tq2_0(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_tq2_0(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_mxfp4(w, d, s, qs, sums, out, n0, n1):
+    _rows32(MXFP4, 17, w, d, s, qs, sums, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_mxfp4(w, d, s, qs, sums, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_mxfp4(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))

@@ -27,7 +27,8 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
     3. Activation quantizers      quantize_q8_1, quantize_q8_k, round_f16_rows, round_bf16_rows
     4. Row dots                   per weight family, the dot of weight rows with activation rows:
                                   32-value blocks (_block32, row32, rows8x1, rows8x4), K-quants (_scales_k,
-                                  _group_k, rowk, rowkx4), float weights (row_float, row_floatx4)
+                                  _group_k, rowk, rowkx4), ternary codes (IQ1_S, IQ1_M, TQ1_0, TQ2_0: _codes_t,
+                                  rowt, rowtx4), float weights (row_float, row_floatx4)
     5. Kernels                    dot_<type>(w, *activation arrays, out): a prange over chunks of weight rows,
                                   each calling a serial _rows_<type> worker
 
@@ -37,10 +38,11 @@ plus one `_rows_<type>` / `dot_<type>` pair. `kind` is the weight's GGML type nu
 every kernel, so the branches on it fold away.
 
 Activation layouts (structure of arrays, leading dimension M = number of activation rows):
-    Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): d float32 [M, K/32] (fp16-rounded scale), s float32
+    Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4): d float32 [M, K/32] (fp16-rounded scale), s float32
         [M, K/32] (fp16(d * sum of quants), Q8_1's s), qs int8 [M, K] (the quants), sums int32 [M, K/32]
-    Q8_K (for Q2_K..Q6_K, IQ4_XS): qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16 int32
-        [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values), qs int8 [M, K]
+    Q8_K (for Q2_K..Q6_K, IQ4_XS, IQ1_S, IQ1_M, TQ1_0, TQ2_0): qu uint8 [M, K] (quant + 128), d float32
+        [M, K/256], bsums16 int32 [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values),
+        qs int8 [M, K]
     F32 / F16 / BF16 weights: x float32 [M, K], rounded to f16 / bf16 first for F16 / BF16 weights
 vpdpbusd multiplies unsigned bytes by signed bytes. Weight codes without an offset (Q4_K, Q5_K, Q2_K) and the
 unsigned codes of the 32-value types (their offset is taken off afterwards, times the block's quant sum) meet

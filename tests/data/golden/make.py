@@ -139,6 +139,67 @@ def model(stem: str):
     return register
 
 
+# -- IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4: the llama shape SMALL, every 2-D weight in the type ------------------------
+
+
+def uniform_imatrix(src: Path, dst: Path) -> None:
+    """An importance matrix of ones for every 2-D weight of `src`, in the legacy imatrix.dat format that
+    llama-quantize reads (common/imatrix-loader.cpp: int32 n_entries; per entry int32 name length, name, int32
+    ncall, int32 nval, float32[nval]). llama-quantize refuses IQ1_S / IQ1_M (and IQ2_XXS, IQ2_XS, IQ2_S) without
+    one; uniform weights make the quantizer minimise the plain squared error."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    entries = [(t.name, int(t.shape[0])) for t in reader.tensors if len(t.shape) == 2]  # shape[0]: row length
+    with open(dst, "wb") as f:
+        f.write(np.int32(len(entries)).tobytes())
+        for name, n in entries:
+            f.write(np.int32(len(name)).tobytes() + name.encode())
+            f.write(np.int32(1).tobytes() + np.int32(n).tobytes() + np.ones(n, np.float32).tobytes())
+
+
+def quantized_with_imatrix(stem: str, qtype: str, write) -> None:
+    """quantized(), with a uniform importance matrix (for the types llama-quantize needs one for)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        f32 = Path(tmp) / "f32.gguf"
+        write(f32)
+        imatrix = Path(tmp) / "imatrix.dat"
+        uniform_imatrix(f32, imatrix)
+        llama_quantize(f32, HERE / f"{stem}.gguf", qtype, imatrix)
+
+
+def _small_llama(path: Path) -> None:
+    from synthetic import write_model
+
+    write_model(path, "llama", **SMALL, seed=1)
+
+
+@model("small-llama-iq1_s")
+def small_llama_iq1_s(path: Path) -> None:
+    quantized_with_imatrix(path.stem, "IQ1_S", _small_llama)
+
+
+@model("small-llama-iq1_m")
+def small_llama_iq1_m(path: Path) -> None:
+    quantized_with_imatrix(path.stem, "IQ1_M", _small_llama)
+
+
+@model("small-llama-tq1_0")
+def small_llama_tq1_0(path: Path) -> None:
+    quantized(path.stem, "TQ1_0", _small_llama)
+
+
+@model("small-llama-tq2_0")
+def small_llama_tq2_0(path: Path) -> None:
+    quantized(path.stem, "TQ2_0", _small_llama)
+
+
+@model("small-llama-mxfp4")
+def small_llama_mxfp4(path: Path) -> None:
+    # ftype MXFP4_MOE puts expert tensors in MXFP4 and the rest in Q8_0; --pure makes every 2-D weight MXFP4
+    quantized(path.stem, "MXFP4_MOE", _small_llama)
+
+
 def manifest_entry(stem: str) -> dict:
     import gguf
 

@@ -1147,10 +1147,10 @@ def fp4_lut(typingctx, idx):
 
 @intrinsic
 def fp4_lut_u(typingctx, idx):
-    """kvalues_mxfp4[idx] + 128 per byte: the code book as unsigned bytes."""
+    """kvalues_mxfp4[idx] + 12 per byte: the code book as unsigned bytes 0..24 (small enough for imadd_small)."""
 
     def codegen(context, builder, sig, args):
-        return _lut16(builder, args[0], [(v + 128) & 0xFF for v in FP4_VALUES])
+        return _lut16(builder, args[0], [v + 12 for v in FP4_VALUES])
 
     return I8x32(I8x32), codegen
 
@@ -1243,6 +1243,47 @@ def iq1m_scales(typingctx, a, off):
         return context.make_tuple(builder, sig.return_type, out)
 
     return types.UniTuple(I32x8, 2)(a, off), codegen
+
+
+@intrinsic
+def imadd_small(typingctx, acc, u, s, sc):
+    """acc + sc * (dpbusd lane sums of u * s), for unsigned bytes u <= 129 and sc holding an int16 in its low half
+    (high half 0), as imadd16(acc, dpbusd(izero(), u, s), sc) computes it, exactly.
+
+    Without VNNI, AVX2's vpmaddubsw (pairs of u * s, saturated to int16: never reached while 2 * 129 * 128 <
+    32768) and vpmaddwd (pairs times sc) do it in two instructions where the dpbusd emulation needs a dozen:
+    llama.cpp's AVX2 route for IQ1_S / TQ2_0 (ggml-cpu/arch/x86/quants.c)."""
+    if not (acc == I32x8 and u == I8x32 and s == I8x32 and sc == I32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        acc, u, s, sc = args
+        if HAS_VNNI or not HAS_AVX2:
+            p = _dpbusd(builder, _splat(_v8i32, 0), u, s)
+            lo = builder.ashr(builder.shl(sc, _splat(_v8i32, 16)), _splat(_v8i32, 16))
+            return builder.add(acc, builder.mul(p, lo))
+        v16 = ir.VectorType(_i16, 16)
+        madd_ub = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
+        )
+        madd_wd = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_v8i32, [v16, v16]), "llvm.x86.avx2.pmadd.wd"
+        )
+        pairs = builder.call(madd_ub, [u, s])
+        sc2 = builder.bitcast(builder.or_(sc, builder.shl(sc, _splat(_v8i32, 16))), v16)  # the scale in both halves
+        return builder.add(acc, builder.call(madd_wd, [pairs, sc2]))
+
+    return I32x8(I32x8, I8x32, I8x32, I32x8), codegen
+
+
+@intrinsic
+def ione(typingctx):
+    """1 in every lane (a unit scale for imadd_small)."""
+
+    def codegen(context, builder, sig, args):
+        return _splat(_v8i32, 1)
+
+    return I32x8(), codegen
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1388,9 +1429,19 @@ def _offset32(kind):
         return 8
     if kind == Q5_0:
         return 16
-    if kind == Q8_0 or kind == IQ4_NL or kind == MXFP4:
+    if kind == Q8_0 or kind == IQ4_NL:
         return 128
+    if kind == MXFP4:
+        return 12
     return 0
+
+
+@njit(inline="always", **DOT)
+def _dot32(kind, u, x):
+    """dpbusd lanes of a block's unsigned codes u . quants x; MXFP4's codes (<= 24) take imadd_small."""
+    if kind == MXFP4:
+        return imadd_small(izero(), u, x, ione())
+    return dpbusd(izero(), u, x)
 
 
 @njit(inline="always", **DOT)
@@ -1405,7 +1456,7 @@ def row32(kind, bsize, w, wo, m, d, s, qs, sums):
     accm = np.float32(0.0)
     for b in range(K // 32):
         u, dw, mw = _block32(kind, w, wo + b * bsize, True)
-        isum = isum1(dpbusd(izero(), u, ld_i8x32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
+        isum = isum1(_dot32(kind, u, ld_i8x32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
         acc = sfma(np.float32(isum), dw * d[m, b], acc)
         if kind == Q4_1 or kind == Q5_1:
             accm = sfma(mw, s[m, b], accm)  # the min term m * d_x * sum(q_x) (Q8_1's s), fused as llama.cpp's
@@ -1432,13 +1483,13 @@ def _codes8(kind, w, o, rb):
 
 
 @njit(inline="always", **DOT)
-def _dots8(u, qs, xo, corr):
+def _dots8(kind, u, qs, xo, corr):
     """Exact integer dots of 8 blocks' unsigned codes u (from _codes8) with the quants at byte xo, minus corr,
     one per lane."""
     x = ld_i8x32(qs, xo)
     p = isum8(
-        dpbusd(izero(), u[0], x), dpbusd(izero(), u[1], x), dpbusd(izero(), u[2], x), dpbusd(izero(), u[3], x),
-        dpbusd(izero(), u[4], x), dpbusd(izero(), u[5], x), dpbusd(izero(), u[6], x), dpbusd(izero(), u[7], x),
+        _dot32(kind, u[0], x), _dot32(kind, u[1], x), _dot32(kind, u[2], x), _dot32(kind, u[3], x),
+        _dot32(kind, u[4], x), _dot32(kind, u[5], x), _dot32(kind, u[6], x), _dot32(kind, u[7], x),
     )  # fmt: skip
     return isubs(p, corr)
 
@@ -1452,7 +1503,7 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     for b in range(K // 32):
         o = wo + b * bsize
         u = _codes8(kind, w, o, rb)
-        p = _dots8(u, qs, m * K + 32 * b, off * sums[m, b])
+        p = _dots8(kind, u, qs, m * K + 32 * b, off * sums[m, b])
         acc = fma_v(acc, fcvt(p), fscale(_d8(kind, w, o, rb), d[m, b]))
         if kind == Q4_1 or kind == Q5_1:
             accm = fma_v(accm, ld_f16_rows(w, o + 2, rb), fbcast(s[m, b]))
@@ -1471,13 +1522,13 @@ def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
         u = _codes8(kind, w, o, rb)
         dw = _d8(kind, w, o, rb)
         xo = m * K + 32 * b
-        p = _dots8(u, qs, xo, off * sums[m, b])
+        p = _dots8(kind, u, qs, xo, off * sums[m, b])
         a0 = fma_v(a0, fcvt(p), fscale(dw, d[m, b]))
-        p = _dots8(u, qs, xo + K, off * sums[m + 1, b])
+        p = _dots8(kind, u, qs, xo + K, off * sums[m + 1, b])
         a1 = fma_v(a1, fcvt(p), fscale(dw, d[m + 1, b]))
-        p = _dots8(u, qs, xo + 2 * K, off * sums[m + 2, b])
+        p = _dots8(kind, u, qs, xo + 2 * K, off * sums[m + 2, b])
         a2 = fma_v(a2, fcvt(p), fscale(dw, d[m + 2, b]))
-        p = _dots8(u, qs, xo + 3 * K, off * sums[m + 3, b])
+        p = _dots8(kind, u, qs, xo + 3 * K, off * sums[m + 3, b])
         a3 = fma_v(a3, fcvt(p), fscale(dw, d[m + 3, b]))
         if kind == Q4_1 or kind == Q5_1:
             mw = ld_f16_rows(w, o + 2, rb)
@@ -1752,13 +1803,13 @@ def _ternary(kind):
 
 @njit(**DOT)
 def _scales_t(kind, w, o):
-    """IQ1_S: the 8 group scales (and again); IQ1_M: the 16 scales of 16 values in two vectors; TQ: unused."""
+    """IQ1_S: the 8 group scales (and again); IQ1_M: the 16 scales of 16 values in two vectors; TQ: ones."""
     if kind == IQ1_S:
         a = iq1s_scales(w, o + 34)
         return a, a
     if kind == IQ1_M:
         return iq1m_scales(w, o + 48)
-    return izero(), izero()
+    return ione(), ione()
 
 
 @njit(**DOT)
@@ -1815,11 +1866,8 @@ def _codes_t(kind, w, o, g, sc0, sc1):
 
 @njit(inline="always", **DOT)
 def _gacc_t(kind, acc, u, sc, qs, xo):
-    """acc + scale * (u . the activation quants at byte xo), per dpbusd lane. Lanes sum 4 products of |x| <= 127
-    and u <= 18: inside int16, so the scale multiply is imadd16."""
-    if _ternary(kind):
-        return dpbusd(acc, u, ld_i8x32(qs, xo))
-    return imadd16(acc, dpbusd(izero(), u, ld_i8x32(qs, xo)), sc)
+    """acc + scale * (u . the activation quants at byte xo), per dpbusd lane (codes u <= 18: imadd_small)."""
+    return imadd_small(acc, u, ld_i8x32(qs, xo), sc)
 
 
 @njit(inline="always", **DOT)

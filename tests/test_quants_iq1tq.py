@@ -105,6 +105,11 @@ def test_dequantize_iq1_m_scale_nibbles():
 # ---- products against llama.cpp's integer formulas ---------------------------------------------------------
 
 
+def _tq1_trit(byte, l: int) -> int:
+    """Digit l of a TQ1_0 byte as dequantize_row_tq1_0 extracts it: ((uint8_t)(byte * 3^l) * 3) >> 8."""
+    return ((int(byte) * 3**l) & 0xFF) * 3 >> 8
+
+
 def _llama_dot(w_row: np.ndarray, qtype: T, qx: Q.QuantizedActivations, m: int) -> float:
     """ggml_vec_dot_<type>_q8_K_generic / ggml_vec_dot_mxfp4_q8_0_generic (ggml-cpu/quants.c) for one row, the
     integers exact, the float steps in float64."""
@@ -130,12 +135,9 @@ def _llama_dot(w_row: np.ndarray, qtype: T, qx: Q.QuantizedActivations, m: int) 
             continue
         if qtype == T.TQ1_0:  # ((uint8)(byte * 3^l) * 3) >> 8, minus 1, in the order of the C loops
             dw = float(blk[52:54].view(np.float16)[0])
-            pow3 = (1, 3, 9, 27, 81)
-            src = [(j, l, k) for j in (0,) for l in range(5) for k in range(32)]
-            src += [(32 + k, l, None) for l in range(5) for k in range(16)]
-            trits = [((int(blk[j + k]) * pow3[l]) & 0xFF) * 3 >> 8 for j, l, k in src[:160]]
-            trits += [((int(blk[j]) * pow3[l]) & 0xFF) * 3 >> 8 for j, l, _ in src[160:]]
-            trits += [((int(blk[48 + j]) * pow3[l]) & 0xFF) * 3 >> 8 for l in range(4) for j in range(4)]
+            trits = [_tq1_trit(blk[k], l) for l in range(5) for k in range(32)]
+            trits += [_tq1_trit(blk[32 + k], l) for l in range(5) for k in range(16)]
+            trits += [_tq1_trit(blk[48 + j], l) for l in range(4) for j in range(4)]
             total += dw * float(d[m, b]) * int(((np.array(trits) - 1) * q[b]).sum())
             continue
         if qtype == T.IQ1_S:

@@ -81,6 +81,7 @@ HAS_VNNI = "avxvnni" in _FEATS or {"avx512vnni", "avx512vl"} <= _FEATS
 HAS_AVX2 = "avx2" in _FEATS
 HAS_F16C = "f16c" in _FEATS
 HAS_FMA = "fma" in _FEATS
+HAS_BMI2 = "bmi2" in _FEATS
 
 # Kinds: the row dots and workers take the weight's GGML type number as a compile-time constant and branch on it.
 F32, F16, BF16 = T.F32.value, T.F16.value, T.BF16.value
@@ -1075,6 +1076,53 @@ def i8x32_of(typingctx, a, b, c, e):
     return I8x32(a, b, c, e), codegen
 
 
+def _iq1_index4(context, builder, sig, args, bits):
+    """Byte l of the uint32 q4 in bits 0-7 of the 16-bit lane l of an int64, field l of `bits` bits of qh (fields
+    packed from bit 0) in bits 8 and up: BMI2's pdep deposits both in two instructions (llama.cpp's AVX2 IQ1_S
+    kernel does the same); shifts and masks without BMI2."""
+    x = builder.zext(context.cast(builder, args[0], sig.args[0], types.uint32), _i64)
+    y = context.cast(builder, args[1], sig.args[1], types.int64)
+    c = lambda v: ir.Constant(_i64, v)  # noqa: E731
+    field = (1 << bits) - 1
+    if HAS_BMI2:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_i64, [_i64, _i64]), "llvm.x86.bmi.pdep.64")
+        lanes = builder.call(fn, [y, c((field << 8) * 0x0001000100010001)])
+        return builder.or_(builder.call(fn, [x, c(0x00FF00FF00FF00FF)]), lanes)
+    x = builder.and_(builder.or_(x, builder.shl(x, c(16))), c(0x0000FFFF0000FFFF))
+    x = builder.and_(builder.or_(x, builder.shl(x, c(8))), c(0x00FF00FF00FF00FF))
+    pair = (1 << 2 * bits) - 1  # fields 0-1 stay in the low half, 2-3 move to bit 32, then 1 and 3 up by 16
+    y = builder.and_(y, c((1 << 4 * bits) - 1))
+    y = builder.and_(builder.or_(y, builder.shl(y, c(32 - 2 * bits))), c(pair | pair << 32))
+    y = builder.and_(builder.or_(y, builder.shl(y, c(16 - bits))), c(field * 0x0001000100010001))
+    return builder.or_(x, builder.shl(y, c(8)))
+
+
+@intrinsic
+def iq1s_index4(typingctx, q4, qh):
+    """IQ1_S's 4 grid indices of a group as the 16-bit lanes of an int64: lane l = byte l of q4 | bits 3l..3l+2
+    of qh << 8."""
+    if not (isinstance(q4, types.Integer) and isinstance(qh, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _iq1_index4(context, builder, sig, args, 3)
+
+    return types.int64(q4, qh), codegen
+
+
+@intrinsic
+def iq1m_index4(typingctx, q4, qh):
+    """IQ1_M's 4 grid indices of a group, with their delta signs, as the 16-bit lanes of an int64: lane l = byte l
+    of q4 | nibble l of qh << 8 (bits 8-10 the index's high bits, bit 11 the sign)."""
+    if not (isinstance(q4, types.Integer) and isinstance(qh, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _iq1_index4(context, builder, sig, args, 4)
+
+    return types.int64(q4, qh), codegen
+
+
 @intrinsic
 def tq1_trits(typingctx, v, p):
     """((v * p mod 256) * 3) >> 8 per byte: the base-3 digit of v that the power of three p selects (0..2),
@@ -1826,12 +1874,11 @@ def _d_t(kind, w, o):
 
 
 @njit(inline="always", **DOT)
-def _iq1m_entry(q4, qh, l):
-    """IQ1_M codes of values 8l..8l+7 of a group: grid index qs[l] | (bits 0-2 of nibble l of qh) << 8; bit 3 of
-    the nibble set: delta -1/8 (code part 0), else +1/8 (code part 2)."""
-    nib = (qh >> (4 * l)) & 0xF
-    e = IQ1_GRID8[((q4 >> (8 * l)) & 0xFF) | ((nib & 7) << 8)]
-    return e if nib & 8 else e | IQ1_DELTA_UP
+def _iq1m_entry(lane):
+    """IQ1_M codes of 8 values from their 16-bit lane of iq1m_index4: grid index bits 0-10; bit 11 set: delta
+    -1/8 (code part 0), else +1/8 (code part 2)."""
+    e = IQ1_GRID8[lane & 0x7FF]
+    return e if lane & 0x800 else e | IQ1_DELTA_UP
 
 
 @njit(**DOT)
@@ -1848,19 +1895,18 @@ def _codes_t(kind, w, o, g, sc0, sc1):
             v = ld_tq1_tail(w, o + 32)
         return tq1_trits(v, ld_i8x32(TQ1_POW3, 32 * g)), sc0
     if kind == IQ1_S:  # grid index qs[4g + l] | bits 3l..3l+2 of qh[g] << 8; bit 15 of qh[g]: delta -1/8
-        q4 = np.int64(ld_u32(w, o + 2 + 4 * g))
         qh = np.int64(ld_u16(w, o + 34 + 2 * g))
+        ix = iq1s_index4(ld_u32(w, o + 2 + 4 * g), qh)
         up = 0 if qh & 0x8000 else IQ1_DELTA_UP
         u = i8x32_of(
-            IQ1_GRID8[(q4 & 0xFF) | ((qh & 7) << 8)] | up,
-            IQ1_GRID8[((q4 >> 8) & 0xFF) | (((qh >> 3) & 7) << 8)] | up,
-            IQ1_GRID8[((q4 >> 16) & 0xFF) | (((qh >> 6) & 7) << 8)] | up,
-            IQ1_GRID8[((q4 >> 24) & 0xFF) | (((qh >> 9) & 7) << 8)] | up,
+            IQ1_GRID8[ix & 0xFFFF] | up,
+            IQ1_GRID8[(ix >> 16) & 0xFFFF] | up,
+            IQ1_GRID8[(ix >> 32) & 0xFFFF] | up,
+            IQ1_GRID8[ix >> 48] | up,
         )
         return u, ibcast(sc0, g)
-    q4 = np.int64(ld_u32(w, o + 4 * g))  # IQ1_M: qs[4g:4g+4], qh[2g:2g+2] (a nibble per 8 values)
-    qh = np.int64(ld_u16(w, o + 32 + 2 * g))
-    u = i8x32_of(_iq1m_entry(q4, qh, 0), _iq1m_entry(q4, qh, 1), _iq1m_entry(q4, qh, 2), _iq1m_entry(q4, qh, 3))
+    ix = iq1m_index4(ld_u32(w, o + 4 * g), ld_u16(w, o + 32 + 2 * g))  # IQ1_M: qs[4g:4g+4], qh[2g:2g+2]
+    u = i8x32_of(_iq1m_entry(ix), _iq1m_entry(ix >> 16), _iq1m_entry(ix >> 32), _iq1m_entry(ix >> 48))
     return u, ipair(sc0 if g < 4 else sc1, g % 4)
 
 

@@ -1126,15 +1126,31 @@ def iq1m_index4(typingctx, q4, qh):
 @intrinsic
 def tq1_trits(typingctx, v, p):
     """((v * p mod 256) * 3) >> 8 per byte: the base-3 digit of v that the power of three p selects (0..2),
-    TQ1_0's unpacking (dequantize_row_tq1_0)."""
+    TQ1_0's unpacking (dequantize_row_tq1_0). Both bytes of a 16-bit lane share p (TQ1_POW3's layout).
+
+    In 16-bit lanes, without unpacking the bytes: a byte moved to the high half times p keeps v * p mod 256 there
+    (vpmullw), and the high half of that times 3 is the digit (vpmulhuw)."""
     if v != I8x32 or p != I8x32:
         return None
 
     def codegen(context, builder, sig, args):
-        v16 = ir.VectorType(_i16, 32)
-        q = builder.zext(builder.mul(args[0], args[1]), v16)
-        t = builder.lshr(builder.mul(q, _splat(v16, 3)), _splat(v16, 8))
-        return builder.trunc(t, _v32i8)
+        v16 = ir.VectorType(_i16, 16)
+        x = builder.bitcast(args[0], v16)
+        p16 = builder.and_(builder.bitcast(args[1], v16), _splat(v16, 0xFF))
+
+        def mulhi3(a):  # (a * 3) >> 16, unsigned
+            if HAS_AVX2:
+                fn = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(v16, [v16, v16]), "llvm.x86.avx2.pmulhu.w"
+                )
+                return builder.call(fn, [a, _splat(v16, 3)])
+            v32 = ir.VectorType(_i32, 16)
+            wide = builder.mul(builder.zext(a, v32), _splat(v32, 3))
+            return builder.trunc(builder.lshr(wide, _splat(v32, 16)), v16)
+
+        lo = mulhi3(builder.mul(builder.shl(x, _splat(v16, 8)), p16))  # even bytes: digit in the low half
+        hi = mulhi3(builder.mul(builder.and_(x, _splat(v16, 0xFF00)), p16))  # odd bytes
+        return builder.bitcast(builder.or_(lo, builder.shl(hi, _splat(v16, 8))), _v32i8)
 
     return I8x32(I8x32, I8x32), codegen
 

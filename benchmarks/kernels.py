@@ -72,6 +72,12 @@ def random_weights(qtype: T, N: int, K: int, rng) -> np.ndarray:
     for off in e.f16_fields:
         h = (rng.standard_normal((N, nb), dtype=np.float32) * 0.01).astype(np.float16)
         raw[:, :, off : off + 2] = h.view(np.uint8).reshape(N, nb, 2)
+    if qtype == T.IQ1_M:  # its fp16 d is the top nibbles of the four scale words (bytes 49, 51, 53, 55)
+        h = (rng.standard_normal((N, nb), dtype=np.float32) * 0.01).astype(np.float16).view(np.uint16).astype(np.int32)
+        for k in range(4):
+            raw[:, :, 49 + 2 * k] = (raw[:, :, 49 + 2 * k] & 0x0F) | (((h >> (4 * k)) & 0xF) << 4)
+    if qtype == T.MXFP4:  # E8M0 exponent byte: scales around 2^-7
+        raw[:, :, 0] = rng.integers(118, 123, (N, nb))
     return raw.reshape(N, nb * e.type_size)
 
 

@@ -54,6 +54,12 @@ def random_weights(qtype: T, n_rows: int, K: int, rng, scale: float = 0.02) -> n
     for off in e.f16_fields:
         h = (rng.standard_normal((n_rows, nb)) * scale).astype(np.float16)
         raw[:, :, off : off + 2] = h.view(np.uint8).reshape(n_rows, nb, 2)
+    if qtype == T.IQ1_M:  # its fp16 d is the top nibbles of the four scale words (bytes 49, 51, 53, 55)
+        h = (rng.standard_normal((n_rows, nb)) * scale).astype(np.float16).view(np.uint16).astype(np.int32)
+        for k in range(4):
+            raw[:, :, 49 + 2 * k] = (raw[:, :, 49 + 2 * k] & 0x0F) | (((h >> (4 * k)) & 0xF) << 4)
+    if qtype == T.MXFP4:  # E8M0 exponent byte: scales 2^-10 .. 2^-5 (x 2^-1)
+        raw[:, :, 0] = rng.integers(118, 123, (n_rows, nb))
     return raw.reshape(n_rows, nb * e.type_size)
 
 
@@ -80,6 +86,7 @@ def test_registry_matches_gguf_block_sizes():
         {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
         | {T.IQ4_NL, T.IQ4_XS}
         | {T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S}
+        | {T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0, T.MXFP4}
     )
     for t, e in Q.REGISTRY.items():
         assert (e.block_size, e.type_size) == GGML_QUANT_SIZES[t], t.name
@@ -94,8 +101,8 @@ def test_unsupported_type_names_tensor_and_type():
         Q.check_supported("blk.3.ffn_up.weight", T.F64)
     with pytest.raises(GGUFError, match="unknown ggml type 250"):
         Q.check_supported("token_embd.weight", 250)
-    with pytest.raises(GGUFError, match="TQ1_0"):
-        Q.dequantize(np.zeros(54, np.uint8), T.TQ1_0)
+    with pytest.raises(GGUFError, match="Q8_K"):  # ggml's activation type, never a weight type here
+        Q.dequantize(np.zeros(292, np.uint8), T.Q8_K)
     for t in ALL_TYPES:
         Q.check_supported("x", t)
         Q.check_supported("x", int(t))

@@ -1,9 +1,9 @@
 """Quantized weight types: dequantization and fused quantized matrix-vector / matrix-matrix products.
 
 Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
-IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (`SUPPORTED_TYPES`; one `REGISTRY` entry per type). Weights are the raw
-views the reader hands out: `w` is [N, row_bytes] uint8 for quantized types, [N, K] float32 / float16 / uint16
-(BF16) for float types.
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4 (`SUPPORTED_TYPES`; one `REGISTRY` entry
+per type). Weights are the raw views the reader hands out: `w` is [N, row_bytes] uint8 for quantized types, [N, K]
+float32 / float16 / uint16 (BF16) for float types.
 
     dequantize(data, qtype) -> float32 [..., K]          whole tensor (or any run of whole blocks)
     get_rows(w, qtype, ids, out=None) -> float32 [R, K]  token-embedding gather, ids int [R]
@@ -11,9 +11,10 @@ views the reader hands out: `w` is [N, row_bytes] uint8 for quantized types, [N,
     matmul(w, qtype, X, out=None) -> float32 [M, N]      Y = X @ W.T, X float32 [M, K]
 
 As llama.cpp does, the products quantize the activations to 8 bits first (Q8_1 blocks of 32 for Q4_0,
-Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; Q8_K blocks of 256 for the K-quants, IQ4_XS and the IQ2 / IQ3 grid types;
-f16 / bf16 rounding for F16 / BF16 weights) and then run integer dot products straight from the quantized blocks;
-W is never expanded to float32. To quantize once and reuse for several matrices sharing an input (Q/K/V, FFN gate/up):
+Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; Q8_K blocks of 256 for the K-quants, IQ4_XS, the IQ2 / IQ3 grid
+types, IQ1_S, IQ1_M, TQ1_0, TQ2_0; f16 / bf16 rounding for F16 / BF16 weights) and then run integer dot products
+straight from the quantized blocks; W is never expanded to float32. To quantize once and reuse for several
+matrices sharing an input (Q/K/V, FFN gate/up):
 
     qx = quantize_activations(x, qtype)       # x [K] or [M, K]; qx.format == REGISTRY[qtype].act
     matvec_q(w_q, qtype, qx, out)             # out [N]      (qx from x [K])
@@ -26,8 +27,9 @@ For Numba code that wants to skip Python dispatch: `REGISTRY[t].dot(w, *qx.array
 rows), `REGISTRY[t].dequant(w, rows, out)`, `ACTIVATIONS[REGISTRY[t].act].quantize(x2d, *qx.arrays)` (None
 for F32, whose arrays are (x2d,)), and per output row `dot.row32(int(t), e.type_size, w, row_byte_offset, m,
 d, s, qs, sums)` (32-value block types) / `dot.rowk(int(t), e.type_size, w, row_byte_offset, qu, m, d,
-bsums16, bsums32, qs)` (K-quants, IQ4_XS) / `dot.rowiq(int(t), e.type_size, w, row_byte_offset, m, d, qs)` (IQ2_XXS,
-IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), e = REGISTRY[t], the arrays those of qx.
+bsums16, bsums32, qs)` (K-quants, IQ4_XS) / `dot.rowiq(int(t), e.type_size, w, row_byte_offset, m, d, qs)`
+(IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) / `dot.rowt(int(t), e.type_size, w, row_byte_offset, m, d, bsums16,
+bsums32, qs)` (IQ1_S, IQ1_M, TQ1_0, TQ2_0), e = REGISTRY[t], the arrays those of qx.
 Threads: the caller's `numba.set_num_threads`.
 
 >>> from ggufrun.reader import GGUFFile

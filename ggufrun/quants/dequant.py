@@ -11,6 +11,8 @@ ggufrun.quants.registry.
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 from numba import njit
 
@@ -521,3 +523,197 @@ def deq_iq3_s(w, rows, out):
                     for j in range(4):
                         v = db * np.float32(IQ3S_GRID[e, j])
                         out[i, b * 256 + 32 * g + 4 * k + j] = _signed(v, signs, 4 * (k % 2) + j)
+
+
+# ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4 --------------------------------------------------------------------
+# iq1s_grid (llama.cpp ggml-common.h): 2048 entries of 8 values in {-1, 0, 1}, here packed 2 bits per value
+# (value + 1 at bits 2j of a little-endian uint16 per entry, base64). dot.py holds the same literal (the kernels'
+# helpers and constants live in the kernels' own file); tests/test_quants_iq1tq.py checks the two are equal and
+# spot-checks entries against llama.cpp's table.
+IQ1S_GRID_PACKED = (
+    "AAACAAUACAAKABEAFQAgACIAKAAqAEUAUQBUAFYAZQCAAIIAiACKAJUAoACiAKgAqgAEAQUBEQEUARYBGQEaASUBQQFGAUkBUgFVAVoBYQFk"
+    "AWYBaAGFAZEBlAGWAaUBAAICAggCCgIVAiACIgIoAioCRQJRAlkCZAJpAoACggKIAooCkQKVApkCoAKiAqgCqgIRBBQEFgQlBEEESQRVBFoE"
+    "ZARlBJEEmQSlBAEFBAUFBQYFFQUYBRoFKQVABUUFSgVQBVEFVAVVBVYFWQVgBWIFZQVoBWoFgQWRBZUFmAWaBaEFpAWlBaYFqQUUBhkGQQZE"
+    "BlAGUgZVBlgGYAZhBmYGaQaFBpEGlAaZBgAIAggICAoIFQggCCIIKAgqCEUIUQhWCGUIgAiCCIgIigiVCKAIogioCKoIBQkRCRQJGQkkCSUJ"
+    "QQlQCVEJVQlhCWQJaQmRCZQJlgmZCaUJAAoCCggKCgoVCiAKIgooCioKRQpRClkKYQplCoAKggqFCogKigqVCqAKogqoCqoKEBAREBQQGRAk"
+    "ECUQQRBEEFAQVRBYEGEQZBBlEGkQkRCUEJYQoRClEAERBBEGEQkREBESERURGBEhESQRKRFFEUoRUBFREVIRVBFVEVYRWRFgEWURhBGSEZUR"
+    "oRGkERESFBIWEiUSQBJGEkkSUhJVElgSWhJkEmYShRKREpQSlhKlEgEUBhQJFBQUFRQYFBkUIRQmFEEURRRGFEgUShRRFFQUVRRWFFkUYhRl"
+    "FGgUhBSJFJAUlBSVFJgUmRSaFKEUpBSlFKkUAhUFFQoVERUUFRUVFhUZFSAVIhUlFSgVKhVBFUQVRRVGFVEVUhVUFVUVVhVZFVoVYRVkFWUV"
+    "ZhVpFYAVghWEFYUViBWKFZAVkRWUFZUVlhWZFZoVoBWiFaUVARYEFgUWBhYVFhYWGBYaFiEWJhZAFkIWRBZFFkgWShZRFlUWVhZYFlkWYRZk"
+    "FmUWaBZpFmoWhhaKFpIWlRakFqkWERgWGCUYQRhEGEYYSRhQGFUYWBhaGGAYYRhkGGYYaRiFGJEYlBilGBAZEhkVGRoZIRklGUIZRBlFGUgZ"
+    "URlUGVUZVhlZGVoZYBllGWoZiRmRGZIZlRmYGaEZphmpGQkaFhokGiYaRBpGGkkaUBpSGlUaWBphGmYaaRqFGpEalhqaGgAgAiAIIAogFSAg"
+    "ICIgJSAoICogRSBRIFkgYSBlIIAggiCIIIoglSCgIKIgpSCoIKogBSERIRQhGSElIUIhRCFJIVUhWCFaIWEhZCFlIWYhhSGQIZYhmSGlIQEi"
+    "CCIKIhEiFSIgIiIiKCIqIkUiUSJWIlkiZSKBIogiiiKRIpUioCKiIqgiqiIFJBQkFiQZJCUkRCRFJEYkSSRSJFUkWCRaJGYkhSSRJJQkmSSh"
+    "JKUkCSUVJSElKSVAJUUlSCVRJVQlVSVZJWIlZSVoJYklkCWUJZUlmCWaJaElpCWmJaklBSYQJhImGSYlJkEmSSZVJmAmYSZpJoQmhiaQJpom"
+    "ACgCKAgoCigVKCAoIigoKCooRShRKFQoZSiAKIIoiCiKKKAooiioKKooCSkRKRQpGSklKUYpSSlSKVUpYSlkKWYpaSmFKZAplimZKaQppSkA"
+    "KgIqCCoKKiAqIiooKioqRSpRKlYqWSplKoAqgiqIKooqlSqgKqIqqCqqKgVAEUAWQCVASUBSQFVAWEBaQGFAZEBmQJRAmUChQKZAAEEBQQRB"
+    "BkEJQRJBFUEWQRhBGkEhQSZBKUFFQUhBSkFRQVRBVUFWQVlBWkFlQWhBakGBQYRBhkGQQZJBlUGgQaFBokEFQhFCFEIWQiVCQUJSQlVCWkJk"
+    "QmlCiUKUQqVCAUQVRBlEKURFREhESkRRRFREVURWRGFEYkRlRGhEakSBRIZEiUSQRJJElUSgRKFEqUQBRQJFBUUKRRFFFEUVRRZFGUUgRSVF"
+    "KkVBRURFRUVGRUlFUEVRRVRFVUVWRVhFWUVhRWRFZUVmRWlFgkWERYVFiEWRRZRFlUWWRZlFmkWlRahFqkUBRgVGCUYURhVGGEYaRiFGJEYp"
+    "RkBGQkZFRkhGUEZRRlJGVUZWRllGYkZlRmhGgUaFRopGlEaVRqFGpEamRgVIEUgVSBpIJUhCSElIUEhVSFhIYUhkSGZIaUiFSJFIlEiWSJlI"
+    "pUgBSQVJBkkKSRBJFEkVSRhJIUkkSSZJQElFSUpJUUlSSVRJVUlWSVlJYEliSWVJZklqSYZJiUmSSZVJlkmYSaFJpEmmSalJFkpESkZKSUpV"
+    "SlhKWkpkSmlKlEqlSgFQBFAFUAZQCVASUBVQGlAhUCRQKVBAUEVQSFBRUFRQVVBWUFlQZVBoUIZQiVCVUJhQoFChUKZQqVAFUQhRCVEKURFR"
+    "FFEVURZRGFEZUSBRJVEmUShRKlFBUURRRVFGUUlRUFFRUVJRVFFVUVZRWFFZUVpRYVFkUWVRZlFpUYJRhVGRUZRRlVGWUZlRoFGlUapRAVIG"
+    "UhJSFVIaUiFSJFJCUkVSSlJRUlRSVVJWUllSYlJlUoVSkFKSUpVSmVKaUqRSBFQFVBFUFFQVVBZUGFQZVCFUJVQoVCpUQVREVEVURlRJVEpU"
+    "UFRRVFRUVVRWVFhUWVRaVGFUYlRkVGVUZlRpVIBUiFSKVJFUlFSVVJZUmVShVKRUpVSqVAFVAlUEVQVVBlUJVRBVEVUSVRRVFVUWVRlVGlUh"
+    "VSRVJVUmVSlVQFVBVUJVRFVFVUZVSFVJVVBVUVVSVVRVVVVWVVhVWVVaVWBVYVVkVWVVZlVoVWlValWBVYRVhVWJVYpVkFWRVZRVlVWWVZhV"
+    "mVWhVaRVpVWmValVAFYBVgJWBFYGVghWCVYRVhRWFVYYVhlWIFYhViJWJFYlViZWKFYpVkFWRVZGVkhWSVZKVlBWUVZSVlRWVVZWVlhWWVZa"
+    "VmFWZFZlVmlWglaFVoZWiFaJVopWkVaVVppWolalVqZWqFapVgRYBVgGWAlYEFgVWBhYIVgqWEVYSFhKWFFYVFhVWFZYWFhZWGBYYlhkWGVY"
+    "gliJWJBYkliVWJhYoVipWAFZAlkFWQpZEVkUWRVZFlkZWSVZQVlEWUVZRllJWVBZUVlSWVRZVVlWWVhZWVlaWWFZZFllWWZZaVmBWYVZiVmR"
+    "WZRZlVmWWZhZmVmlWQRaCFoVWhpaIFolWiZaKVpFWkhaSVpRWlVaVlpYWllaYlplWmhaalqBWopaklqVWpZamFqaWqFaBWAUYBZgGWAlYERg"
+    "UGBVYFZgWGBaYGFgZGBmYGlggWCWYKVgAWEEYQZhCWESYRVhIWEiYSZhKWFFYUlhUWFVYVZhWWFlYWZhamGEYYphkmGVYaFhpmGpYRFiFmIZ"
+    "YkBiQWJGYlViVmJYYmBihWKRYpZipWIRZBJkFWQWZBpkIWQmZClkQGRCZEVkSGRKZFFkVGRVZFZkWWRaZGBkYmRlZIRkhWSJZJBkkmSUZJVk"
+    "lmSYZJpkoWSkZKlkBWUIZQplEWUVZRZlGWVEZUVlRmVJZVBlUWVUZVVlVmVZZWFlZGVlZWZlaWWGZYllimWRZZVllmWZZZplomWlZaZlqGUC"
+    "ZglmFWYgZiZmKGYpZkBmRWZIZkpmUWZUZlVmVmZYZlpmYGZlZmhmgGaCZoVmimaUZpZmmGaZZqBmpGamZqpmFmgZaCVoQWhSaFVoWmhhaGlo"
+    "hWiRaJhopmgBaQRpEGkVaSFpJGkmaSlpQGlBaUVpRmlIaVFpVGlVaVZpWWlgaWVpammCaYRpimmVaaFppGmlaalpEWoWahhqQWpEaklqUGpV"
+    "alhqWmpkamVqaWqGapRqmGqaaqZqAIACgAiACoAggCKAKIAqgEWAUIBRgFSAVoBZgGWAgICCgIiAioCVgKCAooCogKqABYERgRSBFoEZgSWB"
+    "QYFEgUmBUIFSgVWBVoFYgVmBZIFmgWmBhYGJgZSBloGZgaWBAIICggiCCoIVgiCCIoIogiqCUYJUglmCZYKAgoKCiIKKgpWCoIKigqiCqoIU"
+    "hBmEQYREhFGEVYRahGGEZIRphJSEmYQBhQmFEoUVhRqFJoUphUCFQYVFhUiFUYVUhVWFVoVZhVqFZYVmhWiFaoWBhYSFhoWJhZCFkoWVhZiF"
+    "poURhhaGGYYlhkGGRIZJhkqGUIZVhlmGWoZhhmaGaoaFhpGGmoakhgCIAogIiAqIFYggiCKIKIgqiEGIRYhRiFSIWYhliGmIgIiCiIiIioiV"
+    "iKCIooioiKqIBYkGiRGJFIkWiSWJQYlEiUaJSYlQiVKJVYlaiWGJZImFiZaJmYmliQCKAooIigqKFYogiiKKKIoqikWKUYpUilaKgIqCioiK"
+    "ioqViqCKooqoiqqKBZARkBaQGJAZkCWQQZBGkEmQVZBYkFqQaZBqkIWQkZCUkJaQmZClkAGRBJEGkQmREJEVkRiRGpEhkSSRJpEpkUCRRZFQ"
+    "kVGRVJFVkVaRWZFikWWRhJGGkZKRlZGYkaGRpJGmkamRBZIRkhSSGZIlkkSSRpJJklCSUpJVkliSZpJpkoWSlJKWkqmSAZQElAaUEJQVlBiU"
+    "JpRAlEqUUZRUlFWUVpRYlFmUYJRhlGKUZZSElIaUkpSUlJWUmJShlKmUAJUFlQiVCpUQlRGVFJUVlRaVGZUhlSWVKZUqlUGVRJVFlUaVSZVQ"
+    "lVGVUpVUlVWVVpVYlVmVWpVhlWSVZZVmlWmVgZWFlYiVkZWSlZSVlZWWlZmVmpWglaKVpZWolaqVAZYElhCWFZYZliCWJpYplkWWSJZJllGW"
+    "UpZVllaWWZZllmiWgpaElomWipaSlpSWlZaklqaWqZYFmBaYGZglmEGYRphQmFKYVZhWmFqYZJhlmIWYkZiWmJmYpZgEmQaZCZkQmRKZFZkY"
+    "mRqZIJkhmSSZJplAmUKZRZlImUqZUZlUmVWZVplZmWKZZZlmmWqZgZmEmZCZkpmVmZqZoZmmmQWaFZolmkSaRppJmlCaVZpYmmGahZqRmpSa"
+    "lZqWmgCgAqAIoAqgFaAgoCKgKKAqoEWgUaBUoFagWaCAoIKgiKCKoJWgoKCioKigqqAFoQmhEaEUoRahGaEaoUahSaFRoVWhWKFaoWGhZKGF"
+    "oZChkqGWoZmhAqIIogqiEKIZoiKiKKIqokWiUaJWolmiZaKAooKiiKKKopWioKKioqiiqqIZpCWkQaREpFCkVKRVpFikWqRhpGWkZqRopGmk"
+    "haQGpQmlEKUSpRWlGKUmpSmlQqVFpVGlVKVVpValWaVlpWqlgaWEpYWlhqWJpZKllaWYpQWmEaYWphqmIaYlpkSmRqZKplKmVaZWplimYKZi"
+    "poamkKaVppammaahpqSmpqYAqAKoCKgKqCCoIqgoqCqoUahUqFaoWaiAqIKoiKiKqJWooKiiqKioqqgFqRSpGakhqSWpQalQqVWpWqlhqWap"
+    "aamQqZapAKoCqgiqCqogqiKqKKoqqlGqVKpWqoCqgqqIqoqqlaqgqqKqqKqqqg=="
+)
+
+
+def _unpack_iq1s_grid(packed: str) -> np.ndarray:
+    """IQ1S_GRID_PACKED -> int8 [2048, 8], the values of iq1s_grid."""
+    entries = np.frombuffer(base64.b64decode("".join(packed)), "<u2").astype(np.int32)
+    return (((entries[:, None] >> (2 * np.arange(8))) & 3) - 1).astype(np.int8)
+
+
+IQ1S_GRID = _unpack_iq1s_grid(IQ1S_GRID_PACKED)
+_IQ1S_GRID_F32 = IQ1S_GRID.astype(np.float32)
+IQ1_DELTA = np.float32(0.125)  # IQ1S_DELTA / IQ1M_DELTA
+# kvalues_mxfp4 (llama.cpp ggml-common.h): E2M1 values, doubled (the scale is halved to match)
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+@njit(inline="always", **EXACT)
+def _f16_bits(h):
+    """IEEE half bits h (0..0xFFFF) -> float32, exactly as f16()."""
+    e = h & 0x7C00
+    if e == 0:
+        f = np.float32(h & 0x3FF) * np.float32(2.0**-24)
+    elif e == 0x7C00:
+        f = np.uint32(((h & 0x3FF) << 13) | 0x7F800000).view(np.float32)
+    else:
+        f = np.uint32(((h & 0x7FFF) << 13) + 0x38000000).view(np.float32)
+    return -f if h & 0x8000 else f
+
+
+@njit(inline="always", **EXACT)
+def iq1m_d(w, r, o):
+    """IQ1_M's fp16 scale: the top nibbles of the four uint16 scale words at o (iq1m_scale_t in llama.cpp)."""
+    h = (np.int32(w[r, o + 1]) >> 4) | (np.int32(w[r, o + 3]) & 0xF0)
+    h |= ((np.int32(w[r, o + 5]) >> 4) << 8) | ((np.int32(w[r, o + 7]) & 0xF0) << 8)
+    return _f16_bits(h)
+
+
+@njit(inline="always", **EXACT)
+def e8m0_half(e):
+    """GGML_E8M0_TO_FP32_HALF: 2^(e - 128) as float32 (subnormal for e < 2; never inf or NaN)."""
+    if e < 2:
+        return np.uint32(0x00200000 << e).view(np.float32)
+    return np.uint32(np.int64(e - 1) << 23).view(np.float32)
+
+
+@njit(**EXACT)
+def deq_iq1_s(w, rows, out):
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for b in range(w.shape[1] // 50):
+            o = b * 50
+            d = f16(w, r, o)
+            for g in range(8):
+                qh = np.int32(w[r, o + 34 + 2 * g]) | (np.int32(w[r, o + 35 + 2 * g]) << 8)
+                dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
+                delta = -IQ1_DELTA if qh & 0x8000 else IQ1_DELTA
+                for l in range(4):
+                    idx = np.int32(w[r, o + 2 + 4 * g + l]) | (((qh >> (3 * l)) & 7) << 8)
+                    for j in range(8):
+                        out[i, b * 256 + 32 * g + 8 * l + j] = dl * (_IQ1S_GRID_F32[idx, j] + delta)
+
+
+@njit(**EXACT)
+def deq_iq1_m(w, rows, out):
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for b in range(w.shape[1] // 56):
+            o = b * 56
+            d = iq1m_d(w, r, o + 48)
+            for g in range(8):
+                sc = np.int32(w[r, o + 48 + 2 * (g // 2)]) | (np.int32(w[r, o + 49 + 2 * (g // 2)]) << 8)
+                for l in range(4):
+                    qh = np.int32(w[r, o + 32 + 2 * g + l // 2]) >> (4 * (l % 2))
+                    idx = np.int32(w[r, o + 4 * g + l]) | ((qh & 7) << 8)
+                    dl = d * np.float32(2 * ((sc >> (6 * (g % 2) + 3 * (l // 2))) & 7) + 1)
+                    delta = -IQ1_DELTA if qh & 8 else IQ1_DELTA
+                    for j in range(8):
+                        out[i, b * 256 + 32 * g + 8 * l + j] = dl * (_IQ1S_GRID_F32[idx, j] + delta)
+
+
+@njit(inline="always", **EXACT)
+def _trit(v, p):
+    """Digit of the byte v selected by the power of three p: ((v * p mod 256) * 3) >> 8, in 0..2."""
+    return (((np.int32(v) * p) & 0xFF) * 3) >> 8
+
+
+@njit(**EXACT)
+def deq_tq1_0(w, rows, out):
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for b in range(w.shape[1] // 54):
+            o = b * 54
+            d = f16(w, r, o + 52)
+            y = b * 256
+            p = 1
+            for n in range(5):  # qs[0:32]: values 32n + m
+                for m in range(32):
+                    out[i, y + 32 * n + m] = np.float32(_trit(w[r, o + m], p) - 1) * d
+                p *= 3
+            p = 1
+            for n in range(5):  # qs[32:48]: values 160 + 16n + m
+                for m in range(16):
+                    out[i, y + 160 + 16 * n + m] = np.float32(_trit(w[r, o + 32 + m], p) - 1) * d
+                p *= 3
+            p = 1
+            for n in range(4):  # qh[0:4]: values 240 + 4n + j
+                for j in range(4):
+                    out[i, y + 240 + 4 * n + j] = np.float32(_trit(w[r, o + 48 + j], p) - 1) * d
+                p *= 3
+
+
+@njit(**EXACT)
+def deq_tq2_0(w, rows, out):
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for b in range(w.shape[1] // 66):
+            o = b * 66
+            d = f16(w, r, o + 64)
+            for g in range(8):  # bits 2(g%4) of qs[32*(g//4):]
+                for m in range(32):
+                    q = (np.int32(w[r, o + 32 * (g // 4) + m]) >> (2 * (g % 4))) & 3
+                    out[i, b * 256 + 32 * g + m] = np.float32(q - 1) * d
+
+
+@njit(**EXACT)
+def deq_mxfp4(w, rows, out):
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for b in range(w.shape[1] // 17):
+            o = b * 17
+            d = e8m0_half(np.int32(w[r, o]))
+            for j in range(16):
+                v = w[r, o + 1 + j]
+                out[i, b * 32 + j] = MXFP4_VALUES[v & 15] * d
+                out[i, b * 32 + 16 + j] = MXFP4_VALUES[v >> 4] * d

@@ -28,8 +28,9 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
     3. Activation quantizers      quantize_q8_1, quantize_q8_k, round_f16_rows, round_bf16_rows
     4. Row dots                   per weight family, the dot of weight rows with activation rows:
                                   32-value blocks (_block32, row32, rows8x1, rows8x4), K-quants (_scales_k,
-                                  _group_k, rowk, rowkx4), grid types (_group_iq, rowiq, rowiqx4), float
-                                  weights (row_float, row_floatx4)
+                                  _group_k, rowk, rowkx4), grid types (_group_iq, rowiq, rowiqx4), ternary
+                                  codes (IQ1_S, IQ1_M, TQ1_0, TQ2_0: _codes_t, rowt, rowtx4), float weights
+                                  (row_float, row_floatx4)
     5. Kernels                    dot_<type>(w, *activation arrays, out): a prange over chunks of weight rows,
                                   each calling a serial _rows_<type> worker
 
@@ -39,10 +40,11 @@ or in _group_iq, _d_iq (IQ2 / IQ3 grid types), plus one `_rows_<type>` / `dot_<t
 GGML type number, a compile-time constant in every kernel, so the branches on it fold away.
 
 Activation layouts (structure of arrays, leading dimension M = number of activation rows):
-    Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): d float32 [M, K/32] (fp16-rounded scale), s float32
+    Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4): d float32 [M, K/32] (fp16-rounded scale), s float32
         [M, K/32] (fp16(d * sum of quants), Q8_1's s), qs int8 [M, K] (the quants), sums int32 [M, K/32]
-    Q8_K (for Q2_K..Q6_K, IQ4_XS, IQ2_XXS..IQ3_S): qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16
-        int32 [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32 values), qs int8 [M, K]
+    Q8_K (for Q2_K..Q6_K, IQ4_XS, IQ2_XXS..IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0): qu uint8 [M, K] (quant + 128),
+        d float32 [M, K/256], bsums16 int32 [M, K/16], bsums32 int32 [M, K/32] (sums of the quants per 16 / 32
+        values), qs int8 [M, K]
     F32 / F16 / BF16 weights: x float32 [M, K], rounded to f16 / bf16 first for F16 / BF16 weights
 vpdpbusd multiplies unsigned bytes by signed bytes. Weight codes without an offset (Q4_K, Q5_K, Q2_K) and the
 unsigned codes of the 32-value types (their offset is taken off afterwards, times the block's quant sum) meet
@@ -52,6 +54,8 @@ code book values are unsigned; their sign bits go onto the quants qs (apply_sign
 """
 
 from __future__ import annotations
+
+import base64
 
 import llvmlite.binding as llb
 import numpy as np
@@ -80,12 +84,14 @@ HAS_VNNI = "avxvnni" in _FEATS or {"avx512vnni", "avx512vl"} <= _FEATS
 HAS_AVX2 = "avx2" in _FEATS
 HAS_F16C = "f16c" in _FEATS
 HAS_FMA = "fma" in _FEATS
+HAS_BMI2 = "bmi2" in _FEATS
 
 # Kinds: the row dots and workers take the weight's GGML type number as a compile-time constant and branch on it.
 F32, F16, BF16 = T.F32.value, T.F16.value, T.BF16.value
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (t.value for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (t.value for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS))
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S = (t.value for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S))
+IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4 = (t.value for t in (T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0, T.MXFP4))
 
 # ---------------------------------------------------------------------------------------------------------
 # 2. Vector vocabulary. Types: Numba values backed by LLVM vectors.
@@ -1256,6 +1262,176 @@ def apply_sign(typingctx, v, sgn):
             return builder.call(fn, list(args))
         neg = builder.icmp_signed("<", args[1], _splat(_v32i8, 0))
         return builder.select(neg, builder.sub(_splat(_v32i8, 0), args[0]), args[0])
+# ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4: code books, trits, E8M0 scales ------------------------------------
+# iq1s_grid (llama.cpp ggml-common.h), packed as in ggufrun.quants.dequant (the same literal; a test checks).
+IQ1S_GRID_PACKED = (
+    "AAACAAUACAAKABEAFQAgACIAKAAqAEUAUQBUAFYAZQCAAIIAiACKAJUAoACiAKgAqgAEAQUBEQEUARYBGQEaASUBQQFGAUkBUgFVAVoBYQFk"
+    "AWYBaAGFAZEBlAGWAaUBAAICAggCCgIVAiACIgIoAioCRQJRAlkCZAJpAoACggKIAooCkQKVApkCoAKiAqgCqgIRBBQEFgQlBEEESQRVBFoE"
+    "ZARlBJEEmQSlBAEFBAUFBQYFFQUYBRoFKQVABUUFSgVQBVEFVAVVBVYFWQVgBWIFZQVoBWoFgQWRBZUFmAWaBaEFpAWlBaYFqQUUBhkGQQZE"
+    "BlAGUgZVBlgGYAZhBmYGaQaFBpEGlAaZBgAIAggICAoIFQggCCIIKAgqCEUIUQhWCGUIgAiCCIgIigiVCKAIogioCKoIBQkRCRQJGQkkCSUJ"
+    "QQlQCVEJVQlhCWQJaQmRCZQJlgmZCaUJAAoCCggKCgoVCiAKIgooCioKRQpRClkKYQplCoAKggqFCogKigqVCqAKogqoCqoKEBAREBQQGRAk"
+    "ECUQQRBEEFAQVRBYEGEQZBBlEGkQkRCUEJYQoRClEAERBBEGEQkREBESERURGBEhESQRKRFFEUoRUBFREVIRVBFVEVYRWRFgEWURhBGSEZUR"
+    "oRGkERESFBIWEiUSQBJGEkkSUhJVElgSWhJkEmYShRKREpQSlhKlEgEUBhQJFBQUFRQYFBkUIRQmFEEURRRGFEgUShRRFFQUVRRWFFkUYhRl"
+    "FGgUhBSJFJAUlBSVFJgUmRSaFKEUpBSlFKkUAhUFFQoVERUUFRUVFhUZFSAVIhUlFSgVKhVBFUQVRRVGFVEVUhVUFVUVVhVZFVoVYRVkFWUV"
+    "ZhVpFYAVghWEFYUViBWKFZAVkRWUFZUVlhWZFZoVoBWiFaUVARYEFgUWBhYVFhYWGBYaFiEWJhZAFkIWRBZFFkgWShZRFlUWVhZYFlkWYRZk"
+    "FmUWaBZpFmoWhhaKFpIWlRakFqkWERgWGCUYQRhEGEYYSRhQGFUYWBhaGGAYYRhkGGYYaRiFGJEYlBilGBAZEhkVGRoZIRklGUIZRBlFGUgZ"
+    "URlUGVUZVhlZGVoZYBllGWoZiRmRGZIZlRmYGaEZphmpGQkaFhokGiYaRBpGGkkaUBpSGlUaWBphGmYaaRqFGpEalhqaGgAgAiAIIAogFSAg"
+    "ICIgJSAoICogRSBRIFkgYSBlIIAggiCIIIoglSCgIKIgpSCoIKogBSERIRQhGSElIUIhRCFJIVUhWCFaIWEhZCFlIWYhhSGQIZYhmSGlIQEi"
+    "CCIKIhEiFSIgIiIiKCIqIkUiUSJWIlkiZSKBIogiiiKRIpUioCKiIqgiqiIFJBQkFiQZJCUkRCRFJEYkSSRSJFUkWCRaJGYkhSSRJJQkmSSh"
+    "JKUkCSUVJSElKSVAJUUlSCVRJVQlVSVZJWIlZSVoJYklkCWUJZUlmCWaJaElpCWmJaklBSYQJhImGSYlJkEmSSZVJmAmYSZpJoQmhiaQJpom"
+    "ACgCKAgoCigVKCAoIigoKCooRShRKFQoZSiAKIIoiCiKKKAooiioKKooCSkRKRQpGSklKUYpSSlSKVUpYSlkKWYpaSmFKZAplimZKaQppSkA"
+    "KgIqCCoKKiAqIiooKioqRSpRKlYqWSplKoAqgiqIKooqlSqgKqIqqCqqKgVAEUAWQCVASUBSQFVAWEBaQGFAZEBmQJRAmUChQKZAAEEBQQRB"
+    "BkEJQRJBFUEWQRhBGkEhQSZBKUFFQUhBSkFRQVRBVUFWQVlBWkFlQWhBakGBQYRBhkGQQZJBlUGgQaFBokEFQhFCFEIWQiVCQUJSQlVCWkJk"
+    "QmlCiUKUQqVCAUQVRBlEKURFREhESkRRRFREVURWRGFEYkRlRGhEakSBRIZEiUSQRJJElUSgRKFEqUQBRQJFBUUKRRFFFEUVRRZFGUUgRSVF"
+    "KkVBRURFRUVGRUlFUEVRRVRFVUVWRVhFWUVhRWRFZUVmRWlFgkWERYVFiEWRRZRFlUWWRZlFmkWlRahFqkUBRgVGCUYURhVGGEYaRiFGJEYp"
+    "RkBGQkZFRkhGUEZRRlJGVUZWRllGYkZlRmhGgUaFRopGlEaVRqFGpEamRgVIEUgVSBpIJUhCSElIUEhVSFhIYUhkSGZIaUiFSJFIlEiWSJlI"
+    "pUgBSQVJBkkKSRBJFEkVSRhJIUkkSSZJQElFSUpJUUlSSVRJVUlWSVlJYEliSWVJZklqSYZJiUmSSZVJlkmYSaFJpEmmSalJFkpESkZKSUpV"
+    "SlhKWkpkSmlKlEqlSgFQBFAFUAZQCVASUBVQGlAhUCRQKVBAUEVQSFBRUFRQVVBWUFlQZVBoUIZQiVCVUJhQoFChUKZQqVAFUQhRCVEKURFR"
+    "FFEVURZRGFEZUSBRJVEmUShRKlFBUURRRVFGUUlRUFFRUVJRVFFVUVZRWFFZUVpRYVFkUWVRZlFpUYJRhVGRUZRRlVGWUZlRoFGlUapRAVIG"
+    "UhJSFVIaUiFSJFJCUkVSSlJRUlRSVVJWUllSYlJlUoVSkFKSUpVSmVKaUqRSBFQFVBFUFFQVVBZUGFQZVCFUJVQoVCpUQVREVEVURlRJVEpU"
+    "UFRRVFRUVVRWVFhUWVRaVGFUYlRkVGVUZlRpVIBUiFSKVJFUlFSVVJZUmVShVKRUpVSqVAFVAlUEVQVVBlUJVRBVEVUSVRRVFVUWVRlVGlUh"
+    "VSRVJVUmVSlVQFVBVUJVRFVFVUZVSFVJVVBVUVVSVVRVVVVWVVhVWVVaVWBVYVVkVWVVZlVoVWlValWBVYRVhVWJVYpVkFWRVZRVlVWWVZhV"
+    "mVWhVaRVpVWmValVAFYBVgJWBFYGVghWCVYRVhRWFVYYVhlWIFYhViJWJFYlViZWKFYpVkFWRVZGVkhWSVZKVlBWUVZSVlRWVVZWVlhWWVZa"
+    "VmFWZFZlVmlWglaFVoZWiFaJVopWkVaVVppWolalVqZWqFapVgRYBVgGWAlYEFgVWBhYIVgqWEVYSFhKWFFYVFhVWFZYWFhZWGBYYlhkWGVY"
+    "gliJWJBYkliVWJhYoVipWAFZAlkFWQpZEVkUWRVZFlkZWSVZQVlEWUVZRllJWVBZUVlSWVRZVVlWWVhZWVlaWWFZZFllWWZZaVmBWYVZiVmR"
+    "WZRZlVmWWZhZmVmlWQRaCFoVWhpaIFolWiZaKVpFWkhaSVpRWlVaVlpYWllaYlplWmhaalqBWopaklqVWpZamFqaWqFaBWAUYBZgGWAlYERg"
+    "UGBVYFZgWGBaYGFgZGBmYGlggWCWYKVgAWEEYQZhCWESYRVhIWEiYSZhKWFFYUlhUWFVYVZhWWFlYWZhamGEYYphkmGVYaFhpmGpYRFiFmIZ"
+    "YkBiQWJGYlViVmJYYmBihWKRYpZipWIRZBJkFWQWZBpkIWQmZClkQGRCZEVkSGRKZFFkVGRVZFZkWWRaZGBkYmRlZIRkhWSJZJBkkmSUZJVk"
+    "lmSYZJpkoWSkZKlkBWUIZQplEWUVZRZlGWVEZUVlRmVJZVBlUWVUZVVlVmVZZWFlZGVlZWZlaWWGZYllimWRZZVllmWZZZplomWlZaZlqGUC"
+    "ZglmFWYgZiZmKGYpZkBmRWZIZkpmUWZUZlVmVmZYZlpmYGZlZmhmgGaCZoVmimaUZpZmmGaZZqBmpGamZqpmFmgZaCVoQWhSaFVoWmhhaGlo"
+    "hWiRaJhopmgBaQRpEGkVaSFpJGkmaSlpQGlBaUVpRmlIaVFpVGlVaVZpWWlgaWVpammCaYRpimmVaaFppGmlaalpEWoWahhqQWpEaklqUGpV"
+    "alhqWmpkamVqaWqGapRqmGqaaqZqAIACgAiACoAggCKAKIAqgEWAUIBRgFSAVoBZgGWAgICCgIiAioCVgKCAooCogKqABYERgRSBFoEZgSWB"
+    "QYFEgUmBUIFSgVWBVoFYgVmBZIFmgWmBhYGJgZSBloGZgaWBAIICggiCCoIVgiCCIoIogiqCUYJUglmCZYKAgoKCiIKKgpWCoIKigqiCqoIU"
+    "hBmEQYREhFGEVYRahGGEZIRphJSEmYQBhQmFEoUVhRqFJoUphUCFQYVFhUiFUYVUhVWFVoVZhVqFZYVmhWiFaoWBhYSFhoWJhZCFkoWVhZiF"
+    "poURhhaGGYYlhkGGRIZJhkqGUIZVhlmGWoZhhmaGaoaFhpGGmoakhgCIAogIiAqIFYggiCKIKIgqiEGIRYhRiFSIWYhliGmIgIiCiIiIioiV"
+    "iKCIooioiKqIBYkGiRGJFIkWiSWJQYlEiUaJSYlQiVKJVYlaiWGJZImFiZaJmYmliQCKAooIigqKFYogiiKKKIoqikWKUYpUilaKgIqCioiK"
+    "ioqViqCKooqoiqqKBZARkBaQGJAZkCWQQZBGkEmQVZBYkFqQaZBqkIWQkZCUkJaQmZClkAGRBJEGkQmREJEVkRiRGpEhkSSRJpEpkUCRRZFQ"
+    "kVGRVJFVkVaRWZFikWWRhJGGkZKRlZGYkaGRpJGmkamRBZIRkhSSGZIlkkSSRpJJklCSUpJVkliSZpJpkoWSlJKWkqmSAZQElAaUEJQVlBiU"
+    "JpRAlEqUUZRUlFWUVpRYlFmUYJRhlGKUZZSElIaUkpSUlJWUmJShlKmUAJUFlQiVCpUQlRGVFJUVlRaVGZUhlSWVKZUqlUGVRJVFlUaVSZVQ"
+    "lVGVUpVUlVWVVpVYlVmVWpVhlWSVZZVmlWmVgZWFlYiVkZWSlZSVlZWWlZmVmpWglaKVpZWolaqVAZYElhCWFZYZliCWJpYplkWWSJZJllGW"
+    "UpZVllaWWZZllmiWgpaElomWipaSlpSWlZaklqaWqZYFmBaYGZglmEGYRphQmFKYVZhWmFqYZJhlmIWYkZiWmJmYpZgEmQaZCZkQmRKZFZkY"
+    "mRqZIJkhmSSZJplAmUKZRZlImUqZUZlUmVWZVplZmWKZZZlmmWqZgZmEmZCZkpmVmZqZoZmmmQWaFZolmkSaRppJmlCaVZpYmmGahZqRmpSa"
+    "lZqWmgCgAqAIoAqgFaAgoCKgKKAqoEWgUaBUoFagWaCAoIKgiKCKoJWgoKCioKigqqAFoQmhEaEUoRahGaEaoUahSaFRoVWhWKFaoWGhZKGF"
+    "oZChkqGWoZmhAqIIogqiEKIZoiKiKKIqokWiUaJWolmiZaKAooKiiKKKopWioKKioqiiqqIZpCWkQaREpFCkVKRVpFikWqRhpGWkZqRopGmk"
+    "haQGpQmlEKUSpRWlGKUmpSmlQqVFpVGlVKVVpValWaVlpWqlgaWEpYWlhqWJpZKllaWYpQWmEaYWphqmIaYlpkSmRqZKplKmVaZWplimYKZi"
+    "poamkKaVppammaahpqSmpqYAqAKoCKgKqCCoIqgoqCqoUahUqFaoWaiAqIKoiKiKqJWooKiiqKioqqgFqRSpGakhqSWpQalQqVWpWqlhqWap"
+    "aamQqZapAKoCqgiqCqogqiKqKKoqqlGqVKpWqoCqgqqIqoqqlaqgqqKqqKqqqg=="
+)
+
+
+def _iq1_grid_codes(packed: str) -> np.ndarray:
+    """IQ1S_GRID_PACKED -> int64 [2048]: per entry its 8 values v as the bytes 8 * (v + 1) (0, 8, 16), the
+    grid part of the IQ1 codes 8 * (v + 1) + (delta + 1) that the row dots use (see _codes_t)."""
+    entries = np.frombuffer(base64.b64decode("".join(packed)), "<u2").astype(np.int64)
+    codes = ((entries[:, None] >> (2 * np.arange(8))) & 3) * 8
+    return (codes << (8 * np.arange(8))).sum(1).astype(np.int64)
+
+
+IQ1_GRID8 = _iq1_grid_codes(IQ1S_GRID_PACKED)
+IQ1_DELTA_UP = 0x0202020202020202  # + 2 in each of 8 bytes: delta + 1 for delta = +1
+
+# TQ1_0: the power of three that selects each value's trit from its byte, per group of 32 values (see _codes_t)
+TQ1_POW3 = np.array(
+    [[3**g] * 32 for g in range(5)]
+    + [[1] * 16 + [3] * 16, [9] * 16 + [27] * 16, [81] * 16 + sum(([p] * 4 for p in (1, 3, 9, 27)), [])],
+    np.uint8,
+).reshape(-1)
+
+# kvalues_mxfp4 (llama.cpp ggml-common.h): E2M1 values doubled
+FP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+@intrinsic
+def i8x32_of(typingctx, a, b, c, e):
+    """The 32 bytes of four 64-bit integers, a's first (little-endian): four 8-value grid entries as one vector."""
+    if not all(isinstance(t, types.Integer) for t in (a, b, c, e)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(ir.VectorType(_i64, 4), [0] * 4)
+        for k in range(4):
+            x = context.cast(builder, args[k], sig.args[k], types.int64)
+            v = builder.insert_element(v, x, ir.Constant(_i32, k))
+        return builder.bitcast(v, _v32i8)
+
+    return I8x32(a, b, c, e), codegen
+
+
+def _iq1_index4(context, builder, sig, args, bits):
+    """Byte l of the uint32 q4 in bits 0-7 of the 16-bit lane l of an int64, field l of `bits` bits of qh (fields
+    packed from bit 0) in bits 8 and up: BMI2's pdep deposits both in two instructions (llama.cpp's AVX2 IQ1_S
+    kernel does the same); shifts and masks without BMI2."""
+    x = builder.zext(context.cast(builder, args[0], sig.args[0], types.uint32), _i64)
+    y = context.cast(builder, args[1], sig.args[1], types.int64)
+    c = lambda v: ir.Constant(_i64, v)  # noqa: E731
+    field = (1 << bits) - 1
+    if HAS_BMI2:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_i64, [_i64, _i64]), "llvm.x86.bmi.pdep.64")
+        lanes = builder.call(fn, [y, c((field << 8) * 0x0001000100010001)])
+        return builder.or_(builder.call(fn, [x, c(0x00FF00FF00FF00FF)]), lanes)
+    x = builder.and_(builder.or_(x, builder.shl(x, c(16))), c(0x0000FFFF0000FFFF))
+    x = builder.and_(builder.or_(x, builder.shl(x, c(8))), c(0x00FF00FF00FF00FF))
+    pair = (1 << 2 * bits) - 1  # fields 0-1 stay in the low half, 2-3 move to bit 32, then 1 and 3 up by 16
+    y = builder.and_(y, c((1 << 4 * bits) - 1))
+    y = builder.and_(builder.or_(y, builder.shl(y, c(32 - 2 * bits))), c(pair | pair << 32))
+    y = builder.and_(builder.or_(y, builder.shl(y, c(16 - bits))), c(field * 0x0001000100010001))
+    return builder.or_(x, builder.shl(y, c(8)))
+
+
+@intrinsic
+def iq1s_index4(typingctx, q4, qh):
+    """IQ1_S's 4 grid indices of a group as the 16-bit lanes of an int64: lane l = byte l of q4 | bits 3l..3l+2
+    of qh << 8."""
+    if not (isinstance(q4, types.Integer) and isinstance(qh, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _iq1_index4(context, builder, sig, args, 3)
+
+    return types.int64(q4, qh), codegen
+
+
+@intrinsic
+def iq1m_index4(typingctx, q4, qh):
+    """IQ1_M's 4 grid indices of a group, with their delta signs, as the 16-bit lanes of an int64: lane l = byte l
+    of q4 | nibble l of qh << 8 (bits 8-10 the index's high bits, bit 11 the sign)."""
+    if not (isinstance(q4, types.Integer) and isinstance(qh, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _iq1_index4(context, builder, sig, args, 4)
+
+    return types.int64(q4, qh), codegen
+
+
+@intrinsic
+def tq1_trits(typingctx, v, p):
+    """((v * p mod 256) * 3) >> 8 per byte: the base-3 digit of v that the power of three p selects (0..2),
+    TQ1_0's unpacking (dequantize_row_tq1_0). Both bytes of a 16-bit lane share p (TQ1_POW3's layout).
+
+    In 16-bit lanes, without unpacking the bytes: a byte moved to the high half times p keeps v * p mod 256 there
+    (vpmullw), and the high half of that times 3 is the digit (vpmulhuw)."""
+    if v != I8x32 or p != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_i16, 16)
+        x = builder.bitcast(args[0], v16)
+        p16 = builder.and_(builder.bitcast(args[1], v16), _splat(v16, 0xFF))
+
+        def mulhi3(a):  # (a * 3) >> 16, unsigned
+            if HAS_AVX2:
+                fn = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(v16, [v16, v16]), "llvm.x86.avx2.pmulhu.w"
+                )
+                return builder.call(fn, [a, _splat(v16, 3)])
+            v32 = ir.VectorType(_i32, 16)
+            wide = builder.mul(builder.zext(a, v32), _splat(v32, 3))
+            return builder.trunc(builder.lshr(wide, _splat(v32, 16)), v16)
+
+        lo = mulhi3(builder.mul(builder.shl(x, _splat(v16, 8)), p16))  # even bytes: digit in the low half
+        hi = mulhi3(builder.mul(builder.and_(x, _splat(v16, 0xFF00)), p16))  # odd bytes
+        return builder.bitcast(builder.or_(lo, builder.shl(hi, _splat(v16, 8))), _v32i8)
 
     return I8x32(I8x32, I8x32), codegen
 
@@ -1292,6 +1468,201 @@ def dpbusd_scaled(typingctx, acc, u, s, a, b):
         return builder.add(acc, builder.mul(_dpbusd(builder, _splat(_v8i32, 0), u, s), scale))
 
     return I32x8(I32x8, I8x32, I8x32, a, b), codegen
+
+
+@intrinsic
+def ld_dup16(typingctx, a, off):
+    """16 bytes at `off`, twice."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
+
+    return I8x32(a, off), codegen
+
+
+@intrinsic
+def ld_tq1_tail(typingctx, a, off):
+    """TQ1_0's last 20 bytes of codes at `off` (qs[32:48], qh[0:4]) -> qs[32:48], then qh[0:4] four times."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lo = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        qh = builder.load(
+            builder.bitcast(builder.gep(p, [ir.Constant(_i64, 16)]), ir.VectorType(_i8, 4).as_pointer()), align=1
+        )
+        hi = builder.shuffle_vector(qh, qh, ir.Constant(ir.VectorType(_i32, 16), [0, 1, 2, 3] * 4))
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
+
+    return I8x32(a, off), codegen
+
+
+def _lut16(builder, idx, table):
+    """table[idx] per byte (idx 0..15, table 16 byte values): vpshufb where the CPU has AVX2."""
+    if HAS_AVX2:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.pshuf.b"
+        )
+        return builder.call(fn, [ir.Constant(_v32i8, list(table) * 2), idx])
+    out = _splat(_v32i8, 0)
+    for k, t in enumerate(table):
+        out = builder.select(builder.icmp_unsigned("==", idx, _splat(_v32i8, k)), _splat(_v32i8, t), out)
+    return out
+
+
+@intrinsic
+def fp4_lut(typingctx, idx):
+    """kvalues_mxfp4[idx] per byte (idx 0..15), as signed bytes."""
+
+    def codegen(context, builder, sig, args):
+        return _lut16(builder, args[0], [v & 0xFF for v in FP4_VALUES])
+
+    return I8x32(I8x32), codegen
+
+
+@intrinsic
+def fp4_lut_u(typingctx, idx):
+    """kvalues_mxfp4[idx] + 12 per byte: the code book as unsigned bytes 0..24 (narrow: dpbusd_n)."""
+
+    def codegen(context, builder, sig, args):
+        return _lut16(builder, args[0], [v + 12 for v in FP4_VALUES])
+
+    return I8x32(I8x32), codegen
+
+
+def _e8m0_half(builder, e):
+    """E8M0 bytes (i32 or <n x i32>) -> GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128) as float (exact)."""
+    vec = isinstance(e.type, ir.VectorType)
+
+    def c(v):
+        return ir.Constant(e.type, [v] * e.type.count) if vec else ir.Constant(_i32, v)
+
+    sub = builder.shl(c(0x00200000), e)  # e < 2: the subnormals 2^-128, 2^-127
+    normal = builder.shl(builder.sub(e, c(1)), c(23))
+    bits = builder.select(builder.icmp_unsigned("<", e, c(2)), sub, normal)
+    return builder.bitcast(bits, ir.VectorType(_f32, e.type.count) if vec else _f32)
+
+
+@intrinsic
+def ld_e8m0(typingctx, a, off):
+    """The E8M0 scale byte at `off`, as GGML_E8M0_TO_FP32_HALF (MXFP4's d)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _e8m0_half(builder, builder.zext(_load(context, builder, sig, args, _i8), _i32))
+
+    return types.float32(a, off), codegen
+
+
+@intrinsic
+def ld_e8m0_rows(typingctx, a, off, stride):
+    """ld_e8m0 of the bytes at off, off + stride, ..., off + 7 * stride, as float32 lanes (8 rows' scales)."""
+    if not (_is_ptr_args(a, off) and isinstance(stride, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        base = context.cast(builder, args[1], sig.args[1], types.intp)
+        step = context.cast(builder, args[2], sig.args[2], types.intp)
+        e = ir.Constant(_v8i32, [0] * 8)
+        for r in range(8):
+            o = builder.add(base, builder.mul(step, ir.Constant(_i64, r)))
+            x = builder.load(_ptr(context, builder, sig.args[0], args[0], types.intp, o, _i8), align=1)
+            e = builder.insert_element(e, builder.zext(x, _i32), ir.Constant(_i32, r))
+        return _e8m0_half(builder, e)
+
+    return F32x8(a, off, stride), codegen
+
+
+@intrinsic
+def h2f(typingctx, h):
+    """IEEE half bits (an integer 0..0xFFFF) -> float32, exactly."""
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _h2f(builder, builder.trunc(context.cast(builder, args[0], sig.args[0], types.int32), _i16))
+
+    return types.float32(h), codegen
+
+
+@intrinsic
+def iq1s_scales(typingctx, a, off):
+    """IQ1_S: the 8 uint16 qh words at `off` -> the group scales 2 * ((qh >> 12) & 7) + 1, as int32 lanes."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        qh = builder.zext(_load(context, builder, sig, args, ir.VectorType(_i16, 8)), _v8i32)
+        ls = builder.and_(builder.lshr(qh, _splat(_v8i32, 12)), _splat(_v8i32, 7))
+        return builder.or_(builder.shl(ls, _splat(_v8i32, 1)), _splat(_v8i32, 1))
+
+    return I32x8(a, off), codegen
+
+
+@intrinsic
+def iq1m_scales(typingctx, a, off):
+    """IQ1_M: the 4 uint16 scale words at `off` -> the 16 scales 2 * s + 1 of 16 values each (s the 3-bit fields
+    at bits 0, 3, 6, 9 of each word), as two int32 vectors in value order (they line up with bsums16)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        sc = builder.zext(_load(context, builder, sig, args, ir.VectorType(_i16, 4)), ir.VectorType(_i32, 4))
+        shifts = ir.Constant(_v8i32, [0, 3, 6, 9] * 2)
+        out = []
+        for lanes in ([0, 0, 0, 0, 1, 1, 1, 1], [2, 2, 2, 2, 3, 3, 3, 3]):
+            v = builder.shuffle_vector(sc, sc, ir.Constant(_v8i32, lanes))
+            ls = builder.and_(builder.lshr(v, shifts), _splat(_v8i32, 7))
+            out.append(builder.or_(builder.shl(ls, _splat(_v8i32, 1)), _splat(_v8i32, 1)))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return types.UniTuple(I32x8, 2)(a, off), codegen
+
+
+@intrinsic
+def imadd_small(typingctx, acc, u, s, sc):
+    """acc + sc * (dpbusd lane sums of u * s), for unsigned bytes u <= 129 and sc holding an int16 in its low half
+    (high half 0), as imadd16(acc, dpbusd(izero(), u, s), sc) computes it, exactly.
+
+    Without VNNI, AVX2's vpmaddubsw (pairs of u * s, saturated to int16: never reached while 2 * 129 * 128 <
+    32768) and vpmaddwd (pairs times sc) do it in two instructions where the dpbusd emulation needs a dozen:
+    llama.cpp's AVX2 route for IQ1_S / TQ2_0 (ggml-cpu/arch/x86/quants.c)."""
+    if not (acc == I32x8 and u == I8x32 and s == I8x32 and sc == I32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        acc, u, s, sc = args
+        if HAS_VNNI or not HAS_AVX2:
+            p = _dpbusd(builder, _splat(_v8i32, 0), u, s)
+            lo = builder.ashr(builder.shl(sc, _splat(_v8i32, 16)), _splat(_v8i32, 16))
+            return builder.add(acc, builder.mul(p, lo))
+        v16 = ir.VectorType(_i16, 16)
+        madd_ub = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
+        )
+        madd_wd = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_v8i32, [v16, v16]), "llvm.x86.avx2.pmadd.wd"
+        )
+        pairs = builder.call(madd_ub, [u, s])
+        sc2 = builder.bitcast(builder.or_(sc, builder.shl(sc, _splat(_v8i32, 16))), v16)  # the scale in both halves
+        return builder.add(acc, builder.call(madd_wd, [pairs, sc2]))
+
+    return I32x8(I32x8, I8x32, I8x32, I32x8), codegen
+
+
+@intrinsic
+def ione(typingctx):
+    """1 in every lane (a unit scale for imadd_small)."""
+
+    def codegen(context, builder, sig, args):
+        return _splat(_v8i32, 1)
+
+    return I32x8(), codegen
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1423,6 +1794,9 @@ def _block32(kind, w, o, unsigned):
     if kind == Q8_0:
         q = ld_i8x32(w, o + 2)
         return (flip(q) if unsigned else q), ld_f16(w, o), np.float32(0.0)
+    if kind == MXFP4:  # E8M0 scale byte, then nibbles as IQ4_NL's, through kvalues_mxfp4
+        q = ld_nib(w, o + 1)
+        return (fp4_lut_u(q) if unsigned else fp4_lut(q)), ld_e8m0(w, o), np.float32(0.0)
     q = ld_nib(w, o + 2)  # IQ4_NL
     return (iq4_lut_u(q) if unsigned else iq4_lut(q)), ld_f16(w, o), np.float32(0.0)
 
@@ -1436,13 +1810,15 @@ def _offset32(kind):
         return 16
     if kind == Q8_0 or kind == IQ4_NL:
         return 128
+    if kind == MXFP4:
+        return 12
     return 0
 
 
 @njit(inline="always", **DOT)
 def _dp32(kind, u, x):
-    """int32 lanes of a 32-value block's unsigned codes u . quants x: codes of at most 5 bits are narrow
-    (dpbusd_n); Q8_0's and IQ4_NL's reach 255."""
+    """int32 lanes of a 32-value block's unsigned codes u . quants x: codes of at most 5 bits (MXFP4's: <= 24)
+    are narrow (dpbusd_n); Q8_0's and IQ4_NL's reach 255."""
     if kind == Q8_0 or kind == IQ4_NL:
         return dpbusd(izero(), u, x)
     return dpbusd_n(izero(), u, x)
@@ -1465,6 +1841,14 @@ def row32(kind, bsize, w, wo, m, d, s, qs, sums):
         if kind == Q4_1 or kind == Q5_1:
             accm = sfma(mw, s[m, b], accm)  # the min term m * d_x * sum(q_x) (Q8_1's s), fused as llama.cpp's
     return acc + accm
+
+
+@njit(inline="always", **DOT)
+def _d8(kind, w, o, rb):
+    """Scales d of the blocks at bytes o, o + rb, ..., o + 7 rb, as float32 lanes."""
+    if kind == MXFP4:
+        return ld_e8m0_rows(w, o, rb)
+    return ld_f16_rows(w, o, rb)
 
 
 @njit(inline="always", **DOT)
@@ -1500,7 +1884,7 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
         o = wo + b * bsize
         u = _codes8(kind, w, o, rb)
         p = _dots8(kind, u, qs, m * K + 32 * b, off * sums[m, b])
-        acc = fma_v(acc, fcvt(p), fscale(ld_f16_rows(w, o, rb), d[m, b]))
+        acc = fma_v(acc, fcvt(p), fscale(_d8(kind, w, o, rb), d[m, b]))
         if kind == Q4_1 or kind == Q5_1:
             accm = fma_v(accm, ld_f16_rows(w, o + 2, rb), fbcast(s[m, b]))
     return fadd_v(acc, accm)
@@ -1516,7 +1900,7 @@ def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     for b in range(K // 32):
         o = wo + b * bsize
         u = _codes8(kind, w, o, rb)
-        dw = ld_f16_rows(w, o, rb)
+        dw = _d8(kind, w, o, rb)
         xo = m * K + 32 * b
         p = _dots8(kind, u, qs, xo, off * sums[m, b])
         a0 = fma_v(a0, fcvt(p), fscale(dw, d[m, b]))
@@ -1896,6 +2280,149 @@ def row_floatx4(kind, w, n, x, m):
     )
 
 
+# ---- Ternary-code types (IQ1_S, IQ1_M, TQ1_0, TQ2_0): 256-value super-blocks of values in {-1, 0, 1} (IQ1: plus a
+# shift of +-1/8 per 8 or 32 values), Q8_K activations --------------------------------------------------------------
+# Each group of 32 values is decoded to unsigned byte codes u, value = (u - offset) / div:
+#   TQ1_0, TQ2_0: u = q + 1 in 0..2 (offset 1, div 1), every group scale 1;
+#   IQ1_S, IQ1_M: u = 8 * (grid + 1) + (delta + 1) in {0, 2, 8, 10, 16, 18} (offset 9, div 8): the +-1/8 shift
+#     folded into the code, with the odd scales 2s + 1 of 32 (IQ1_S) or 16 (IQ1_M) values.
+# Per super-block and activation row the integer T = sum_g scale_g (u_g . x_g) - offset * sum_h scale_h bsum_h is
+# exact (|T| < 2^23), and the result gains (d_w * d_x) * (T / div), one FMA: llama.cpp's order
+# (ggml_vec_dot_iq1_s_q8_K: sumf += d * y.d * (sumi + IQ1S_DELTA * sumi1), and T / 8 is that sum exactly).
+
+
+@njit(inline="always", **DOT)
+def _ternary(kind):
+    return kind == TQ1_0 or kind == TQ2_0
+
+
+@njit(**DOT)
+def _scales_t(kind, w, o):
+    """IQ1_S: the 8 group scales (and again); IQ1_M: the 16 scales of 16 values in two vectors; TQ: ones."""
+    if kind == IQ1_S:
+        a = iq1s_scales(w, o + 34)
+        return a, a
+    if kind == IQ1_M:
+        return iq1m_scales(w, o + 48)
+    return ione(), ione()
+
+
+@njit(**DOT)
+def _d_t(kind, w, o):
+    """Super-block scale d (IQ1_M: assembled from the top nibbles of its four scale words)."""
+    if kind == IQ1_S:
+        return ld_f16(w, o)
+    if kind == IQ1_M:
+        h = (ld_u16(w, o + 48) >> 12) | ((ld_u16(w, o + 50) >> 8) & 0xF0)
+        return h2f(h | ((ld_u16(w, o + 52) >> 4) & 0xF00) | (ld_u16(w, o + 54) & 0xF000))
+    if kind == TQ1_0:
+        return ld_f16(w, o + 52)
+    return ld_f16(w, o + 64)  # TQ2_0
+
+
+@njit(inline="always", **DOT)
+def _iq1m_entry(lane):
+    """IQ1_M codes of 8 values from their 16-bit lane of iq1m_index4: grid index bits 0-10; bit 11 set: delta
+    -1/8 (code part 0), else +1/8 (code part 2)."""
+    e = IQ1_GRID8[lane & 0x7FF]
+    return e if lane & 0x800 else e | IQ1_DELTA_UP
+
+
+@njit(**DOT)
+def _codes_t(kind, w, o, g, sc0, sc1):
+    """Group g (values 32g..32g+31) of the super-block at byte o -> (unsigned codes, scales in dpbusd lanes)."""
+    if kind == TQ2_0:  # bits 2(g%4) of qs[32*(g//4):], as Q2_K
+        return field(ld_i8x32(w, o + 32 * (g // 4)), 2 * (g % 4), 3, 0), sc0
+    if kind == TQ1_0:  # trits: 5 per byte of qs[0:32] (groups 0-4), of qs[32:48] (5, 6, 7), 4 per byte of qh (7)
+        if g < 5:
+            v = ld_i8x32(w, o)
+        elif g < 7:
+            v = ld_dup16(w, o + 32)
+        else:
+            v = ld_tq1_tail(w, o + 32)
+        return tq1_trits(v, ld_i8x32(TQ1_POW3, 32 * g)), sc0
+    if kind == IQ1_S:  # grid index qs[4g + l] | bits 3l..3l+2 of qh[g] << 8; bit 15 of qh[g]: delta -1/8
+        qh = np.int64(ld_u16(w, o + 34 + 2 * g))
+        ix = iq1s_index4(ld_u32(w, o + 2 + 4 * g), qh)
+        up = 0 if qh & 0x8000 else IQ1_DELTA_UP
+        u = i8x32_of(
+            IQ1_GRID8[ix & 0xFFFF] | up,
+            IQ1_GRID8[(ix >> 16) & 0xFFFF] | up,
+            IQ1_GRID8[(ix >> 32) & 0xFFFF] | up,
+            IQ1_GRID8[ix >> 48] | up,
+        )
+        return u, ibcast(sc0, g)
+    ix = iq1m_index4(ld_u32(w, o + 4 * g), ld_u16(w, o + 32 + 2 * g))  # IQ1_M: qs[4g:4g+4], qh[2g:2g+2]
+    u = i8x32_of(_iq1m_entry(ix), _iq1m_entry(ix >> 16), _iq1m_entry(ix >> 32), _iq1m_entry(ix >> 48))
+    return u, ipair(sc0 if g < 4 else sc1, g % 4)
+
+
+@njit(inline="always", **DOT)
+def _gacc_t(kind, acc, u, sc, qs, xo):
+    """acc + scale * (u . the activation quants at byte xo), per dpbusd lane (codes u <= 18: imadd_small)."""
+    return imadd_small(acc, u, ld_i8x32(qs, xo), sc)
+
+
+@njit(inline="always", **DOT)
+def _corr_t(kind, sc0, sc1, m, b, bsums16, bsums32):
+    """offset * sum over scale groups of scale * (sum of activation quants), activation row m, super-block b."""
+    if kind == IQ1_S:
+        return 9 * idot(sc0, ld_i32x8(bsums32, 4 * (m * bsums32.shape[1] + 8 * b)))
+    if kind == IQ1_M:
+        o = 4 * (m * bsums16.shape[1] + 16 * b)
+        return 9 * (idot(sc0, ld_i32x8(bsums16, o)) + idot(sc1, ld_i32x8(bsums16, o + 32)))
+    return isum1(ld_i32x8(bsums32, 4 * (m * bsums32.shape[1] + 8 * b)))
+
+
+@njit(inline="always", **DOT)
+def _fold_t(kind, acc, lanes, corr, dwx):
+    """acc + dwx * (T / div), T = lanes' sum - corr (exact in float32)."""
+    t = np.float32(isum1(lanes) - corr)
+    if not _ternary(kind):
+        t = t * np.float32(0.125)  # IQ1S_DELTA: exact, a power of two
+    return sfma(dwx, t, acc)
+
+
+@njit(inline="always", **DOT)
+def rowt(kind, bsize, w, wo, m, d, bsums16, bsums32, qs):
+    """Weight row at byte wo . activation row m, for a ternary-code type of `bsize`-byte super-blocks."""
+    K = qs.shape[1]
+    acc = np.float32(0.0)
+    for b in range(K // 256):
+        o = wo + b * bsize
+        sc0, sc1 = _scales_t(kind, w, o)
+        i0 = izero()
+        for g in range(8):
+            u, sc = _codes_t(kind, w, o, g, sc0, sc1)
+            i0 = _gacc_t(kind, i0, u, sc, qs, m * K + 256 * b + 32 * g)
+        acc = _fold_t(kind, acc, i0, _corr_t(kind, sc0, sc1, m, b, bsums16, bsums32), _d_t(kind, w, o) * d[m, b])
+    return acc
+
+
+@njit(inline="always", **DOT)
+def rowtx4(kind, bsize, w, wo, m, d, bsums16, bsums32, qs):
+    """rowt for activation rows m .. m+3, decoding each weight group once."""
+    K = qs.shape[1]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(K // 256):
+        o = wo + b * bsize
+        sc0, sc1 = _scales_t(kind, w, o)
+        i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+        for g in range(8):
+            u, sc = _codes_t(kind, w, o, g, sc0, sc1)
+            xo = m * K + 256 * b + 32 * g
+            i0 = _gacc_t(kind, i0, u, sc, qs, xo)
+            i1 = _gacc_t(kind, i1, u, sc, qs, xo + K)
+            i2 = _gacc_t(kind, i2, u, sc, qs, xo + 2 * K)
+            i3 = _gacc_t(kind, i3, u, sc, qs, xo + 3 * K)
+        dw = _d_t(kind, w, o)
+        a0 = _fold_t(kind, a0, i0, _corr_t(kind, sc0, sc1, m, b, bsums16, bsums32), dw * d[m, b])
+        a1 = _fold_t(kind, a1, i1, _corr_t(kind, sc0, sc1, m + 1, b, bsums16, bsums32), dw * d[m + 1, b])
+        a2 = _fold_t(kind, a2, i2, _corr_t(kind, sc0, sc1, m + 2, b, bsums16, bsums32), dw * d[m + 2, b])
+        a3 = _fold_t(kind, a3, i3, _corr_t(kind, sc0, sc1, m + 3, b, bsums16, bsums32), dw * d[m + 3, b])
+    return a0, a1, a2, a3
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 5. Kernels: out[m, n] = row n of W . activation row m, parallel over chunks of weight rows.
 # w: [N, row_bytes] uint8 (or [N, K] float32 / uint16 for the float types), read-only; out float32 [M, N].
@@ -2245,3 +2772,86 @@ def dot_bf16(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         _rows_bf16(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+# ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0 (ternary codes, Q8_K activations) and MXFP4 (32-value blocks, Q8_1) -----------
+
+
+@njit(inline="always", **DOT)
+def _rowst(kind, bsize, w, qu, d, b16, b32, qs, out, n0, n1):
+    """out[:, n0:n1] for a ternary-code type: as _rowsk, with rowtx4 / rowt."""
+    rb = w.shape[1]
+    M = qs.shape[0]
+    M4 = M // 4 * 4
+    MT = _m_tile(qs.shape[1])
+    for t in range(0, M4, MT):
+        for n in range(n0, n1):
+            _prefetch_ahead(w, n * rb, rb)
+            for m in range(t, min(M4, t + MT), 4):
+                out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowtx4(
+                    kind, bsize, w, n * rb, m, d, b16, b32, qs
+                )
+    for n in range(n0, n1):
+        _prefetch_ahead(w, n * rb, rb)
+        for m in range(M4, M):
+            out[m, n] = rowt(kind, bsize, w, n * rb, m, d, b16, b32, qs)
+
+
+@njit(**DOT)
+def _rows_iq1_s(w, qu, d, b16, b32, qs, out, n0, n1):
+    _rowst(IQ1_S, 50, w, qu, d, b16, b32, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_iq1_s(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq1_s(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_iq1_m(w, qu, d, b16, b32, qs, out, n0, n1):
+    _rowst(IQ1_M, 56, w, qu, d, b16, b32, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_iq1_m(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_iq1_m(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_tq1_0(w, qu, d, b16, b32, qs, out, n0, n1):
+    _rowst(TQ1_0, 54, w, qu, d, b16, b32, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_tq1_0(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_tq1_0(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_tq2_0(w, qu, d, b16, b32, qs, out, n0, n1):
+    _rowst(TQ2_0, 66, w, qu, d, b16, b32, qs, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_tq2_0(w, qu, d, b16, b32, qs, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_tq2_0(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+
+
+@njit(**DOT)
+def _rows_mxfp4(w, d, s, qs, sums, out, n0, n1):
+    _rows32(MXFP4, 17, w, d, s, qs, sums, out, n0, n1)
+
+
+@njit(**DOT_PARALLEL)
+def dot_mxfp4(w, d, s, qs, sums, out):
+    N = w.shape[0]
+    for c in prange((N + CHUNK - 1) // CHUNK):
+        _rows_mxfp4(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))

@@ -91,6 +91,23 @@ REGISTRY: dict[T, QuantType] = {
     # IQ3_S: 256 values per 110-byte block (d:2, qs:64 entry low bytes (4 values each), qh:8 (the 9th entry bit),
     # signs:32 (a bit per value), scales:4 = a 4-bit scale per 32 values)
     T.IQ3_S: _q(T.IQ3_S, "Q8_K", dq.deq_iq3_s, dot.dot_iq3_s, (0,)),
+    # ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4 (grid: iq1s_grid, 8 values in {-1, 0, 1} per entry; delta = 1/8)
+    # IQ1_S: 256 values per 50-byte block (d:2, qs:32, qh:16 (8 x uint16)); group g of 32: grid indices
+    # qs[4g + l] | ((qh[g] >> 3l) & 7) << 8, x = d * (2 * ((qh[g] >> 12) & 7) + 1) * (grid + (-delta if bit 15 of
+    # qh[g] else delta))
+    T.IQ1_S: _q(T.IQ1_S, "Q8_K", dq.deq_iq1_s, dot.dot_iq1_s, (0,)),
+    # IQ1_M: 256 values per 56-byte block (qs:32, qh:16, scales:8 (4 x uint16)), no d field: the fp16 d is the top
+    # nibbles of the four scale words; group g: indices qs[4g + l] | (nibble l of qh[2g:2g+2] & 7) << 8, nibble
+    # bit 3: -delta; 3-bit scales s at bits 6(g%2) + 3h of scales word g//2 for its halves h, x = d * (2s + 1) * (...)
+    T.IQ1_M: _q(T.IQ1_M, "Q8_K", dq.deq_iq1_m, dot.dot_iq1_m, ()),
+    # TQ1_0: 256 values per 54-byte block (qs:48, qh:4, d:2 at the end); 5 trits per byte of qs, 4 per byte of qh
+    # (digit n of byte v: ((v * 3^n mod 256) * 3) >> 8), x = d * (trit - 1)
+    T.TQ1_0: _q(T.TQ1_0, "Q8_K", dq.deq_tq1_0, dot.dot_tq1_0, (52,)),
+    # TQ2_0: 256 values per 66-byte block (qs:64 (2 bits per value, as Q2_K), d:2 at the end); x = d * (q - 1)
+    T.TQ2_0: _q(T.TQ2_0, "Q8_K", dq.deq_tq2_0, dot.dot_tq2_0, (64,)),
+    # MXFP4: 32 values per 17-byte block (e:1 E8M0 exponent, qs:16 E2M1 nibbles, low nibbles values 0-15);
+    # x = kvalues_mxfp4[nibble] * 2^(e - 128) (GGML_E8M0_TO_FP32_HALF; the values are doubled); vec_dot_type Q8_0
+    T.MXFP4: _q(T.MXFP4, "Q8_1", dq.deq_mxfp4, dot.dot_mxfp4, ()),
 }
 
 SUPPORTED_TYPES: frozenset[T] = frozenset(REGISTRY)

@@ -225,9 +225,9 @@ def small_mixtral_q8_0(path: Path) -> None:
 def write_uniform_imatrix(model_path: Path, out: Path) -> None:
     """An importance matrix of ones for every 2-D weight of `model_path`, in the legacy format that llama.cpp's
     common/imatrix-loader.cpp reads (int32 entry count; per entry: int32 name length, name, int32 ncall = 1,
-    int32 n values = the row length, float32 values). llama-quantize refuses IQ2_XXS, IQ2_XS, IQ2_S and IQ3_XXS
-    without one (src/llama-quant.cpp tensor_requires_imatrix); all-equal importances make the quantizer fit every
-    value alike, as it would without a matrix."""
+    int32 n values = the row length, float32 values). llama-quantize refuses IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+    IQ1_S and IQ1_M without one (src/llama-quant.cpp tensor_requires_imatrix); all-equal importances make the
+    quantizer fit every value alike, as it would without a matrix."""
     import gguf
 
     entries = [(t.name, int(t.data.shape[-1])) for t in gguf.GGUFReader(str(model_path)).tensors if t.data.ndim == 2]
@@ -265,6 +265,35 @@ for _qtype, _ftype in (
 ):
     _stem = f"small-llama-{_qtype.lower()}"
     model(_stem)(lambda path, stem=_stem, ftype=_ftype: quantized_uniform_imatrix(stem, ftype, _small_llama))
+
+
+# -- IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4: the same model, every 2-D weight in the type --------------------------------
+
+
+@model("small-llama-iq1_s")
+def small_llama_iq1_s(path: Path) -> None:
+    quantized_uniform_imatrix(path.stem, "IQ1_S", _small_llama)
+
+
+@model("small-llama-iq1_m")
+def small_llama_iq1_m(path: Path) -> None:
+    quantized_uniform_imatrix(path.stem, "IQ1_M", _small_llama)
+
+
+@model("small-llama-tq1_0")
+def small_llama_tq1_0(path: Path) -> None:
+    quantized(path.stem, "TQ1_0", _small_llama)
+
+
+@model("small-llama-tq2_0")
+def small_llama_tq2_0(path: Path) -> None:
+    quantized(path.stem, "TQ2_0", _small_llama)
+
+
+@model("small-llama-mxfp4")
+def small_llama_mxfp4(path: Path) -> None:
+    # ftype MXFP4_MOE puts expert tensors in MXFP4 and the rest in Q8_0; --pure makes every 2-D weight MXFP4
+    quantized(path.stem, "MXFP4_MOE", _small_llama)
 
 
 def manifest_entry(stem: str) -> dict:

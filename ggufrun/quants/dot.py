@@ -85,6 +85,9 @@ HAS_AVX2 = "avx2" in _FEATS
 HAS_F16C = "f16c" in _FEATS
 HAS_FMA = "fma" in _FEATS
 HAS_BMI2 = "bmi2" in _FEATS
+# AVX2 without VNNI multiplies bytes pairwise into int16 (vpmaddubsw): 8-bit weight codes (Q8_0, IQ4_NL) then meet
+# the quants as signed x signed (|w| . sign(x, w), as llama.cpp's mul_sum_i8_pairs) instead of as w + 128
+SIGNED_PAIRS = HAS_AVX2 and not HAS_VNNI
 
 # Kinds: the row dots and workers take the weight's GGML type number as a compile-time constant and branch on it.
 F32, F16, BF16 = T.F32.value, T.F16.value, T.BF16.value
@@ -494,6 +497,26 @@ def dpbusd_n(typingctx, acc, u, s):
 
     def codegen(context, builder, sig, args):
         return _dpbusd(builder, *args, narrow=True)
+
+    return I32x8(I32x8, I8x32, I8x32), codegen
+
+
+@intrinsic
+def dpbssd(typingctx, acc, a, b):
+    """acc[i] + sum_{k<4} a[4i+k] * b[4i+k], both signed bytes, b never -128 (exact, int32). AVX2: vpmaddubsw of
+    |a| (unsigned, 128 for -128) and b with a's signs (vpsignb), pairs within +-2 * 128 * 127, then vpmaddwd."""
+
+    def codegen(context, builder, sig, args):
+        acc, a, b = args
+        if HAS_AVX2:
+            sign = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.psign.b"
+            )
+            return builder.add(acc, _pmaddubsw_wd(builder, builder.call(sign, [a, a]), builder.call(sign, [b, a])))
+        v32 = ir.VectorType(_i32, 32)
+        p = builder.mul(builder.sext(a, v32), builder.sext(b, v32))
+        part = [builder.shuffle_vector(p, p, ir.Constant(_v8i32, list(range(k, 32, 4)))) for k in range(4)]
+        return builder.add(acc, builder.add(builder.add(part[0], part[1]), builder.add(part[2], part[3])))
 
     return I32x8(I32x8, I8x32, I8x32), codegen
 
@@ -1802,8 +1825,16 @@ def _block32(kind, w, o, unsigned):
 
 
 @njit(inline="always", **DOT)
+def _wide32(kind):
+    """Whether `kind`'s codes take all 8 bits (Q8_0, IQ4_NL): on SIGNED_PAIRS CPUs they stay signed."""
+    return kind == Q8_0 or kind == IQ4_NL
+
+
+@njit(inline="always", **DOT)
 def _offset32(kind):
-    """What the unsigned codes of `kind` exceed the signed values by."""
+    """What the codes the row dots use exceed the signed values by (0 where they use the signed values)."""
+    if SIGNED_PAIRS and _wide32(kind):
+        return 0
     if kind == Q4_0:
         return 8
     if kind == Q5_0:
@@ -1817,11 +1848,21 @@ def _offset32(kind):
 
 @njit(inline="always", **DOT)
 def _dp32(kind, u, x):
-    """int32 lanes of a 32-value block's unsigned codes u . quants x: codes of at most 5 bits (MXFP4's: <= 24)
-    are narrow (dpbusd_n); Q8_0's and IQ4_NL's reach 255."""
-    if kind == Q8_0 or kind == IQ4_NL:
+    """int32 lanes of a 32-value block's codes u (from _codes32) . quants x: codes of at most 5 bits (MXFP4's:
+    <= 24) are narrow (dpbusd_n); Q8_0's and IQ4_NL's reach 255 unsigned, or stay signed (dpbssd) on SIGNED_PAIRS
+    CPUs."""
+    if _wide32(kind):
+        if SIGNED_PAIRS:
+            return dpbssd(izero(), u, x)
         return dpbusd(izero(), u, x)
     return dpbusd_n(izero(), u, x)
+
+
+@njit(inline="always", **DOT)
+def _codes32(kind, w, o):
+    """_block32 with the codes the row dots use: unsigned (offset _offset32), or signed for wide codes on
+    SIGNED_PAIRS CPUs."""
+    return _block32(kind, w, o, not (SIGNED_PAIRS and _wide32(kind)))
 
 
 @njit(inline="always", **DOT)
@@ -1835,7 +1876,7 @@ def row32(kind, bsize, w, wo, m, d, s, qs, sums):
     acc = np.float32(0.0)
     accm = np.float32(0.0)
     for b in range(K // 32):
-        u, dw, mw = _block32(kind, w, wo + b * bsize, True)
+        u, dw, mw = _codes32(kind, w, wo + b * bsize)
         isum = isum1(_dp32(kind, u, ld_i8x32(qs, m * K + 32 * b))) - np.int32(off * sums[m, b])
         acc = sfma(np.float32(isum), dw * d[m, b], acc)
         if kind == Q4_1 or kind == Q5_1:
@@ -1853,12 +1894,12 @@ def _d8(kind, w, o, rb):
 
 @njit(inline="always", **DOT)
 def _codes8(kind, w, o, rb):
-    """Unsigned codes of the blocks at bytes o, o + rb, ..., o + 7 rb (the same block of 8 weight rows)."""
+    """_codes32 of the blocks at bytes o, o + rb, ..., o + 7 rb (the same block of 8 weight rows)."""
     return (
-        _block32(kind, w, o, True)[0], _block32(kind, w, o + rb, True)[0],
-        _block32(kind, w, o + 2 * rb, True)[0], _block32(kind, w, o + 3 * rb, True)[0],
-        _block32(kind, w, o + 4 * rb, True)[0], _block32(kind, w, o + 5 * rb, True)[0],
-        _block32(kind, w, o + 6 * rb, True)[0], _block32(kind, w, o + 7 * rb, True)[0],
+        _codes32(kind, w, o)[0], _codes32(kind, w, o + rb)[0],
+        _codes32(kind, w, o + 2 * rb)[0], _codes32(kind, w, o + 3 * rb)[0],
+        _codes32(kind, w, o + 4 * rb)[0], _codes32(kind, w, o + 5 * rb)[0],
+        _codes32(kind, w, o + 6 * rb)[0], _codes32(kind, w, o + 7 * rb)[0],
     )  # fmt: skip
 
 

@@ -48,9 +48,20 @@ class LlamaCppLogits:
     """llama.cpp through llama-cpp-python's low-level API: logits of every position of a window, in a fresh context.
 
     n_batch tokens go to one llama_decode (n_ubatch = n_batch: one graph evaluation, as ggufrun's prefill of a
-    window); K and V are F16; flash_attn selects LLAMA_FLASH_ATTN_TYPE_ENABLED instead of DISABLED."""
+    window); K and V are F16; flash_attn selects LLAMA_FLASH_ATTN_TYPE_ENABLED instead of DISABLED. repack=False
+    keeps the weights in their GGUF layout (use_extra_bufts off): on AVX2, Q4_0 / IQ4_NL / Q4_K matrices are then
+    multiplied by ggml_vec_dot_* instead of the interleaved ggml_gemm_*_8x8 kernels, the same integers summed in
+    another float order."""
 
-    def __init__(self, path: Path, n_ctx: int, threads: int, n_batch: int | None = None, flash_attn: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        n_ctx: int,
+        threads: int,
+        n_batch: int | None = None,
+        flash_attn: bool = False,
+        repack: bool = True,
+    ):
         import llama_cpp as lc
 
         self.lc = lc
@@ -59,6 +70,7 @@ class LlamaCppLogits:
         lc.llama_backend_init()
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = 0
+        mp.use_extra_bufts = repack
         self.model = lc.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
@@ -237,6 +249,86 @@ def score_model(name: str, path: Path, args, tokens=None, text=None, golden: boo
     return rows
 
 
+class RowDigest:
+    """What agreement() keeps of one engine's logits [N, n_vocab]: the argmax, the float64 log-sum-exp and the
+    logits at the float reference's top_k ids of each row (4.5 MB for 1,100 rows, instead of 1.1 GB)."""
+
+    def __init__(self, logits: np.ndarray, ref_ids: np.ndarray):
+        from ggufrun.perplexity import _log_sum_exp
+
+        rows = np.asarray(logits, np.float32)
+        self.top1 = rows.argmax(axis=1)
+        self.lse = _log_sum_exp(rows.astype(np.float64))
+        self.at_ref = np.take_along_axis(rows, ref_ids, axis=1).astype(np.float64)
+
+
+def agreement(name: str, path: Path, text: str, n_tokens: int, args) -> tuple[str, list[dict]]:
+    """Teacher-forced agreement on one long prompt (the first n_tokens of the text, one batch, positions 0..):
+    every engine's KLD and top-1 agreement against the float reference, and its top-1 agreement with llama.cpp and
+    mean / max |logit difference| at llama.cpp's top token. The llama.cpp variants (weights not repacked, flash
+    attention) change only the float order of llama.cpp's own computation: their distance to llama.cpp is the
+    size of float-order noise."""
+    import ggufrun
+    from ggufrun.perplexity import _top_k, kl_rows
+    from ggufrun.reader import GGUFFile
+    from ggufrun.reference import ReferenceModel
+    from ggufrun.tokenizer import load_tokenizer
+
+    with GGUFFile(path) as f:
+        ids = load_tokenizer(f.metadata).tokenize(text, add_special=True, parse_special=False)[:n_tokens]
+        if len(ids) < n_tokens:
+            raise SystemExit(f"the text tokenizes to {len(ids)} tokens, fewer than --agreement {n_tokens}")
+        log(f"{name}: float reference, {len(ids)} tokens")
+        ref_logits = ReferenceModel(f, np.float32).logits(ids)
+        ref_ids = _top_k(ref_logits.astype(np.float64), min(1024, ref_logits.shape[1]))
+        ref = RowDigest(ref_logits, ref_ids)
+        del ref_logits
+    engines: dict[str, RowDigest] = {}
+    log(f"{name}: ggufrun")
+    with ggufrun.load(path, n_ctx=n_tokens, n_threads=args.threads) as model:
+        engines["ggufrun"] = RowDigest(model.logits(ids), ref_ids)
+    if args.have_llama_cpp:
+        variants = {
+            "llama.cpp": {},
+            "llama.cpp, weights not repacked": {"repack": False},
+            "llama.cpp, flash attention": {"flash_attn": True},
+        }
+        for engine, options in variants.items():
+            log(f"{name}: {engine}")
+            lc = LlamaCppLogits(path, n_tokens, args.threads, **options)
+            try:
+                engines[engine] = RowDigest(lc.logits(ids), ref_ids)
+            finally:
+                lc.close()
+    anchor = engines.get("llama.cpp")
+    rows = []
+    lines = [
+        f"{name}, {n_tokens} tokens of {Path(args.file).name}, teacher-forced, one batch:",
+        "",
+        "| engine | KLD vs float | top-1 vs float | top-1 vs llama.cpp | mean abs dlogit at llama.cpp's top "
+        "| max abs dlogit |",
+        "|---|---|---|---|---|---|",
+    ]
+    base_lp = ref.at_ref - ref.lse[:, None]
+    for engine, e in engines.items():
+        kld = kl_rows(base_lp, e.at_ref - e.lse[:, None])
+        r = {"model": name, "engine": engine, "n_tokens": n_tokens, "kld": float(kld.mean()),
+             "top1_float": float(np.mean(e.top1 == ref.top1))}  # fmt: skip
+        cells = ["-", "-", "-"]
+        if anchor is not None:
+            # llama.cpp's top token is among the reference's top 1024 on (nearly) every row: compare there
+            pos = np.argmax(ref_ids == anchor.top1[:, None], axis=1)
+            found = (ref_ids == anchor.top1[:, None]).any(axis=1)
+            rr = np.arange(len(pos))[found]
+            d = np.abs(e.at_ref[rr, pos[found]] - anchor.at_ref[rr, pos[found]])
+            r.update(top1_llama_cpp=float(np.mean(e.top1 == anchor.top1)), mean_dlogit=float(d.mean()),
+                     max_dlogit=float(d.max()))  # fmt: skip
+            cells = [f"{100 * r['top1_llama_cpp']:.2f} %", f"{r['mean_dlogit']:.4f}", f"{r['max_dlogit']:.3f}"]
+        rows.append(r)
+        lines.append(f"| {engine} | {r['kld']:.6f} | {100 * r['top1_float']:.2f} % | {' | '.join(cells)} |")
+    return "\n".join(lines), rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", default=None, help=f"real models (default {', '.join(MODELS)})")
@@ -249,6 +341,13 @@ def main() -> None:
     ap.add_argument("--no-golden", action="store_true", help="leave the small golden models out")
     ap.add_argument("--flash-attn", action="store_true", help="also run llama.cpp with flash attention")
     ap.add_argument("--seed", type=int, default=0, help="seed of the golden models' random token windows")
+    ap.add_argument(
+        "--agreement",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead: teacher-forced agreement of every engine on the first N tokens of --file",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bases", default="bench-results/kl-bases", help="where reference bases are kept")
     ap.add_argument("--json", default=None)
@@ -266,6 +365,16 @@ def main() -> None:
         args.have_llama_cpp = False
         log("llama-cpp-python is not installed: llama.cpp columns left out")
 
+    if args.agreement:
+        text = Path(args.file).read_text(encoding="utf-8")
+        out, rows = [], []
+        for name in args.models or MODELS:
+            lines, r = agreement(name, resolve(name), text, args.agreement, args)
+            out.append(lines)
+            rows += r
+        print("\n\n".join(out))
+        write_json(args.json, {"corpus": args.file, "agreement": rows})
+        return
     rows = []
     if not args.golden_only:
         text = Path(args.file).read_text(encoding="utf-8")

@@ -5,6 +5,7 @@ installed) against the float reference pass of the same GGUF weights.
     python benchmarks/quality.py gemma3-270m --ctx 256 --chunks 4 --json bench-results/quality.json
     python benchmarks/quality.py --golden-only            # the small golden models only (a minute)
     python benchmarks/quality.py gemma3-270m --flash-attn # also llama.cpp with flash attention: its own float order
+    python benchmarks/quality.py gemma3-270m --agreement 1100   # teacher-forced agreement on one 1,100-token prompt
 
 Real models score benchmarks/data/corpus.txt (tokenized with the model's vocabulary, BOS first) in windows of --ctx
 tokens; the small golden models (tests/data/golden/small-*.gguf, random weights, no tokenizer) score random token ids
@@ -230,15 +231,16 @@ def score_model(name: str, path: Path, args, tokens=None, text=None, golden: boo
                            label=name)  # fmt: skip
             rows.append(row(name, "float reference", r))
             del ref
-        log(f"{name}: ggufrun")
-        if golden:
+        if golden and "ggufrun" in args.engines:
+            log(f"{name}: ggufrun")
             model = Transformer(f, n_ctx=ctx, n_batch=ctx)
             rows.append(row(name, "ggufrun", perplexity(model, kl_base=base)))
             del model
-    if not golden:
+    if not golden and "ggufrun" in args.engines:
+        log(f"{name}: ggufrun")
         with ggufrun.load(path, n_ctx=ctx, n_threads=args.threads) as model:
             rows.append(row(name, "ggufrun", perplexity(model, kl_base=base)))
-    if args.have_llama_cpp:
+    if args.have_llama_cpp and "llama.cpp" in args.engines:
         for engine, fa in [("llama.cpp", False)] + ([("llama.cpp flash-attn", True)] if args.flash_attn else []):
             log(f"{name}: {engine}")
             lc = LlamaCppLogits(path, ctx, args.threads, flash_attn=fa)
@@ -347,6 +349,12 @@ def main() -> None:
         default=None,
         metavar="N",
         help="instead: teacher-forced agreement of every engine on the first N tokens of --file",
+    )
+    ap.add_argument(
+        "--engines",
+        default="ggufrun,llama.cpp",
+        type=lambda v: v.split(","),
+        help="engines to compare with the reference (comma-separated; default ggufrun,llama.cpp)",
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bases", default="bench-results/kl-bases", help="where reference bases are kept")

@@ -106,9 +106,12 @@ class PerplexityResult:
     chunk_ppl: list[float] = field(default_factory=list)  # running PPL after each window ("[1]12.34,[2]...")
     kl: KLStats | None = None
     label: str = ""
+    # KL(P || Q) of every scored position, in order (with kl): for paired comparisons of two runs against one base
+    kl_positions: np.ndarray | None = field(default=None, repr=False)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The result as plain data (kl_positions left out: an array as long as the scored tokens)."""
+        return {name: value for name, value in asdict(self).items() if name != "kl_positions"}
 
     def table(self) -> str:
         """A two-column summary (what llama-perplexity prints at the end, in one place)."""
@@ -409,6 +412,7 @@ def perplexity(
         chunk_ppl=chunk_ppl,
         kl=kl,
         label=label,
+        kl_positions=np.concatenate(kld_parts) if base is not None else None,
     )
 
 

@@ -190,6 +190,24 @@ def test_attention_softcap_against_numpy(kv_dtype):
     assert np.abs(plain - rows).max() > 0.1
 
 
+def test_gelu_table_is_llama_cpps():
+    """kernels.gelu_table() equals llama.cpp's ggml_table_gelu_f16 (0c1e570, native AVX2 + FMA build, read from
+    libggml-cpu.so after ggml_cpu_init) on every entry the CPU backend uses (finite x, |x| < 10): the sha256 of
+    those entries' half-precision bits. Without the FMA in 1 + A*x*x, entry 0xbfff was one ulp off."""
+    import hashlib
+
+    from ggufrun.model import kernels
+
+    table = kernels.gelu_table()
+    assert table[0xBFFF] == np.float16(-0.0455017) != np.float16(-0.0454712)  # x = -1.999: the FMA's entry
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    used = np.isfinite(x) & (np.abs(x) < 10)
+    bits = table.astype(np.float16).view(np.uint16)[used]
+    assert hashlib.sha256(bits.tobytes()).hexdigest() == (
+        "941d5b3ccda9cd5ca0a10eb534559bb12b9a4512387d4ba59e4532bb9644d812"
+    )
+
+
 def test_yarn_rope_matches_transformers_formula(tmp_path):
     """YaRN angles and magnitude against Hugging Face transformers' `_compute_yarn_parameters`, written out here:
     fast dimensions keep their frequency, slow ones are divided by the factor, a linear ramp in between, and

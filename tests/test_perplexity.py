@@ -128,7 +128,8 @@ def test_kl_top_k_tail_bound_and_exact(tiny, other_path, tmp_path):
         full, small = tmp_path / "full.npz", tmp_path / "small.npz"
         perplexity(tiny, TEXT, n_ctx=CTX, kl_save=full, top_k=10_000)  # whole vocabulary
         perplexity(tiny, TEXT, n_ctx=CTX, kl_save=small, top_k=4)
-        exact, bound = perplexity(other, kl_base=full).kl, perplexity(other, kl_base=small).kl
+        run = perplexity(other, kl_base=full)
+        exact, bound = run.kl, perplexity(other, kl_base=small).kl
         # the exact KL(P || Q) per position from both models' logits
         b = KLBase.load(full)
         kls, agree = [], []
@@ -141,6 +142,10 @@ def test_kl_top_k_tail_bound_and_exact(tiny, other_path, tmp_path):
             agree.append(p.argmax(1) == q.argmax(1))
         kls = np.concatenate(kls)
         assert exact.mean == pytest.approx(kls.mean(), rel=1e-9) and exact.max == pytest.approx(kls.max(), rel=1e-9)
+        # every position's KL, in order, for paired comparisons of runs (not in the plain-data form)
+        np.testing.assert_allclose(run.kl_positions, kls, rtol=1e-9, atol=1e-15)
+        assert "kl_positions" not in run.as_dict() and run.as_dict()["kl"]["mean"] == exact.mean
+        assert perplexity(other, tokens=b.tokens, n_ctx=CTX).kl_positions is None  # no base: nothing to compare
         assert exact.mean > 0.01  # different weights: clearly different distributions
         assert exact.top1 == pytest.approx(np.concatenate(agree).mean())
         assert 0 < bound.mean <= exact.mean and bound.max <= exact.max + 1e-12

@@ -586,13 +586,19 @@ def gelu_table() -> np.ndarray:
     """GELU (tanh form) of every half-precision value, rounded to half: ggml's `ggml_table_gelu_f16`
     (ggml/src/ggml-cpu/vec.h, GGML_GELU_FP16), which llama.cpp's CPU backend uses for x in (-10, 10).
 
-    float32 operations in ggml_gelu_f32's order, tanh correctly rounded (NumPy's own float32 tanh is a few ulp
-    off, which changes a few table entries).
+    ggml_gelu_f32's float32 operations in its order, as GCC compiles them for an x86 CPU with FMA (llama.cpp's
+    native build; GCC contracts a * b + c into one FMA by default): 1 + GELU_COEF_A * x * x is fma(A * x, x, 1),
+    rounded once, then tanh correctly rounded (NumPy's own float32 tanh is a few ulp off). Every one of the 65,536
+    entries equals the table of llama.cpp 0c1e570 built on AVX2 + FMA; without the FMA, 0xbfff (x = -1.999)
+    differed by one half-precision ulp.
     """
     f32 = np.float32
     x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(f32)
     with np.errstate(all="ignore"):
-        inner = (f32(SQRT_2_OVER_PI) * x) * (f32(1.0) + (f32(GELU_COEF_A) * x) * x)
+        # (A * x) * x has at most 11 + 24 significant bits: exact in float64; + 1 then one rounding to float32
+        # (the float64 sum's own rounding never reaches a float32 tie here: checked on all 65,536 entries)
+        fma_1 = ((f32(GELU_COEF_A) * x).astype(np.float64) * x.astype(np.float64) + 1.0).astype(f32)
+        inner = (f32(SQRT_2_OVER_PI) * x) * fma_1
         y = (f32(0.5) * x) * (f32(1.0) + np.tanh(inner.astype(np.float64)).astype(f32))
     return y.astype(np.float16).astype(f32)
 

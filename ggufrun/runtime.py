@@ -2,6 +2,7 @@
 
     physical_cores()            the default thread count (hyper-threads share a core's vector units)
     set_threads(n)              Numba's thread count for the calling thread (Numba keeps it per thread)
+    ThreadGovernor              per forward pass, runs each step on 1 thread while the full count stalls
     check_threading_layer()     warn when Numba fell back to its slow workqueue layer
     compile_kernels(tf)         compile or load from Numba's on-disk cache every kernel a Transformer uses, with a
                                 notice and helper processes on the first run ever
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 
 def physical_cores() -> int:
@@ -51,6 +53,142 @@ def set_threads(n: int) -> None:
     import numba
 
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+class ThreadGovernor:
+    """Runs each step of a forward pass on the caller's thread count, or on 1 thread while that count stalls.
+
+    >>> gov = ThreadGovernor()
+    >>> with gov:                    # reads the caller's count (set_threads) and restores it at the end
+    ...     for layer in layers:
+    ...         gov.step(key)        # the step about to run; steps of one key cost about the same
+    ...         run(layer)
+
+    A key's 1-thread time is measured on its first step and again every `refresh_s` (an asymmetric average: a
+    faster sample pulls it down by half the gap, a slower one up by an eighth). A step at the full count that
+    takes longer than `stall_ratio` times its key's 1-thread time stalled (a thread was descheduled and the others
+    waited for it at a region's barrier): from the next step on, steps run on 1 thread. After `backoff` seconds one
+    step probes the full count again; if it does not stall the full count is back and the backoff halves (down to
+    probe_min_s), else it doubles (up to probe_max_s). Counters: steps, steps_one (steps run on 1 thread), stalls,
+    probes.
+
+    clock / get_threads / set_threads are injectable for tests (default: time.perf_counter and Numba's per-thread
+    count). The thread count only changes how a kernel's rows are dealt to threads, never a row's bits.
+    """
+
+    MAX_KEYS = 1024  # step kinds remembered (a server sees a new row count per prompt length); then forgotten
+
+    def __init__(
+        self,
+        stall_ratio: float = 1.5,
+        probe_min_s: float = 0.05,
+        probe_max_s: float = 1.0,
+        refresh_s: float = 2.0,
+        clock: Callable[[], float] = time.perf_counter,
+        get_threads: Callable[[], int] | None = None,
+        set_threads: Callable[[int], None] | None = None,
+    ):
+        for name, value in (("stall_ratio", stall_ratio), ("probe_min_s", probe_min_s),
+                            ("probe_max_s", probe_max_s), ("refresh_s", refresh_s)):  # fmt: skip
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if probe_max_s < probe_min_s:
+            raise ValueError(f"probe_max_s ({probe_max_s}) must be at least probe_min_s ({probe_min_s})")
+        if get_threads is None or set_threads is None:
+            import numba
+
+            get_threads = get_threads or numba.get_num_threads
+            set_threads = set_threads or numba.set_num_threads
+        self.stall_ratio, self.probe_min_s, self.probe_max_s, self.refresh_s = (
+            float(stall_ratio), float(probe_min_s), float(probe_max_s), float(refresh_s))  # fmt: skip
+        self.enabled = True
+        self._clock, self._get, self._set = clock, get_threads, set_threads
+        self._one: dict = {}  # key -> 1-thread seconds
+        self._one_at: dict = {}  # key -> when it was last measured
+        self._reduced = False  # running on 1 thread since a stall
+        self._probing = False  # the running step probes the full count
+        self._backoff = self.probe_min_s
+        self._probe_at = 0.0
+        self._active = False
+        self._n_full = self._n_now = 1
+        self._key = None
+        self._t0 = 0.0
+        self.steps = self.steps_one = self.stalls = self.probes = 0
+
+    @property
+    def reduced(self) -> bool:
+        """True while steps run on 1 thread because the full count stalled."""
+        return self._reduced
+
+    def __enter__(self) -> ThreadGovernor:
+        n = self._get() if self.enabled else 1
+        self._active = n > 1
+        self._n_full = self._n_now = n
+        self._key = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._active:
+            return
+        if self._key is not None:
+            self._record(self._key, self._clock() - self._t0)
+            self._key = None
+        if self._n_now != self._n_full:
+            self._set(self._n_full)
+            self._n_now = self._n_full
+        self._active = False
+
+    def step(self, key) -> None:
+        """The previous step (if any) ended; the step of kind `key` starts now, on the count chosen here."""
+        if not self._active:
+            return
+        now = self._clock()
+        if self._key is not None:
+            self._record(self._key, now - self._t0)
+        n = self._choose(key, now)
+        self._key = key
+        if n == self._n_now:
+            self._t0 = now
+        else:
+            self._set(n)
+            self._n_now = n
+            self._t0 = self._clock()  # the switch itself is not the step's time
+
+    def _choose(self, key, now: float) -> int:
+        measured = self._one_at.get(key)
+        if measured is None:
+            return 1  # first step of this kind: its 1-thread time
+        if self._reduced:
+            if now < self._probe_at:
+                return 1
+            self._probing = True
+            self.probes += 1
+            return self._n_full
+        return 1 if now - measured > self.refresh_s else self._n_full
+
+    def _record(self, key, dt: float) -> None:
+        now = self._t0 + dt
+        self.steps += 1
+        if self._n_now == 1:
+            self.steps_one += 1
+            old = self._one.get(key)
+            if old is None and len(self._one) >= self.MAX_KEYS:
+                self._one.clear()
+                self._one_at.clear()
+            self._one[key] = dt if old is None else old + (dt - old) * (0.5 if dt < old else 0.125)
+            self._one_at[key] = now
+            return
+        one = self._one.get(key)
+        if one is not None and dt > self.stall_ratio * one:
+            self.stalls += 1
+            if self._probing:
+                self._backoff = min(2 * self._backoff, self.probe_max_s)
+            self._reduced = True
+            self._probe_at = now + self._backoff
+        elif self._probing:
+            self._reduced = False
+            self._backoff = max(self.probe_min_s, self._backoff / 2)
+        self._probing = False
 
 
 def check_threading_layer(layer: str | None = None) -> None:

@@ -55,6 +55,9 @@ def set_threads(n: int) -> None:
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
+_INF = float("inf")
+
+
 class ThreadGovernor:
     """Runs each step of a forward pass on the caller's thread count, or on 1 thread while that count stalls.
 
@@ -104,7 +107,8 @@ class ThreadGovernor:
         self.enabled = True
         self._clock, self._get, self._set = clock, get_threads, set_threads
         self._one: dict = {}  # key -> 1-thread seconds
-        self._one_at: dict = {}  # key -> when it was last measured
+        self._limit: dict = {}  # key -> stall_ratio * 1-thread seconds: a full-count step above it stalled
+        self._fresh_until: dict = {}  # key -> when its 1-thread time is due to be measured again
         self._reduced = False  # running on 1 thread since a stall
         self._probing = False  # the running step probes the full count
         self._backoff = self.probe_min_s
@@ -130,9 +134,12 @@ class ThreadGovernor:
     def __exit__(self, *exc) -> None:
         if not self._active:
             return
-        if self._key is not None:
-            self._record(self._key, self._clock() - self._t0)
-            self._key = None
+        if self._key is not None:  # the last step ends here
+            now = self._clock()
+            prev, self._key = self._key, None
+            self.steps += 1
+            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF):
+                self._record(prev, now - self._t0, now)
         if self._n_now != self._n_full:
             self._set(self._n_full)
             self._n_now = self._n_full
@@ -143,10 +150,13 @@ class ThreadGovernor:
         if not self._active:
             return
         now = self._clock()
-        if self._key is not None:
-            self._record(self._key, now - self._t0)
-        n = self._choose(key, now)
-        self._key = key
+        prev, self._key = self._key, key
+        if prev is not None:
+            self.steps += 1
+            # the common case (full count, no stall, fresh 1-thread time) is this test and the next one
+            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF):
+                self._record(prev, now - self._t0, now)
+        n = self._choose(key, now) if self._reduced or now > self._fresh_until.get(key, -_INF) else self._n_full
         if n == self._n_now:
             self._t0 = now
         else:
@@ -155,31 +165,30 @@ class ThreadGovernor:
             self._t0 = self._clock()  # the switch itself is not the step's time
 
     def _choose(self, key, now: float) -> int:
-        measured = self._one_at.get(key)
-        if measured is None:
+        if key not in self._one:
             return 1  # first step of this kind: its 1-thread time
-        if self._reduced:
-            if now < self._probe_at:
-                return 1
-            self._probing = True
-            self.probes += 1
-            return self._n_full
-        return 1 if now - measured > self.refresh_s else self._n_full
+        if not self._reduced:
+            return 1  # the 1-thread time is older than refresh_s
+        if now < self._probe_at:
+            return 1
+        self._probing = True
+        self.probes += 1
+        return self._n_full
 
-    def _record(self, key, dt: float) -> None:
-        now = self._t0 + dt
-        self.steps += 1
+    def _record(self, key, dt: float, now: float) -> None:
+        """A step that ran on 1 thread, probed the full count, or stalled."""
         if self._n_now == 1:
             self.steps_one += 1
             old = self._one.get(key)
             if old is None and len(self._one) >= self.MAX_KEYS:
                 self._one.clear()
-                self._one_at.clear()
-            self._one[key] = dt if old is None else old + (dt - old) * (0.5 if dt < old else 0.125)
-            self._one_at[key] = now
+                self._limit.clear()
+                self._fresh_until.clear()
+            one = self._one[key] = dt if old is None else old + (dt - old) * (0.5 if dt < old else 0.125)
+            self._limit[key] = self.stall_ratio * one
+            self._fresh_until[key] = now + self.refresh_s
             return
-        one = self._one.get(key)
-        if one is not None and dt > self.stall_ratio * one:
+        if dt > self._limit.get(key, _INF):
             self.stalls += 1
             if self._probing:
                 self._backoff = min(2 * self._backoff, self.probe_max_s)

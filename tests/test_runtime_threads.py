@@ -221,7 +221,7 @@ def test_one_thread_or_disabled_never_touches_the_count():
         {"probe_max_s": "1"},
         {"refresh_s": True},
         {"probe_min_s": 2.0, "probe_max_s": 1.0},
-    ],  # fmt: skip
+    ],
 )
 def test_bad_settings_name_the_argument(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):

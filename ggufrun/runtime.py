@@ -67,13 +67,13 @@ class ThreadGovernor:
     ...         gov.step(key)        # the step about to run; steps of one key cost about the same
     ...         run(layer)
 
-    A key's 1-thread time is measured on its first step and again every `refresh_s` (an asymmetric average: a
-    faster sample pulls it down by half the gap, a slower one up by an eighth). A step at the full count that
-    takes longer than `stall_ratio` times its key's 1-thread time stalled (a thread was descheduled and the others
-    waited for it at a region's barrier): from the next step on, steps run on 1 thread. After `backoff` seconds one
-    step probes the full count again; if it does not stall the full count is back and the backoff halves (down to
-    probe_min_s), else it doubles (up to probe_max_s). Counters: steps, steps_one (steps run on 1 thread), stalls,
-    probes.
+    A key's 1-thread time is measured on its first two steps and again every `refresh_s` (a faster sample replaces
+    it, as a step cannot run faster than it costs; a slower one, maybe descheduled, moves it up by an eighth). A
+    step at the full count that takes longer than `stall_ratio` times its key's 1-thread time stalled (a thread was
+    descheduled and the others waited for it at a region's barrier): from the next step on, steps run on 1 thread.
+    After `backoff` seconds one step probes the full count again; if it does not stall the full count is back and
+    the backoff halves (down to probe_min_s), else it doubles (up to probe_max_s). Counters: steps, steps_one
+    (steps run on 1 thread), stalls, probes.
 
     clock / get_threads / set_threads are injectable for tests (default: time.perf_counter and Numba's per-thread
     count). The thread count only changes how a kernel's rows are dealt to threads, never a row's bits.
@@ -184,9 +184,10 @@ class ThreadGovernor:
                 self._one.clear()
                 self._limit.clear()
                 self._fresh_until.clear()
-            one = self._one[key] = dt if old is None else old + (dt - old) * (0.5 if dt < old else 0.125)
+            one = self._one[key] = dt if old is None or dt < old else old + (dt - old) * 0.125
             self._limit[key] = self.stall_ratio * one
-            self._fresh_until[key] = now + self.refresh_s
+            # a key's first sample may hold a JIT compilation or page faults: its next step is sampled again
+            self._fresh_until[key] = now if old is None else now + self.refresh_s
             return
         if dt > self._limit.get(key, _INF):
             self.stalls += 1

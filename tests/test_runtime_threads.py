@@ -156,6 +156,20 @@ def test_inflated_one_thread_time_is_brought_down():
     assert gov.stalls == 1 and counts[1:] == [1] * 9
 
 
+def test_first_step_with_a_compilation_does_not_hide_stalls():
+    """The very first step of a key can include seconds of JIT compilation: it is measured again at once, so a
+    load that starts right after is still recognised."""
+    m = Machine()
+    quiet = m.cost
+    m.cost = lambda key, n: 1.0 if m.t == 0 else quiet(key, n)
+    gov = m.governor()
+    m.run_pass(gov)
+    m.cost = quiet
+    m.busy = True
+    counts = m.run_pass(gov, keys=(3,) * 10)
+    assert gov.stalls == 1 and counts[-5:] == [1] * 5
+
+
 def test_backoff_shrinks_after_the_load_ends():
     """After a long load (probes once per probe_max_s), each successful probe halves the backoff: a stall soon
     after returns faster than probe_max_s."""

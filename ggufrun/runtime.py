@@ -90,14 +90,17 @@ class ThreadGovernor:
     step at the full count that takes longer than `stall_ratio` times its key's 1-thread time stalled (a thread was
     descheduled and the others waited for it at a region's barrier): from the next step on, steps run on 1 thread.
     After `backoff` seconds one step probes the full count again; if it does not stall the full count is back and
-    the backoff halves (down to probe_min_s), else it doubles (up to probe_max_s). Counters: steps, steps_one
-    (steps run on 1 thread), stalls, probes.
+    the backoff halves (down to probe_min_s), else it doubles (up to probe_max_s), and the next probe waits at least
+    50x the time the failed one lost (PROBE_BUDGET: a busy machine's stalls can last tens of milliseconds).
+    Counters: steps, steps_one (steps run on 1 thread), stalls, probes.
 
     clock / get_threads / set_threads are injectable for tests (default: time.perf_counter and Numba's per-thread
     count). The thread count only changes how a kernel's rows are dealt to threads, never a row's bits.
     """
 
     MAX_KEYS = 1024  # step kinds remembered (a server sees a new row count per prompt length); then forgotten
+    PROBE_BUDGET = 0.02  # under a lasting load, failed probes cost at most this share of the time...
+    PROBE_WAIT_MAX_S = 10.0  # ...unless that would mean waiting longer than this for the next one
 
     def __init__(
         self,
@@ -209,10 +212,13 @@ class ThreadGovernor:
             return
         if dt > self._limit.get(key, _INF):
             self.stalls += 1
-            if self._probing:
+            wait = self._backoff
+            if self._probing:  # the load goes on: probe less often, and long stalls rarer still
                 self._backoff = min(2 * self._backoff, self.probe_max_s)
+                lost = dt - self._one[key]  # what this probe cost next to a 1-thread step
+                wait = max(self._backoff, min(lost / self.PROBE_BUDGET, self.PROBE_WAIT_MAX_S))
             self._reduced = True
-            self._probe_at = now + self._backoff
+            self._probe_at = now + wait
         elif self._probing:
             self._reduced = False
             self._backoff = max(self.probe_min_s, self._backoff / 2)

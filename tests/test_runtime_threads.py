@@ -98,6 +98,19 @@ def test_persistent_load_costs_about_one_stall_per_second():
     assert wasted < 0.02 * (m.t - t0)
 
 
+def test_long_stalls_are_probed_less_often():
+    """On a crowded machine a descheduled thread waits tens of milliseconds: probes then space out so that they
+    cost at most PROBE_BUDGET of the time."""
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    m.cost = lambda key, n: QUIET_ONE if n == 1 else 0.1
+    t0 = m.t
+    counts = m.run_for(gov, 60.0)
+    wasted = counts.count(2) * (0.1 - QUIET_ONE)
+    assert wasted < 1.5 * gov.PROBE_BUDGET * (m.t - t0)
+
+
 def test_probe_brings_the_full_count_back_when_the_load_ends():
     m = Machine()
     gov = m.governor()

@@ -6,7 +6,7 @@ thread, and llama.cpp (llama-cpp-python, if installed) at its default, under the
     python benchmarks/contention.py --ungoverned           # also ggufrun without its ThreadGovernor (slow)
 
 Load levels: quiet (nothing started here), then 1 of N cores busy, then N-1 of N when N > 2. The load is pure
-spin-loop processes started by this script (`while True: pass`), left to the OS scheduler. At each level the
+spin-loop processes started by this script (SPIN), left to the OS scheduler. At each level the
 runs are interleaved (every configuration once, then again, --repeat times) so that the machine's other work
 hits them alike; each figure is the median (min-max) of the runs. Generation is greedy with end-of-generation
 tokens masked, so every run decodes exactly --gen-tokens tokens. The 1-minute load average before each level is
@@ -27,7 +27,8 @@ import time
 from _common import env_line, environment, fmt, log, prompt_ids, summarize, write_json
 from bench import run_ggufrun
 
-SPIN = "while True:\n    pass\n"
+# a pure spin loop; every ~10 ms it checks that this script still runs, so that a killed run leaves no spinner
+SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(100_000):\n        pass\n"
 
 
 def load_levels(n_cores: int) -> list[int]:
@@ -144,7 +145,7 @@ def main() -> int:
     results = {"env": env, "args": vars(args), "cores": n_cores, "models": []}
     for name in args.models:
         results["models"].append(bench_model(name, args, n_cores))
-    print(f"\n{env_line(env)}; {n_cores} cores; load: {SPIN.splitlines()[0]} processes")
+    print(f"\n{env_line(env)}; {n_cores} cores; load: spin-loop processes")
     for res in results["models"]:
         print_table(res, n_cores, args)
     write_json(args.json, results)

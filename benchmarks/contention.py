@@ -28,7 +28,7 @@ from _common import env_line, environment, fmt, log, prompt_ids, summarize, writ
 from bench import run_ggufrun
 
 # a pure spin loop; every ~10 ms it checks that this script still runs, so that a killed run leaves no spinner
-SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(100_000):\n        pass\n"
+SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    for _ in range(100_000):\n        pass\n"
 
 
 def load_levels(n_cores: int) -> list[int]:
@@ -37,7 +37,8 @@ def load_levels(n_cores: int) -> list[int]:
 
 
 def start_spinners(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL) for _ in range(n)]
+    argv = [sys.executable, "-c", SPIN, str(os.getpid())]
+    return [subprocess.Popen(argv, stdin=subprocess.DEVNULL) for _ in range(n)]
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

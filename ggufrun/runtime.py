@@ -82,17 +82,17 @@ class ThreadGovernor:
     >>> gov = ThreadGovernor()
     >>> with gov:                    # reads the caller's count (set_threads) and restores it at the end
     ...     for layer in layers:
-    ...         gov.step(key)        # the step about to run; steps of one key cost about the same
-    ...         run(layer)
+    ...         gov.step(key, size)  # the step about to run: steps of one key cost about the same per unit of
+    ...         run(layer)           # size (a layer of m rows: key = (layer kind, bucket of m), size = m)
 
-    A key's 1-thread time is measured on its first two steps and again every `refresh_s` (a faster sample replaces
-    it, as a step cannot run faster than it costs; a slower one, maybe descheduled, moves it up by an eighth). A
-    step at the full count that takes longer than `stall_ratio` times its key's 1-thread time stalled (a thread was
-    descheduled and the others waited for it at a region's barrier): from the next step on, steps run on 1 thread.
-    After `backoff` seconds one step probes the full count again; if it does not stall the full count is back and
-    the backoff halves (down to probe_min_s), else it doubles (up to probe_max_s), and the next probe waits at least
-    50x the time the failed one lost (PROBE_BUDGET: a busy machine's stalls can last tens of milliseconds).
-    Counters: steps, steps_one (steps run on 1 thread), stalls, probes.
+    A key's 1-thread time per unit of size is measured on its first two steps and again every `refresh_s` (a
+    faster sample replaces it, as a step cannot run faster than it costs; a slower one, maybe descheduled, moves it
+    up by an eighth). A step at the full count that takes longer than `stall_ratio` times its key's 1-thread time
+    stalled (a thread was descheduled and the others waited for it at a region's barrier): from the next step on,
+    steps run on 1 thread. After `backoff` seconds one step probes the full count again; if it does not stall the
+    full count is back and the backoff halves (down to probe_min_s), else it doubles (up to probe_max_s), and the
+    next probe waits at least 50x the time the failed one lost (PROBE_BUDGET: a busy machine's stalls can last
+    tens of milliseconds). Counters: steps, steps_one (steps run on 1 thread), stalls, probes.
 
     clock / get_threads / set_threads are injectable for tests (default: time.perf_counter and Numba's per-thread
     count). The thread count only changes how a kernel's rows are dealt to threads, never a row's bits.
@@ -138,6 +138,7 @@ class ThreadGovernor:
         self._n_full = self._n_now = 1
         self._key = None
         self._t0 = 0.0
+        self._size = 1.0
         self.steps = self.steps_one = self.stalls = self.probes = 0
 
     @property
@@ -159,15 +160,15 @@ class ThreadGovernor:
             now = self._clock()
             prev, self._key = self._key, None
             self.steps += 1
-            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF):
-                self._record(prev, now - self._t0, now)
+            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF) * self._size:
+                self._record(prev, (now - self._t0) / self._size, now)
         if self._n_now != self._n_full:
             self._set(self._n_full)
             self._n_now = self._n_full
         self._active = False
 
-    def step(self, key) -> None:
-        """The previous step (if any) ended; the step of kind `key` starts now, on the count chosen here."""
+    def step(self, key, size: float = 1.0) -> None:
+        """The previous step (if any) ended; a step of kind `key` and `size` starts now, on the count chosen here."""
         if not self._active:
             return
         now = self._clock()
@@ -175,8 +176,9 @@ class ThreadGovernor:
         if prev is not None:
             self.steps += 1
             # the common case (full count, no stall, fresh 1-thread time) is this test and the next one
-            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF):
-                self._record(prev, now - self._t0, now)
+            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF) * self._size:
+                self._record(prev, (now - self._t0) / self._size, now)
+        self._size = size
         n = self._choose(key, now) if self._reduced or now > self._fresh_until.get(key, -_INF) else self._n_full
         if n == self._n_now:
             self._t0 = now
@@ -197,7 +199,7 @@ class ThreadGovernor:
         return self._n_full
 
     def _record(self, key, dt: float, now: float) -> None:
-        """A step that ran on 1 thread, probed the full count, or stalled."""
+        """A step that ran on 1 thread, probed the full count, or stalled; dt per unit of its size."""
         if self._n_now == 1:
             self.steps_one += 1
             old = self._one.get(key)
@@ -215,7 +217,7 @@ class ThreadGovernor:
             wait = self._backoff
             if self._probing:  # the load goes on: probe less often, and long stalls rarer still
                 self._backoff = min(2 * self._backoff, self.probe_max_s)
-                lost = dt - self._one[key]  # what this probe cost next to a 1-thread step
+                lost = (dt - self._one[key]) * self._size  # what this probe cost next to a 1-thread step
                 wait = max(self._backoff, min(lost / self.PROBE_BUDGET, self.PROBE_WAIT_MAX_S))
             self._reduced = True
             self._probe_at = now + wait

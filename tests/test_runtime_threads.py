@@ -213,6 +213,29 @@ def test_keys_are_measured_separately():
     assert counts.count(2) > 0.99 * len(counts)
 
 
+def test_sizes_of_one_key_are_compared_per_unit():
+    """Prefill passes of different row counts share a key (a bucket of row counts): times are compared per row."""
+    m = Machine()
+    gov = m.governor()
+    sizes = [8, 1, 5, 8, 2, 7]
+
+    def run(seconds):
+        counts, end = [], m.t + seconds
+        while m.t < end:
+            with gov:
+                for size in sizes:
+                    gov.step(7, size)
+                    counts.append(m.n)
+                    m.t += size * m.cost(7, m.n)
+        return counts
+
+    counts = run(3.0)
+    assert gov.stalls == 0 and counts.count(2) > 0.99 * len(counts)
+    m.busy = True
+    run(0.01)
+    assert gov.stalls >= 1 and gov.reduced
+
+
 def test_restores_the_count_when_the_pass_raises():
     m = Machine()
     gov = m.governor()

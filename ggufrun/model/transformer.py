@@ -152,7 +152,7 @@ class Transformer:
                 )
             self._rope.append(tables[key])
         self._window = [c.sliding_window if swa else 0 for swa in c.swa_layers]
-        self._step_kind = [1 if swa else 0 for swa in c.swa_layers]  # governor keys: m * 3 + kind (2: output)
+        self._step_kind = [1 if swa else 0 for swa in c.swa_layers]  # governor keys: bucket of m * 3 + kind (2: output)
         self._gelu_table = kernels.gelu_table() if c.spec.gelu else None
         self._embed_scale = np.float32(math.sqrt(c.n_embd)) if c.spec.embed_scale else None
 
@@ -287,7 +287,7 @@ class Transformer:
             self._blocks(ids, ((cache, 0, m, pos0),), self._project)
             # h now holds output_norm(x)
             if out is not None:
-                self.governor.step(m * 3 + 2)
+                self.governor.step(m.bit_length() * 3 + 2, m)
                 self._project(s.h[:m], (w.output, out))
                 self._softcap(out)
             else:
@@ -320,7 +320,7 @@ class Transformer:
                 else:  # gathered into o, free until the next pass
                     last_rows = np.take(s.h, [row for _, row in done], axis=0, out=s.o[:k])
                 out = logits[first : first + k]
-                self.governor.step(k * 3 + 2)
+                self.governor.step(k.bit_length() * 3 + 2, k)
                 self._project_rows(k)(last_rows, (w.output, out))
                 self._softcap(out)
         for piece, (cache, *_) in zip(pieces, spans):
@@ -351,9 +351,9 @@ class Transformer:
         if self._embed_scale is not None:
             kernels.scale_rows(x, self._embed_scale)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
-        step, kinds = self.governor.step, self._step_kind
+        step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
-            step(m * 3 + kinds[il])
+            step(bucket + kinds[il], m)
             self._attention_block(il, lw, m, spans, project)
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
             self._ffn_block(lw, m, next_norm, project)

@@ -15,20 +15,22 @@ The threading-layer order itself (OpenMP first) is set where Numba is first conf
 Threads on a busy machine. Every Numba parallel region (a prange in quants/dot.py or model/kernels.py) ends at a
 barrier that waits for all of its threads. When another process holds a core, one of ours is descheduled for a
 scheduler slice (milliseconds) while the others wait for it at a barrier that closes a 20-100 us matrix product;
-a decode step has ~150 such regions, so 2-thread decode fell to 0.3-0.7 tok/s where 1 thread kept its speed
-(llama.cpp's thread pool collapses the same way). Options measured:
+a decode step has ~150 such regions, so 2-thread decode fell to 0.2-0.7 tok/s where 1 thread kept its speed
+(llama.cpp's thread pool collapses the same way). Options weighed:
   - Numba's dynamic scheduling (`numba.set_parallel_chunksize`): deals chunks to threads on demand, which helps
     a thread that runs at half speed, but the region still ends at OpenMP's join barrier, which a descheduled
-    thread reaches only when it runs again: no help against the stall (prefill measurements in README.md).
+    thread reaches only when it runs again: no help against the stall. SmolLM2 prefill, 128 tokens, 2 threads,
+    1 of 2 cores busy (load average 17): static 4.1 tok/s, chunks of 1 or 4 iterations 3.4 / 3.8, 1 thread 3.4.
   - A pool of our own whose regions complete when all chunks are done, not when all threads arrived, would
     remove the wait itself, but needs persistent threads beside Numba's layer with atomics and idle waits written
     as LLVM intrinsics (Python threads cannot do it: a wake-up costs as much as a 20-100 us region). Not built:
     the governor reaches the target without touching the kernels.
   - An adaptive thread count (ThreadGovernor, chosen): the forward pass times its steps (a layer, the output
     projection: ~30 per token) and runs a step on 1 thread from the step after one that stalled, probing the
-    full count again after 0.05 s, doubling to once a second while it keeps stalling. A stall costs at most one
-    step, the probes about one stalled step per second; on a quiet machine nothing changes but one 1-thread
-    sample per step kind every 2 s and 0.35 us of bookkeeping per step.
+    full count again after 0.05 s, then less often while it keeps stalling (failed probes <= 2% of the time).
+    A stall costs one step; on a quiet machine what remains is one 1-thread step per step kind every 2 s and
+    0.35 us of bookkeeping per step. With 1 of 2 cores busy, 2-thread decode is 0.95-1.01x the 1-thread decode
+    (it was 0.1-0.3x), on SmolLM2 and Gemma3 (README.md, "Busy machine").
 """
 
 from __future__ import annotations

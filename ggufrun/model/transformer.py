@@ -152,7 +152,8 @@ class Transformer:
                 )
             self._rope.append(tables[key])
         self._window = [c.sliding_window if swa else 0 for swa in c.swa_layers]
-        self._step_kind = [1 if swa else 0 for swa in c.swa_layers]  # governor keys: bucket of m * 3 + kind (2: output)
+        # governor step keys: m.bit_length() * 3 + kind (0: layer, 1: sliding-window layer, 2: output projection)
+        self._step_kind = [1 if swa else 0 for swa in c.swa_layers]
         self._gelu_table = kernels.gelu_table() if c.spec.gelu else None
         self._embed_scale = np.float32(math.sqrt(c.n_embd)) if c.spec.embed_scale else None
 
@@ -291,7 +292,7 @@ class Transformer:
                 self._project(s.h[:m], (w.output, out))
                 self._softcap(out)
             else:
-                self.governor.step(5)
+                self.governor.step(5)  # 1 row: m.bit_length() * 3 + kind 2
                 self._project(s.h[m - 1 : m], (w.output, s.logits))
                 self._softcap(s.logits)
         cache.commit(ids)

@@ -57,13 +57,14 @@ class Ggufrun:
         gov = self.model.transformer.governor
         self.model.n_threads = self.threads
         gov.enabled = self.governor
-        steps, one = gov.steps, gov.steps_one
+        steps, one, stalls = gov.steps, gov.steps_one, gov.stalls
         try:
             r = run_ggufrun(self.model, ids, gen)
         finally:
             gov.enabled = True
         if gov.steps > steps:
             r["one_thread_share"] = (gov.steps_one - one) / (gov.steps - steps)
+            r["stalls"] = gov.stalls - stalls
         return r
 
 
@@ -84,9 +85,10 @@ def bench_model(name: str, args, n_cores: int) -> dict:
     if args.ungoverned:
         configs[f"ggufrun, {default} threads, no governor"] = Ggufrun(model, default, governor=False)
     try:
-        from compare import LlamaCpp
+        if not args.no_llama:
+            from compare import LlamaCpp
 
-        configs[f"llama.cpp, {default} threads (default)"] = LlamaCpp(path, default, n_ctx)
+            configs[f"llama.cpp, {default} threads (default)"] = LlamaCpp(path, default, n_ctx)
     except ImportError:
         log("llama_cpp is not importable: llama.cpp rows skipped")
     for c in configs.values():  # warm-up (and JIT cache load) outside the timings
@@ -103,8 +105,9 @@ def bench_model(name: str, args, n_cores: int) -> dict:
                 for label, c in configs.items():
                     runs[label].append(c.run(ids, args.gen_tokens))
                     r = runs[label][-1]
+                    stalls = f", {r['stalls']} stalls" if "stalls" in r else ""
                     log(f"{result['model']} busy {busy}/{n_cores} run {i + 1}: {label}: prefill "
-                        f"{r['prefill_tps']:.1f} tok/s, decode {r['decode_tps']:.1f} tok/s")  # fmt: skip
+                        f"{r['prefill_tps']:.1f} tok/s, decode {r['decode_tps']:.1f} tok/s{stalls}")  # fmt: skip
         finally:
             stop(procs)
         for label, rs in runs.items():
@@ -137,6 +140,7 @@ def main() -> int:
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--ungoverned", action="store_true", help="add ggufrun without its ThreadGovernor (slow)")
+    ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp even when llama_cpp is importable")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from ggufrun.runtime import physical_cores

@@ -29,8 +29,9 @@ a decode step has ~150 such regions, so 2-thread decode fell to 0.2-0.7 tok/s wh
     projection: ~30 per token) and runs a step on 1 thread from the step after one that stalled, probing the
     full count again after 0.05 s, then less often while it keeps stalling (failed probes <= 2% of the time).
     A stall costs one step; on a quiet machine what remains is one 1-thread step per step kind every 2 s and
-    0.35 us of bookkeeping per step. With 1 of 2 cores busy, 2-thread decode is 0.95-1.01x the 1-thread decode
-    (it was 0.1-0.3x), on SmolLM2 and Gemma3 (README.md, "Busy machine"). Limit: the fallback is 1 thread, the
+    0.35 us of bookkeeping per step. With 1 of 2 cores busy, 2-thread decode measured 0.79-1.08x the 1-thread
+    decode (medians of 3-7 interleaved runs, three sessions) where it was ~0.1x, on SmolLM2 and Gemma3 (README.md,
+    "Busy machine"). Limit: the fallback is 1 thread, the
     right count on 2 cores; with 1 of N > 2 cores busy, N-1 threads would do better (a ladder of counts: not yet).
 """
 

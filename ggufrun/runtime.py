@@ -2,6 +2,7 @@
 
     physical_cores()            the default thread count (hyper-threads share a core's vector units)
     set_threads(n)              Numba's thread count for the calling thread (Numba keeps it per thread)
+    ThreadGovernor              per forward pass, runs each step on 1 thread while the full count stalls
     check_threading_layer()     warn when Numba fell back to its slow workqueue layer
     compile_kernels(tf)         compile or load from Numba's on-disk cache every kernel a Transformer uses, with a
                                 notice and helper processes on the first run ever
@@ -10,6 +11,28 @@
                                 KeyboardInterrupt out of a blocking read (input() at a chat prompt)
 
 The threading-layer order itself (OpenMP first) is set where Numba is first configured, in quants/jit.py.
+
+Threads on a busy machine. Every Numba parallel region (a prange in quants/dot.py or model/kernels.py) ends at a
+barrier that waits for all of its threads. When another process holds a core, one of ours is descheduled for a
+scheduler slice (milliseconds) while the others wait for it at a barrier that closes a 20-100 us matrix product;
+a decode step has ~150 such regions, so 2-thread decode fell to 0.2-0.7 tok/s where 1 thread kept its speed
+(llama.cpp's thread pool collapses the same way). Options weighed:
+  - Numba's dynamic scheduling (`numba.set_parallel_chunksize`): deals chunks to threads on demand, which helps
+    a thread that runs at half speed, but the region still ends at OpenMP's join barrier, which a descheduled
+    thread reaches only when it runs again: no help against the stall. SmolLM2 prefill, 128 tokens, 2 threads,
+    1 of 2 cores busy (load average 17): static 4.1 tok/s, chunks of 1 or 4 iterations 3.4 / 3.8, 1 thread 3.4.
+  - A pool of our own whose regions complete when all chunks are done, not when all threads arrived, would
+    remove the wait itself, but needs persistent threads beside Numba's layer with atomics and idle waits written
+    as LLVM intrinsics (Python threads cannot do it: a wake-up costs as much as a 20-100 us region). Not built:
+    the governor reaches the target without touching the kernels.
+  - An adaptive thread count (ThreadGovernor, chosen): the forward pass times its steps (a layer, the output
+    projection: ~30 per token) and runs a step on 1 thread from the step after one that stalled, probing the
+    full count again after 0.05 s, then less often while it keeps stalling (failed probes <= 2% of the time).
+    A stall costs one step; on a quiet machine what remains is one 1-thread step per step kind every 2 s and
+    0.35 us of bookkeeping per step. With 1 of 2 cores busy, 2-thread decode measured 0.79-1.08x the 1-thread
+    decode (medians of 3-7 interleaved runs, three sessions) where it was ~0.1x, on SmolLM2 and Gemma3 (README.md,
+    "Busy machine"). Limit: the fallback is 1 thread, the
+    right count on 2 cores; with 1 of N > 2 cores busy, N-1 threads would do better (a ladder of counts: not yet).
 """
 
 from __future__ import annotations
@@ -22,6 +45,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 
 def physical_cores() -> int:
@@ -51,6 +75,160 @@ def set_threads(n: int) -> None:
     import numba
 
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+_INF = float("inf")
+
+
+class ThreadGovernor:
+    """Runs each step of a forward pass on the caller's thread count, or on 1 thread while that count stalls.
+
+    >>> gov = ThreadGovernor()
+    >>> with gov:                    # reads the caller's count (set_threads) and restores it at the end
+    ...     for layer in layers:
+    ...         gov.step(key, size)  # the step about to run: steps of one key cost about the same per unit of
+    ...         run(layer)           # size (a layer of m rows: key = (layer kind, bucket of m), size = m)
+
+    A key's 1-thread time per unit of size is measured on its first two steps and again every `refresh_s` (a
+    faster sample replaces it, as a step cannot run faster than it costs; a slower one, maybe descheduled, moves it
+    up by an eighth). A step at the full count that takes longer than `stall_ratio` times its key's 1-thread time
+    stalled (a thread was descheduled and the others waited for it at a region's barrier): from the next step on,
+    steps run on 1 thread. After `backoff` seconds one step probes the full count again; if it does not stall the
+    full count is back and the backoff halves (down to probe_min_s), else it doubles (up to probe_max_s), and the
+    next probe waits at least 50x the time the failed one lost (PROBE_BUDGET: a busy machine's stalls can last
+    tens of milliseconds). Counters: steps, steps_one (steps run on 1 thread), stalls, probes.
+
+    clock / get_threads / set_threads are injectable for tests (default: time.perf_counter and Numba's per-thread
+    count). The thread count only changes how a kernel's rows are dealt to threads, never a row's bits.
+    """
+
+    MAX_KEYS = 1024  # step kinds remembered (a server sees a new row count per prompt length); then forgotten
+    PROBE_BUDGET = 0.02  # under a lasting load, failed probes cost at most this share of the time...
+    PROBE_WAIT_MAX_S = 10.0  # ...unless that would mean waiting longer than this for the next one
+
+    def __init__(
+        self,
+        stall_ratio: float = 1.5,
+        probe_min_s: float = 0.05,
+        probe_max_s: float = 1.0,
+        refresh_s: float = 2.0,
+        clock: Callable[[], float] = time.perf_counter,
+        get_threads: Callable[[], int] | None = None,
+        set_threads: Callable[[int], None] | None = None,
+    ):
+        for name, value in (("stall_ratio", stall_ratio), ("probe_min_s", probe_min_s),
+                            ("probe_max_s", probe_max_s), ("refresh_s", refresh_s)):  # fmt: skip
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if probe_max_s < probe_min_s:
+            raise ValueError(f"probe_max_s ({probe_max_s}) must be at least probe_min_s ({probe_min_s})")
+        if get_threads is None or set_threads is None:
+            import numba
+
+            get_threads = get_threads or numba.get_num_threads
+            set_threads = set_threads or numba.set_num_threads
+        self.stall_ratio, self.probe_min_s, self.probe_max_s, self.refresh_s = (
+            float(stall_ratio), float(probe_min_s), float(probe_max_s), float(refresh_s))  # fmt: skip
+        self.enabled = True
+        self._clock, self._get, self._set = clock, get_threads, set_threads
+        self._one: dict = {}  # key -> 1-thread seconds
+        self._limit: dict = {}  # key -> stall_ratio * 1-thread seconds: a full-count step above it stalled
+        self._fresh_until: dict = {}  # key -> when its 1-thread time is due to be measured again
+        self._reduced = False  # running on 1 thread since a stall
+        self._probing = False  # the running step probes the full count
+        self._backoff = self.probe_min_s
+        self._probe_at = 0.0
+        self._active = False
+        self._n_full = self._n_now = 1
+        self._key = None
+        self._t0 = 0.0
+        self._size = 1.0
+        self.steps = self.steps_one = self.stalls = self.probes = 0
+
+    @property
+    def reduced(self) -> bool:
+        """True while steps run on 1 thread because the full count stalled."""
+        return self._reduced
+
+    def __enter__(self) -> ThreadGovernor:
+        n = self._get() if self.enabled else 1
+        self._active = n > 1
+        self._n_full = self._n_now = n
+        self._key = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._active:
+            return
+        if self._key is not None:  # the last step ends here
+            now = self._clock()
+            prev, self._key = self._key, None
+            self.steps += 1
+            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF) * self._size:
+                self._record(prev, (now - self._t0) / self._size, now)
+        if self._n_now != self._n_full:
+            self._set(self._n_full)
+            self._n_now = self._n_full
+        self._active = False
+
+    def step(self, key, size: float = 1.0) -> None:
+        """The previous step (if any) ended; a step of kind `key` and `size` starts now, on the count chosen here."""
+        if not self._active:
+            return
+        now = self._clock()
+        prev, self._key = self._key, key
+        if prev is not None:
+            self.steps += 1
+            # the common case (full count, no stall, fresh 1-thread time) is this test and the next one
+            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF) * self._size:
+                self._record(prev, (now - self._t0) / self._size, now)
+        self._size = size
+        n = self._choose(key, now) if self._reduced or now > self._fresh_until.get(key, -_INF) else self._n_full
+        if n == self._n_now:
+            self._t0 = now
+        else:
+            self._set(n)
+            self._n_now = n
+            self._t0 = self._clock()  # the switch itself is not the step's time
+
+    def _choose(self, key, now: float) -> int:
+        if key not in self._one:
+            return 1  # first step of this kind: its 1-thread time
+        if not self._reduced:
+            return 1  # the 1-thread time is older than refresh_s
+        if now < self._probe_at:
+            return 1
+        self._probing = True
+        self.probes += 1
+        return self._n_full
+
+    def _record(self, key, dt: float, now: float) -> None:
+        """A step that ran on 1 thread, probed the full count, or stalled; dt per unit of its size."""
+        if self._n_now == 1:
+            self.steps_one += 1
+            old = self._one.get(key)
+            if old is None and len(self._one) >= self.MAX_KEYS:
+                self._one.clear()
+                self._limit.clear()
+                self._fresh_until.clear()
+            one = self._one[key] = dt if old is None or dt < old else old + (dt - old) * 0.125
+            self._limit[key] = self.stall_ratio * one
+            # a key's first sample may hold a JIT compilation or page faults: its next step is sampled again
+            self._fresh_until[key] = now if old is None else now + self.refresh_s
+            return
+        if dt > self._limit.get(key, _INF):
+            self.stalls += 1
+            wait = self._backoff
+            if self._probing:  # the load goes on: probe less often, and long stalls rarer still
+                self._backoff = min(2 * self._backoff, self.probe_max_s)
+                lost = (dt - self._one[key]) * self._size  # what this probe cost next to a 1-thread step
+                wait = max(self._backoff, min(lost / self.PROBE_BUDGET, self.PROBE_WAIT_MAX_S))
+            self._reduced = True
+            self._probe_at = now + wait
+        elif self._probing:
+            self._reduced = False
+            self._backoff = max(self.probe_min_s, self._backoff / 2)
+        self._probing = False
 
 
 def check_threading_layer(layer: str | None = None) -> None:

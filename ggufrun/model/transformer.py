@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import quants
 from ..errors import ContextOverflowError
+from ..runtime import ThreadGovernor
 from . import kernels
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -133,6 +134,8 @@ class Transformer:
 
     Threads: the activation buffers are shared, so every forward pass runs under `lock` (reentrant). A caller that
     reads the returned logits buffer (overwritten by the next pass) holds `lock` across the pass and the read.
+    A pass runs on the calling thread's Numba thread count (runtime.set_threads), step by step (a layer, the output
+    projection) on 1 thread instead while `governor` (runtime.ThreadGovernor) measures that count stalling.
     """
 
     def __init__(self, gguf_file, n_ctx: int | None = None, n_batch: int = 256, kv_dtype=np.float16):
@@ -156,6 +159,7 @@ class Transformer:
         self.cache = KVCache(c, n_ctx, kv_dtype)  # the default cache of forward()
         self.state = RunState.allocate(c, n_ctx, self.n_batch)
         self.lock = threading.RLock()
+        self.governor = ThreadGovernor()  # per step: the caller's thread count, or 1 while that count stalls
         self._project = Projector(self.n_batch)
         self._batch_projectors: dict[int, Projector] = {}  # forward_batch passes of other row counts
         self._batch_logits = np.zeros((0, c.n_vocab), np.float32)  # [n_seqs, n_vocab] grown on demand
@@ -184,6 +188,8 @@ class Transformer:
             self._rope.append(tables[key])
         self._window = [c.sliding_window if swa else 0 for swa in c.swa_layers]
         self._attn_softcap = np.float32(c.attn_logit_softcap)
+        # governor step keys: m.bit_length() * 3 + kind (0: layer, 1: sliding-window layer, 2: output projection)
+        self._step_kind = [1 if swa else 0 for swa in c.swa_layers]
         self._gelu_table = kernels.gelu_table() if c.spec.gelu else None
         self._embed_scale = np.float32(math.sqrt(c.n_embd)) if c.spec.embed_scale else None
         # bytes of expert matrices the forward passes have read (each chosen expert once per pass, whatever the
@@ -317,14 +323,17 @@ class Transformer:
         w, s = self.weights, self.state
         m = ids.shape[0]
         pos0 = cache.reserve(m)
-        self._blocks(ids, ((cache, 0, m, pos0),), self._project)
-        # h now holds output_norm(x)
-        if out is not None:
-            self._project(s.h[:m], (w.output, out))
-            self._softcap(out)
-        else:
-            self._project(s.h[m - 1 : m], (w.output, s.logits))
-            self._softcap(s.logits)
+        with self.governor:
+            self._blocks(ids, ((cache, 0, m, pos0),), self._project)
+            # h now holds output_norm(x)
+            if out is not None:
+                self.governor.step(m.bit_length() * 3 + 2, m)
+                self._project(s.h[:m], (w.output, out))
+                self._softcap(out)
+            else:
+                self.governor.step(5)  # 1 row: m.bit_length() * 3 + kind 2
+                self._project(s.h[m - 1 : m], (w.output, s.logits))
+                self._softcap(s.logits)
         cache.commit(ids)
 
     def _eval_pass(self, part, caches: list[KVCache], id_lists: list[np.ndarray], logits: np.ndarray) -> None:
@@ -340,18 +349,20 @@ class Transformer:
         m = r
         ids = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         project = self._project_rows(m)
-        self._blocks(ids, spans, project)
-        # the sequences that end in this pass are consecutive: all but perhaps the last of the pass
-        done = [(i, span[2] - 1) for (i, _, stop), span in zip(part, spans) if stop == id_lists[i].shape[0]]
-        if done:
-            first, k = done[0][0], len(done)
-            if k == 1:
-                last_rows = s.h[done[0][1] : done[0][1] + 1]
-            else:  # gathered into o, free until the next pass
-                last_rows = np.take(s.h, [row for _, row in done], axis=0, out=s.o[:k])
-            out = logits[first : first + k]
-            self._project_rows(k)(last_rows, (w.output, out))
-            self._softcap(out)
+        with self.governor:
+            self._blocks(ids, spans, project)
+            # the sequences that end in this pass are consecutive: all but perhaps the last of the pass
+            done = [(i, span[2] - 1) for (i, _, stop), span in zip(part, spans) if stop == id_lists[i].shape[0]]
+            if done:
+                first, k = done[0][0], len(done)
+                if k == 1:
+                    last_rows = s.h[done[0][1] : done[0][1] + 1]
+                else:  # gathered into o, free until the next pass
+                    last_rows = np.take(s.h, [row for _, row in done], axis=0, out=s.o[:k])
+                out = logits[first : first + k]
+                self.governor.step(k.bit_length() * 3 + 2, k)
+                self._project_rows(k)(last_rows, (w.output, out))
+                self._softcap(out)
         for piece, (cache, *_) in zip(pieces, spans):
             cache.commit(piece)
 
@@ -380,7 +391,9 @@ class Transformer:
         if self._embed_scale is not None:
             kernels.scale_rows(x, self._embed_scale)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
+        step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
+            step(bucket + kinds[il], m)
             self._attention_block(il, lw, m, spans, project)
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
             self._ffn_block(lw, m, next_norm, project)

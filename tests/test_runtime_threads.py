@@ -1,0 +1,320 @@
+"""runtime.ThreadGovernor on a simulated machine (a fake clock and thread count: each step's duration is chosen by
+the test), and on a real forward pass: switching thread counts inside a pass leaves every logit's bits unchanged."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from ggufrun.runtime import ThreadGovernor
+
+QUIET_ONE = 200e-6  # seconds a step takes on 1 thread
+SLICE = 4e-3  # a descheduled thread holds its region this long (a scheduler time slice)
+
+
+class Machine:
+    """A fake clock and Numba thread count; `cost(key, n)` is how long a step of `key` takes on n threads."""
+
+    def __init__(self, n: int = 2):
+        self.t = 0.0
+        self.n = n
+        self.sets: list[int] = []
+        self.busy = False  # another process holds a core: every step on more than 1 thread stalls
+
+    def clock(self) -> float:
+        return self.t
+
+    def get(self) -> int:
+        return self.n
+
+    def set(self, n: int) -> None:
+        self.n = n
+        self.sets.append(n)
+
+    def cost(self, key, n: int) -> float:
+        if n == 1:
+            return QUIET_ONE
+        return SLICE if self.busy else QUIET_ONE / 1.8
+
+    def governor(self, **kw) -> ThreadGovernor:
+        return ThreadGovernor(clock=self.clock, get_threads=self.get, set_threads=self.set, **kw)
+
+    def run_pass(self, gov: ThreadGovernor, keys=(3, 3, 3, 3, 5)) -> list[int]:
+        """One forward pass of steps `keys`; returns the thread count each step ran on."""
+        counts = []
+        with gov:
+            for key in keys:
+                gov.step(key)
+                counts.append(self.n)
+                self.t += self.cost(key, self.n)
+        return counts
+
+    def run_for(self, gov: ThreadGovernor, seconds: float) -> list[int]:
+        counts: list[int] = []
+        end = self.t + seconds
+        while self.t < end:
+            counts += self.run_pass(gov)
+        return counts
+
+
+def test_quiet_machine_runs_at_full_count():
+    m = Machine()
+    gov = m.governor()
+    counts = m.run_for(gov, 5.0)
+    assert m.n == 2  # the caller's count, restored after every pass
+    # each key's first step and one per refresh_s measure the 1-thread time; everything else runs on 2 threads
+    assert counts.count(1) <= 2 * (1 + 5.0 / gov.refresh_s) + 2
+    assert counts.count(2) > 0.99 * len(counts)
+    assert gov.stalls == 0 and not gov.reduced
+    assert gov.steps == len(counts) and gov.steps_one == counts.count(1)
+
+
+def test_a_stall_drops_to_one_thread_at_once():
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    m.busy = True
+    counts = m.run_pass(gov, keys=(3,) * 10)
+    assert counts[0] == 2  # this one stalls...
+    assert counts[1:] == [1] * 9  # ...and the next step already runs on 1 thread
+    assert gov.stalls == 1 and gov.reduced
+    assert m.n == 2  # restored for the caller at the end of the pass
+
+
+def test_persistent_load_costs_about_one_stall_per_second():
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    m.busy = True
+    seconds = 20.0
+    t0 = m.t
+    counts = m.run_for(gov, seconds)
+    stalls = counts.count(2)
+    # probes after 0.05, 0.1, 0.2, ... s, then once every probe_max_s
+    assert stalls <= seconds / gov.probe_max_s + 8
+    assert gov.probes == stalls - 1  # the first stall was not a probe
+    wasted = stalls * (SLICE - QUIET_ONE)
+    assert wasted < 0.02 * (m.t - t0)
+
+
+def test_long_stalls_are_probed_less_often():
+    """On a crowded machine a descheduled thread waits tens of milliseconds: probes then space out so that they
+    cost at most PROBE_BUDGET of the time."""
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    m.cost = lambda key, n: QUIET_ONE if n == 1 else 0.1
+    t0 = m.t
+    counts = m.run_for(gov, 60.0)
+    wasted = counts.count(2) * (0.1 - QUIET_ONE)
+    assert wasted < 1.5 * gov.PROBE_BUDGET * (m.t - t0)
+
+
+def test_probe_brings_the_full_count_back_when_the_load_ends():
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    m.busy = True
+    m.run_for(gov, 10.0)
+    assert gov.reduced
+    m.busy = False
+    counts = m.run_for(gov, 2 * gov.probe_max_s)
+    assert not gov.reduced
+    tail = counts[len(counts) // 2 :]
+    assert tail.count(2) > 0.95 * len(tail)
+
+
+def test_intermittent_stall_returns_quickly():
+    """One stall on a quiet machine costs about probe_min_s on 1 thread, not a whole probe_max_s."""
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    m.busy = True
+    m.run_pass(gov, keys=(3,))
+    m.busy = False
+    t_stall = m.t
+    while gov.reduced and m.t < t_stall + 10:
+        m.run_pass(gov)
+    assert m.t - t_stall < 2 * gov.probe_min_s
+
+
+def test_one_thread_time_is_refreshed():
+    """A step kind that became slower on 1 thread too (a longer context) is re-measured, so its full-count steps
+    are not taken for stalls."""
+    m = Machine()
+    gov = m.governor(refresh_s=0.5)
+    m.run_for(gov, 1.0)
+    m.cost = lambda key, n: 3 * QUIET_ONE / (1 if n == 1 else 1.8)  # every step 3x longer, at any count
+    m.run_for(gov, 0.2)  # the first full-count steps look like stalls against the old 1-thread time...
+    m.run_for(gov, 5.0)  # ...until refreshes catch the new one up
+    stalls = gov.stalls
+    counts = m.run_for(gov, 5.0)
+    assert gov.stalls == stalls
+    assert counts.count(2) > 0.95 * len(counts)
+
+
+def test_inflated_one_thread_time_is_brought_down():
+    """A 1-thread time first measured while descheduled (20x too long) is re-measured every refresh_s, so that the
+    stalls of a later load are still recognised as such."""
+    m = Machine()
+    quiet = m.cost
+    m.cost = lambda key, n: 20 * QUIET_ONE if n == 1 else quiet(key, n)
+    gov = m.governor(refresh_s=0.5)
+    m.run_pass(gov)
+    m.cost = quiet
+    m.run_for(gov, 5.0)
+    m.busy = True
+    counts = m.run_pass(gov, keys=(3,) * 10)
+    assert gov.stalls == 1 and counts[1:] == [1] * 9
+
+
+def test_first_step_with_a_compilation_does_not_hide_stalls():
+    """The very first step of a key can include seconds of JIT compilation: it is measured again at once, so a
+    load that starts right after is still recognised."""
+    m = Machine()
+    quiet = m.cost
+    m.cost = lambda key, n: 1.0 if m.t == 0 else quiet(key, n)
+    gov = m.governor()
+    m.run_pass(gov)
+    m.cost = quiet
+    m.busy = True
+    counts = m.run_pass(gov, keys=(3,) * 10)
+    assert gov.stalls == 1 and counts[-5:] == [1] * 5
+
+
+def test_backoff_shrinks_after_the_load_ends():
+    """After a long load (probes once per probe_max_s), each successful probe halves the backoff: a stall soon
+    after returns faster than probe_max_s."""
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    m.busy = True
+    m.run_for(gov, 10.0)
+    m.busy = False
+    m.run_for(gov, 2 * gov.probe_max_s)
+    assert not gov.reduced
+    m.busy = True
+    m.run_pass(gov, keys=(3,))
+    m.busy = False
+    t_stall = m.t
+    while gov.reduced and m.t < t_stall + 10:
+        m.run_pass(gov)
+    assert m.t - t_stall < 0.6 * gov.probe_max_s
+
+
+def test_keys_are_measured_separately():
+    """A long step kind (the output projection) is not compared with the 1-thread time of a short one."""
+    m = Machine()
+    m.cost = lambda key, n: (10 if key == 5 else 1) * QUIET_ONE / (1 if n == 1 else 1.8)
+    gov = m.governor()
+    counts = m.run_for(gov, 3.0)
+    assert gov.stalls == 0
+    assert counts.count(2) > 0.99 * len(counts)
+
+
+def test_sizes_of_one_key_are_compared_per_unit():
+    """Prefill passes of different row counts share a key (a bucket of row counts): times are compared per row."""
+    m = Machine()
+    gov = m.governor()
+    sizes = [8, 1, 5, 8, 2, 7]
+
+    def run(seconds):
+        counts, end = [], m.t + seconds
+        while m.t < end:
+            with gov:
+                for size in sizes:
+                    gov.step(7, size)
+                    counts.append(m.n)
+                    m.t += size * m.cost(7, m.n)
+        return counts
+
+    counts = run(3.0)
+    assert gov.stalls == 0 and counts.count(2) > 0.99 * len(counts)
+    m.busy = True
+    run(0.01)
+    assert gov.stalls >= 1 and gov.reduced
+
+
+def test_restores_the_count_when_the_pass_raises():
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    m.busy = True
+    with pytest.raises(KeyboardInterrupt):
+        with gov:
+            for _ in range(3):
+                gov.step(3)
+                m.t += m.cost(3, m.n)
+            raise KeyboardInterrupt
+    assert gov.reduced and m.n == 2
+
+
+def test_one_thread_or_disabled_never_touches_the_count():
+    m = Machine(n=1)
+    gov = m.governor()
+    m.run_for(gov, 1.0)
+    assert m.sets == [] and gov.steps == 0
+    m = Machine(n=2)
+    gov = m.governor()
+    gov.enabled = False
+    m.busy = True
+    counts = m.run_for(gov, 1.0)
+    assert m.sets == [] and set(counts) == {2}
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"stall_ratio": 0},
+        {"probe_min_s": -1.0},
+        {"probe_max_s": "1"},
+        {"refresh_s": True},
+        {"probe_min_s": 2.0, "probe_max_s": 1.0},
+    ],
+)
+def test_bad_settings_name_the_argument(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        ThreadGovernor(**kw)
+
+
+def test_switching_threads_inside_a_pass_keeps_every_bit(tmp_path):
+    """The governor changes Numba's count between steps of a real pass; logits stay the bits of a 1-thread run
+    (kernels deal rows to threads; a row's arithmetic does not depend on the count)."""
+    from synthetic import write_model
+
+    from ggufrun.model import Transformer
+    from ggufrun.reader import GGUFFile
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 Numba threads")
+    path = write_model(tmp_path / "g.gguf", "gemma3", window=4, n_layer=4, ctx=64, seed=5)
+    tf = Transformer(GGUFFile(path), n_ctx=64, n_batch=8)
+    ids = np.arange(1, 21) % tf.config.n_vocab
+    old = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        tf.governor.enabled = False
+        ref = tf.logits(ids).copy()
+        ref_step = tf.forward([7]).copy()
+
+        # a clock on which every other step looks like a stall: the count changes many times in each pass
+        ticks = iter(np.cumsum(np.tile([1e-4, 5e-2, 1e-4, 1e-4], 10_000)))
+        counts: list[int] = []
+
+        def set_count(n):
+            counts.append(n)
+            numba.set_num_threads(n)
+
+        tf.governor = ThreadGovernor(probe_min_s=1e-9, probe_max_s=1e-9, clock=lambda: float(next(ticks)),
+                                     set_threads=set_count, get_threads=numba.get_num_threads)  # fmt: skip
+        numba.set_num_threads(2)
+        got = tf.logits(ids)
+        got_step = tf.forward([7])
+        assert numba.get_num_threads() == 2
+    finally:
+        numba.set_num_threads(old)
+    assert counts.count(1) >= 3 and counts.count(2) >= 3, counts
+    assert tf.governor.stalls >= 2
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(got_step, ref_step)

@@ -117,7 +117,8 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
     the prefill and decode passes use, in the order they use them. They are then compiled in that order, with a
     progress line per real compilation (CompileProgress) and, from the first one on, helper processes (one per
     extra thread) compiling the list from its end into the same on-disk cache; this process loads what they did.
-    Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there).
+    Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there). When this
+    process has every kernel already (another model loaded before), the recording pass itself was the warm-up.
     """
     from numba.core import event
 
@@ -141,9 +142,10 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
         # the first parallel region starts OpenMP's thread pool: its threads must not take Ctrl-C
         with signals_to_main_thread():
             calls = jit.record_calls(transformer.warmup)
-            jit.compile_calls(calls, n_helpers, progress)
-            with event.install_listener("numba:compile", Late()):
-                transformer.warmup()
+            if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
+                jit.compile_calls(calls, n_helpers, progress)
+                with event.install_listener("numba:compile", Late()):
+                    transformer.warmup()
     finally:
         progress.close()
     elapsed = time.perf_counter() - t0

@@ -103,15 +103,17 @@ def _no_op(*args, **kws):
 def record_calls(run: Callable[[], object]) -> list[KernelCall]:
     """The kernels `run()` would compile, with their argument types, in the order it calls them.
 
-    Kernels already compiled in this process run (on whatever `run` passes them); the others only record. A run
-    that fails because it used a skipped kernel's result gives the kernels called up to there.
+    Kernels already compiled in this process run (on whatever `run` passes them); the others only record. So an
+    empty list means `run()` ran as usual. A run that fails after a kernel was skipped (it may have used its
+    result) gives the kernels called up to there; a failure before that is run()'s own and propagates.
     """
     calls: list[KernelCall] = []
     with _recording(calls):
         try:
             run()
-        except Exception:  # noqa: BLE001 - a partial list is still a useful head start
-            pass
+        except Exception:
+            if not calls:
+                raise
     return calls
 
 

@@ -7,6 +7,11 @@ EXACT is for dequantization and activation quantization, which must round exactl
 no contraction (`a*b + c` must round twice, as NumPy does) and no reciprocal tricks (`127/amax`).
 FAST (reassociation and FMA contraction, without `nnan`/`ninf`) is for experiments in dev/ that let LLVM
 vectorise reductions its own way.
+
+Also here, the first-run-ever compilation of a model's kernels shared with helper processes (section below):
+record_calls(run) -> [KernelCall] lists what a forward pass would compile, compile_calls(calls, n_helpers,
+on_compile) compiles it in order with helpers working from the other end, helper(directory) is a helper's body.
+Numba's dispatcher cache (numba/core/caching.py) is the only channel between the processes.
 """
 
 import contextlib

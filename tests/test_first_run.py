@@ -102,3 +102,39 @@ def test_progress_is_one_line_per_kernel_in_a_log_and_one_rewritten_line_on_a_te
     quiet = io.StringIO()
     CompileProgress(quiet).close()  # nothing compiled: nothing printed
     assert quiet.getvalue() == ""
+
+
+def test_compile_calls_compiles_in_order_and_without_helpers_when_they_cannot_start(monkeypatch):
+    import numba
+
+    from ggufrun.quants import jit
+
+    @numba.njit
+    def plus_one(x):
+        return x + 1
+
+    @numba.njit
+    def twice(x):
+        return 2 * x
+
+    calls = jit.record_calls(lambda: (plus_one(1), twice(2.0), plus_one(3)))
+    assert [(c.dispatcher, [str(t) for t in c.argtypes]) for c in calls] == [
+        (plus_one, ["int64"]),
+        (twice, ["float64"]),
+    ]  # recorded once per (kernel, types), nothing compiled
+    assert not plus_one.overloads and not twice.overloads
+
+    def no_helpers(calls, n):
+        raise OSError("no temporary directory")
+
+    monkeypatch.setattr(jit, "start_helpers", no_helpers)
+    started = []
+    assert jit.compile_calls(calls, n_helpers=1, on_compile=lambda i, n: started.append((i, n))) is True
+    assert started == [(0, 2), (1, 2)]
+    assert plus_one(1) == 2 and twice(2.0) == 4.0
+    assert jit.compile_calls(calls, n_helpers=1, on_compile=lambda i, n: started.append((i, n))) is False
+    assert len(started) == 2  # compiled already: no progress
+    # a failure before any kernel was skipped is the caller's own
+    with pytest.raises(ZeroDivisionError):
+        jit.record_calls(lambda: 1 / 0)
+    assert jit.record_calls(lambda: plus_one(1) + twice(1.0)) == []  # compiled: they ran

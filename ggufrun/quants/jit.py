@@ -141,8 +141,12 @@ def start_helpers(calls: list[KernelCall], n: int) -> tuple[str, list]:
     """Write `calls` to a new claims directory and start n helper processes compiling them from the last one
     backwards; returns (directory, processes). The caller removes the directory when done."""
     directory = tempfile.mkdtemp(prefix="ggufrun-compile-")
-    with open(os.path.join(directory, "calls.pickle"), "wb") as f:
-        pickle.dump([(_qualified_name(c.dispatcher), c.argtypes) for c in calls], f)
+    try:
+        with open(os.path.join(directory, "calls.pickle"), "wb") as f:
+            pickle.dump([(_qualified_name(c.dispatcher), c.argtypes) for c in calls], f)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     procs = []
     for _ in range(n):
         try:
@@ -177,7 +181,11 @@ def compile_calls(
             if on_compile is not None:
                 on_compile(i, len(calls))
             if state["dir"] is None and n_helpers > 0 and i + 1 < len(calls):
-                state["dir"], state["procs"] = start_helpers(calls, n_helpers)
+                state["dir"] = ""  # one try: without helpers (no temporary directory...), this process does it all
+                try:
+                    state["dir"], state["procs"] = start_helpers(calls, n_helpers)
+                except (OSError, pickle.PicklingError, TypeError, AttributeError):
+                    return
                 _claim(state["dir"], i)
 
         def on_end(self, ev):
@@ -188,14 +196,14 @@ def compile_calls(
             for i, call in enumerate(calls):
                 state["index"] = i
                 directory = state["dir"]
-                if directory is not None and not _claim(directory, i):
+                if directory and not _claim(directory, i):
                     _wait_for_helper(directory, i, state["procs"])
                 call.dispatcher.compile(call.argtypes)
     finally:
         for p in state["procs"]:  # every entry is compiled by now: what a helper still does is not needed
             p.kill()
             p.wait()
-        if state["dir"] is not None:
+        if state["dir"]:
             shutil.rmtree(state["dir"], ignore_errors=True)
     return state["compiled"]
 

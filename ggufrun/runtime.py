@@ -5,7 +5,7 @@
     ThreadGovernor              per forward pass, runs each step on 1 thread while the full count stalls
     check_threading_layer()     warn when Numba fell back to its slow workqueue layer
     compile_kernels(tf)         compile or load from Numba's on-disk cache every kernel a Transformer uses, with a
-                                notice and helper processes on the first run ever
+                                progress line and helper processes on the first run ever
     signals_to_main_thread()    a context in which the threads started (OpenMP's pool, helper threads) never take
                                 Ctrl-C: SIGINT then always reaches the main thread, which Python needs to raise
                                 KeyboardInterrupt out of a blocking read (input() at a chat prompt)
@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -268,54 +267,50 @@ def signals_to_main_thread():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def qtypes_in_use_order(weights) -> list:
-    """The weight types of the model's matrix products, in the order a forward pass first uses them."""
-    order: dict = {}
-    for lw in weights.layers:
-        for lin in lw.matrices:
-            order.setdefault(lin.qtype)
-    order.setdefault(weights.output.qtype)
-    return list(order)
+class CompileProgress:
+    """Prints "ggufrun: compiling kernels i/n (first run only)" on stderr, once per kernel that really compiles
+    (never for a cache load): rewritten in place on a terminal, one line each otherwise (logs, pipes)."""
 
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.shown = False
 
-def start_compile_helpers(qtypes: list, n: int) -> list:
-    """Start n processes that compile the product kernels of `qtypes` (dealt round-robin) into Numba's cache,
-    through quants.warmup, whose read-only weights give the argument types the forward pass uses."""
-    code = "import sys; from ggufrun import quants; quants.warmup([int(t) for t in sys.argv[1:]], dequant=False)"
-    procs = []
-    for i in range(min(n, len(qtypes))):
-        try:
-            procs.append(subprocess.Popen([sys.executable, "-c", code, *(str(int(t)) for t in qtypes[i::n])],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))  # fmt: skip
-        except OSError:  # no interpreter to start (embedded Python...): this process compiles everything
-            break
-    return procs
+    def __call__(self, i: int, n: int) -> None:
+        self.shown = True
+        text = f"ggufrun: compiling kernels {i + 1}/{n} (first run only)"
+        self.stream.write(f"\r{text}" if self.tty else f"{text}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.shown and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float:
     """Compile (or load from Numba's on-disk cache) every kernel `transformer` uses; return the seconds it took.
 
-    Numba announces real compilations (not cache loads) as "numba:compile" events. The first one prints a notice,
-    so a user waiting on the first run ever knows why, and starts helper processes (one per extra thread) that
-    compile the matrix-product kernels of the model's other weight types into the same on-disk cache while this
-    process works through the forward pass in order; it then loads those from the cache instead of compiling them
-    itself (the first run ever is ~1.8x shorter on 2 cores).
+    A forward pass in recording mode (quants.jit.record_calls, microseconds) lists the kernels and argument types
+    the prefill and decode passes use, in the order they use them. They are then compiled in that order, with a
+    progress line per real compilation (CompileProgress) and, from the first one on, helper processes (one per
+    extra thread) compiling the list from its end into the same on-disk cache; this process loads what they did.
+    Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there). When this
+    process has every kernel already (another model loaded before), the recording pass itself was the warm-up.
     """
     from numba.core import event
 
-    types = qtypes_in_use_order(transformer.weights)
-    n_helpers = max(0, min(n_threads, os.cpu_count() or 1) - 1)
-    helpers: list = []
+    from .quants import jit
 
-    class Notice(event.Listener):
-        shown = False
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    n_helpers = max(0, min(n_threads, cores) - 1)
+    progress = CompileProgress()
 
+    class Late(event.Listener):  # a kernel the recording missed: still say why the wait
         def on_start(self, ev):
-            if not self.shown:
-                self.shown = True
+            if not progress.shown:
+                progress.shown = True
                 print("ggufrun: compiling kernels (first run only)...", file=sys.stderr, flush=True)
-                helpers.extend(start_compile_helpers(types[1:], n_helpers))
 
         def on_end(self, ev):
             pass
@@ -323,12 +318,14 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
     t0 = time.perf_counter()
     try:
         # the first parallel region starts OpenMP's thread pool: its threads must not take Ctrl-C
-        with signals_to_main_thread(), event.install_listener("numba:compile", Notice()):
-            transformer.warmup()
+        with signals_to_main_thread():
+            calls = jit.record_calls(transformer.warmup)
+            if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
+                jit.compile_calls(calls, n_helpers, progress)
+                with event.install_listener("numba:compile", Late()):
+                    transformer.warmup()
     finally:
-        for h in helpers:  # whatever they have not finished, this process has compiled by now
-            h.kill()
-            h.wait()
+        progress.close()
     elapsed = time.perf_counter() - t0
     if verbose:
         print(f"ggufrun: kernels ready in {elapsed:.2f} s", file=sys.stderr)

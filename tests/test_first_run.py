@@ -1,13 +1,18 @@
-"""The first run ever: an empty Numba cache compiles every kernel with a notice (and helper processes), and the
-next process finds them all cached."""
+"""The first run ever: an empty Numba cache compiles every kernel with a progress line per kernel (and helper
+processes compiling the list from its other end), and the next process finds them all cached. The recording pass
+that lists the kernels (quants.jit.record_calls) and the progress line (runtime.CompileProgress) on their own."""
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+
+from ggufrun.runtime import CompileProgress
 
 CODE = """
 import sys, ggufrun
@@ -15,17 +20,121 @@ m = ggufrun.load(sys.argv[1], n_threads=2, n_ctx=64)
 print(m.detokenize([int(m.logits(m.tokenize("The capital of France is"))[-1].argmax())]))
 """
 
+PROGRESS = re.compile(r"ggufrun: compiling kernels (\d+)/(\d+) \(first run only\)")
+
 
 @pytest.mark.real
-def test_empty_jit_cache_compiles_with_a_notice_then_is_cached(smollm2_path, tmp_path):
+def test_empty_jit_cache_compiles_with_progress_then_is_cached(smollm2_path, tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
     run = lambda: subprocess.run(  # noqa: E731
         [sys.executable, "-c", CODE, str(smollm2_path)], env=env, capture_output=True, text=True, timeout=600
     )
     first = run()
     assert first.returncode == 0, first.stderr
-    assert "ggufrun: compiling kernels (first run only)..." in first.stderr
+    steps = [(int(i), int(n)) for i, n in PROGRESS.findall(first.stderr)]
+    assert steps and steps[0][0] == 1, first.stderr  # the first kernel compiles here, and says so
+    n = steps[0][1]
+    assert all(total == n for _, total in steps) and [i for i, _ in steps] == sorted({i for i, _ in steps})
+    # the helper process (n_threads=2) compiled the last kernels of the list: this process loaded them
+    assert len(steps) < n and steps[-1][0] < n, first.stderr
+    assert "first run only)..." not in first.stderr  # the recording missed no kernel
     second = run()
     assert second.returncode == 0, second.stderr
     assert "compiling" not in second.stderr  # everything, helpers' kernels included, came from the cache
     assert first.stdout == second.stdout == " Paris\n"  # the greedy next token, from kernels compiled either way
+
+
+RECORD = """
+import sys
+from ggufrun.model import Transformer
+from ggufrun.quants import jit
+from ggufrun.reader import GGUFFile
+tf = Transformer(GGUFFile(sys.argv[1]), n_ctx=32)
+calls = jit.record_calls(tf.warmup)
+assert all(not c.dispatcher.overloads for c in calls)  # recorded, not compiled
+for c in calls:
+    print(jit._qualified_name(c.dispatcher), len(c.argtypes))
+"""
+
+
+def test_recording_lists_the_forward_pass_kernels_in_order_without_compiling(tmp_path):
+    from synthetic import write_model
+
+    path = write_model(tmp_path / "tiny.gguf", ctx=64, seed=1)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))  # empty: nothing compiled anywhere yet
+    out = subprocess.run([sys.executable, "-c", RECORD, str(path)], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    names = [line.split()[0] for line in out.stdout.splitlines()]
+    assert len(names) == len(set(names))  # one entry per kernel: every layer calls the same compiled version
+    k = "ggufrun.model.kernels:"
+    for kernel in ("rmsnorm", "qkv_rope_store", "attend_rows", "add_norm", "swiglu", "attend_one"):
+        assert k + kernel in names, names
+    assert "ggufrun.quants.dot:dot_f32" in names, names
+    # forward-pass order: prefill (attend_rows) first, the decode-only kernel last
+    assert names.index(k + "rmsnorm") < names.index(k + "attend_rows") < names.index(k + "attend_one")
+    assert names[-1] == k + "attend_one"
+    assert not [f for _, _, files in os.walk(tmp_path / "numba-cache") for f in files]  # nothing cached either
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_one_line_per_kernel_in_a_log_and_one_rewritten_line_on_a_terminal():
+    log = io.StringIO()
+    p = CompileProgress(log)
+    p(0, 9)
+    p(2, 9)
+    p.close()
+    assert log.getvalue() == (
+        "ggufrun: compiling kernels 1/9 (first run only)\nggufrun: compiling kernels 3/9 (first run only)\n"
+    )
+    term = _Terminal()
+    p = CompileProgress(term)
+    p(0, 9)
+    p(8, 9)
+    p.close()
+    assert term.getvalue() == (
+        "\rggufrun: compiling kernels 1/9 (first run only)\rggufrun: compiling kernels 9/9 (first run only)\n"
+    )
+    quiet = io.StringIO()
+    CompileProgress(quiet).close()  # nothing compiled: nothing printed
+    assert quiet.getvalue() == ""
+
+
+def test_compile_calls_compiles_in_order_and_without_helpers_when_they_cannot_start(monkeypatch):
+    import numba
+
+    from ggufrun.quants import jit
+
+    @numba.njit
+    def plus_one(x):
+        return x + 1
+
+    @numba.njit
+    def twice(x):
+        return 2 * x
+
+    calls = jit.record_calls(lambda: (plus_one(1), twice(2.0), plus_one(3)))
+    assert [(c.dispatcher, [str(t) for t in c.argtypes]) for c in calls] == [
+        (plus_one, ["int64"]),
+        (twice, ["float64"]),
+    ]  # recorded once per (kernel, types), nothing compiled
+    assert not plus_one.overloads and not twice.overloads
+
+    def no_helpers(calls, n):
+        raise OSError("no temporary directory")
+
+    monkeypatch.setattr(jit, "start_helpers", no_helpers)
+    started = []
+    assert jit.compile_calls(calls, n_helpers=1, on_compile=lambda i, n: started.append((i, n))) is True
+    assert started == [(0, 2), (1, 2)]
+    assert plus_one(1) == 2 and twice(2.0) == 4.0
+    assert jit.compile_calls(calls, n_helpers=1, on_compile=lambda i, n: started.append((i, n))) is False
+    assert len(started) == 2  # compiled already: no progress
+    # a failure before any kernel was skipped is the caller's own
+    with pytest.raises(ZeroDivisionError):
+        jit.record_calls(lambda: 1 / 0)
+    assert jit.record_calls(lambda: plus_one(1) + twice(1.0)) == []  # compiled: they ran

@@ -7,9 +7,25 @@ EXACT is for dequantization and activation quantization, which must round exactl
 no contraction (`a*b + c` must round twice, as NumPy does) and no reciprocal tricks (`127/amax`).
 FAST (reassociation and FMA contraction, without `nnan`/`ninf`) is for experiments in dev/ that let LLVM
 vectorise reductions its own way.
+
+Also here, the first-run-ever compilation of a model's kernels shared with helper processes (section below):
+record_calls(run) -> [KernelCall] lists what a forward pass would compile, compile_calls(calls, n_helpers,
+on_compile) compiles it in order with helpers working from the other end, helper(directory) is a helper's body.
+Numba's dispatcher cache (numba/core/caching.py) is the only channel between the processes.
 """
 
+import contextlib
+import importlib
 import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from numba.core import config
 
@@ -24,3 +40,192 @@ DOT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundsch
 DOT_PARALLEL = dict(DOT, parallel=True)
 EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 FAST = dict(cache=True, nogil=True, fastmath=set(FASTMATH), error_model="numpy", boundscheck=False)
+
+
+# ---- compiling a model's kernels ahead of its first forward pass, shared between processes -------------------
+# The first run ever compiles every kernel a model uses (tens of seconds of LLVM on a laptop core). To spread that
+# over the cores: `record_calls` runs a forward pass in which a kernel without a compiled version for its argument
+# types records (kernel, argument types) instead of compiling and running; `compile_calls` then compiles the list in
+# order in this process while helper processes (`jit.helper(DIR)`) compile it from the other end.
+# They meet in the middle through claim files (one per list entry, created with O_EXCL): whoever claims an entry
+# compiles it into Numba's on-disk cache (numba.core.caching re-reads a kernel's index on every lookup), and this
+# process loads what a helper claimed once the helper marks it done. Correctness never depends on a helper: an entry
+# a helper failed or died on is compiled here.
+
+
+class KernelCall(NamedTuple):
+    """A jitted function and the Numba types of the arguments it was called with."""
+
+    dispatcher: Any
+    argtypes: tuple
+
+
+def _qualified_name(dispatcher) -> str:
+    f = dispatcher.py_func
+    return f"{f.__module__}:{f.__qualname__}"
+
+
+def _resolve(name: str):
+    module, _, qualname = name.partition(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@contextlib.contextmanager
+def _recording(calls: list[KernelCall]):
+    """Within: in this thread, calling a jitted function with argument types it has no compiled version for
+    appends a KernelCall to `calls` and returns None (nothing compiles, nothing runs). Other threads compile as
+    usual."""
+    from numba.core import types
+    from numba.core.dispatcher import Dispatcher, OmittedArg
+
+    original = Dispatcher._compile_for_args  # what the C dispatcher calls on a miss, then calls its result
+    thread = threading.get_ident()
+    seen: set = set()
+
+    def record(self, *args, **kws):
+        if threading.get_ident() != thread or kws:
+            return original(self, *args, **kws)
+        argtypes = tuple(types.Omitted(a.value) if isinstance(a, OmittedArg) else self.typeof_pyval(a) for a in args)
+        if (id(self), argtypes) not in seen:
+            seen.add((id(self), argtypes))
+            calls.append(KernelCall(self, argtypes))
+        return _no_op
+
+    Dispatcher._compile_for_args = record
+    try:
+        yield calls
+    finally:
+        Dispatcher._compile_for_args = original
+
+
+def _no_op(*args, **kws):
+    return None
+
+
+def record_calls(run: Callable[[], object]) -> list[KernelCall]:
+    """The kernels `run()` would compile, with their argument types, in the order it calls them.
+
+    Kernels already compiled in this process run (on whatever `run` passes them); the others only record. So an
+    empty list means `run()` ran as usual. A run that fails after a kernel was skipped (it may have used its
+    result) gives the kernels called up to there; a failure before that is run()'s own and propagates.
+    """
+    calls: list[KernelCall] = []
+    with _recording(calls):
+        try:
+            run()
+        except Exception:
+            if not calls:
+                raise
+    return calls
+
+
+def _claim(directory: str, i: int) -> bool:
+    try:
+        os.close(os.open(os.path.join(directory, str(i)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def _done_path(directory: str, i: int) -> str:
+    return os.path.join(directory, f"{i}.done")
+
+
+_HELPER = "import sys; from ggufrun.quants import jit; jit.helper(sys.argv[1])"
+
+
+def start_helpers(calls: list[KernelCall], n: int) -> tuple[str, list]:
+    """Write `calls` to a new claims directory and start n helper processes compiling them from the last one
+    backwards; returns (directory, processes). The caller removes the directory when done."""
+    directory = tempfile.mkdtemp(prefix="ggufrun-compile-")
+    try:
+        with open(os.path.join(directory, "calls.pickle"), "wb") as f:
+            pickle.dump([(_qualified_name(c.dispatcher), c.argtypes) for c in calls], f)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    procs = []
+    for _ in range(n):
+        try:
+            procs.append(subprocess.Popen([sys.executable, "-c", _HELPER, directory], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        except OSError:  # no interpreter to start (embedded Python...): this process compiles everything
+            break
+    return directory, procs
+
+
+def compile_calls(
+    calls: list[KernelCall],
+    n_helpers: int = 0,
+    on_compile: Callable[[int, int], None] | None = None,
+) -> bool:
+    """Compile (or load from Numba's on-disk cache) every entry of `calls`, in order; return whether any compiled.
+
+    At the first real compilation (not a cache load), starts n_helpers helper processes that compile the list
+    from its end into the on-disk cache, and from then on takes from them what they have claimed. on_compile(i, n)
+    is called when entry i (0-based) of n starts a real compilation.
+    """
+    from numba.core import event
+
+    state = {"index": 0, "compiled": False, "announced": -1, "dir": None, "procs": []}
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            i = state["index"]
+            if state["announced"] == i:
+                return
+            state["announced"], state["compiled"] = i, True
+            if on_compile is not None:
+                on_compile(i, len(calls))
+            if state["dir"] is None and n_helpers > 0 and i + 1 < len(calls):
+                state["dir"] = ""  # one try: without helpers (no temporary directory...), this process does it all
+                try:
+                    state["dir"], state["procs"] = start_helpers(calls, n_helpers)
+                except (OSError, pickle.PicklingError, TypeError, AttributeError):
+                    return
+                _claim(state["dir"], i)
+
+        def on_end(self, ev):
+            pass
+
+    try:
+        with event.install_listener("numba:compile", Listener()):
+            for i, call in enumerate(calls):
+                state["index"] = i
+                directory = state["dir"]
+                if directory and not _claim(directory, i):
+                    _wait_for_helper(directory, i, state["procs"])
+                call.dispatcher.compile(call.argtypes)
+    finally:
+        for p in state["procs"]:  # every entry is compiled by now: what a helper still does is not needed
+            p.kill()
+            p.wait()
+        if state["dir"]:
+            shutil.rmtree(state["dir"], ignore_errors=True)
+    return state["compiled"]
+
+
+def _wait_for_helper(directory: str, i: int, procs: list) -> None:
+    """Wait until entry i, claimed by a helper, is marked done or no helper is left to do it."""
+    done = _done_path(directory, i)
+    while not os.path.exists(done) and any(p.poll() is None for p in procs):
+        time.sleep(0.01)
+
+
+def helper(directory: str) -> None:
+    """A helper process: compile the claims directory's list from the end, every entry no one has claimed."""
+    with open(os.path.join(directory, "calls.pickle"), "rb") as f:
+        entries = pickle.load(f)
+    for i in reversed(range(len(entries))):
+        if not _claim(directory, i):
+            continue
+        try:
+            name, argtypes = entries[i]
+            _resolve(name).compile(argtypes)
+        except Exception:  # noqa: BLE001 - the main process compiles it itself
+            pass
+        finally:
+            open(_done_path(directory, i), "wb").close()

@@ -1286,6 +1286,8 @@ def apply_sign(typingctx, v, sgn):
         neg = builder.icmp_signed("<", args[1], _splat(_v32i8, 0))
         return builder.select(neg, builder.sub(_splat(_v32i8, 0), args[0]), args[0])
 
+    return I8x32(I8x32, I8x32), codegen
+
 
 # ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4: code books, trits, E8M0 scales ------------------------------------
 # iq1s_grid (llama.cpp ggml-common.h), packed as in ggufrun.quants.dequant (the same literal; a test checks).

@@ -193,6 +193,26 @@ class EngineRunner(ModelRunner):
     def parallel(self) -> int:
         return self.engine.n_slots
 
+    @property
+    def busy(self) -> bool:
+        """Some request holds a slot or waits for one."""
+        engine = getattr(self, "engine", None)
+        return engine is not None and (engine.n_active > 0 or engine.n_waiting > 0)
+
+    @busy.setter
+    def busy(self, value) -> None:  # ModelRunner's flag; the engine's own counts answer here
+        pass
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot."""
+        engine = getattr(self, "engine", None)
+        return 0 if engine is None else engine.n_waiting
+
+    @waiting.setter
+    def waiting(self, value) -> None:
+        pass
+
     async def generate(self, ids, max_tokens, stop, cancel, constraint, logprobs, sampling, tool_format):
         engine = self.engine
         if engine.n_active >= engine.n_slots and engine.n_waiting >= self.max_queue:
@@ -206,7 +226,6 @@ class EngineRunner(ModelRunner):
         arrived: deque = deque()
         parsed = None if tool_format is None else with_tool_calls((arrived.popleft() for _ in iter(int, 1)),
                                                                    tool_format)  # fmt: skip
-        self.busy = True
         finished = False
         try:
             while True:
@@ -233,7 +252,6 @@ class EngineRunner(ModelRunner):
             if cancel is not None and cancel.is_set() or not finished:
                 self.requests_cancelled += 1
             self.requests_served += 1
-            self.busy = engine.n_active > 0 or engine.n_waiting > 0
 
     def close(self) -> None:
         self.engine.close()

@@ -41,16 +41,22 @@ lone UTF-16 surrogates and nesting deeper than MAX_DEPTH are found before any fi
 MAX_BODY_BYTES is 413; only a server bug gives 500. An error after a stream has started ends the stream with an
 OpenAI-style `data: {"error": ...}` event and `data: [DONE]` (the `openai` client raises it as an APIError).
 
-How requests meet the model:
-- One model, one generation at a time. All model work runs on one dedicated thread (Numba's thread count is a
-  per-thread setting, and concurrent generations on one model take turns step by step, each slower than alone);
-  requests wait their turn in FIFO order, and past `max_queue` waiting requests the server answers 503 with
-  Retry-After instead of piling up.
-- Backpressure: the next token is computed only when the previous chunk has been handed to the client's socket
-  (one `next()` per chunk), so a stalled client stalls its own generation instead of growing a buffer.
+How requests meet the model (`parallel`, `ggufrun serve --parallel N`):
+- parallel >= 2 (EngineRunner): requests are the slots of one ggufrun.batch.BatchEngine, as llama-server's `-np N`
+  slots (tools/server/server.cpp): every step is one forward pass for the next token of each generating request
+  plus one chunk of a prompt being evaluated (continuous batching, chunked prefill), and each request gets the
+  tokens it would get alone (the engine is batch-invariant and gives every request its own sampler, seed, stop
+  strings, constraint and logprobs). Requests beyond the slots wait in arrival order; past `max_queue` waiting the
+  server answers 503 with Retry-After. The engine runs ahead of a slow reader by at most max_tokens chunks.
+- parallel 1 (ModelRunner): one generation at a time through Model.generate (speculative decoding applies), all
+  model work on one dedicated thread (Numba's thread count is a per-thread setting); requests wait their turn in
+  FIFO order, 503 past `max_queue`. Backpressure: the next token is computed only when the previous chunk has been
+  handed to the client's socket (one `next()` per chunk), so a stalled client stalls its own generation.
+- Prompt preparation (chat templates, tokenizing, grammars, echo's log-probabilities) runs on the one model thread
+  in both modes.
 - A client that disconnects, streaming or not, cancels its request: a task watches the connection and sets the
-  generation's cancel event, so the model is free for the next request within one token (a queued request whose
-  client left is dropped when its turn comes, without running).
+  generation's cancel event, so its slot (or the model) is free within one step (a queued request whose client
+  left is dropped when its turn comes, without running).
 - With tools, a streamed reply's text and tool calls are sent when generation ends, once the reply has been parsed
   (its text cannot be told from a call before then); log-probabilities still stream with every token.
 - CORS is off unless `create_app(..., cors_origins=[...])` names the origins allowed to call the API from a browser.

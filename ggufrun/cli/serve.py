@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     parallel = args.parallel
     if parallel is None:
         parallel = 1 if model.speculative is not None else default_slots(model.transformer)
-    note(f"{parallel} request(s) at once (--parallel), n_ctx {model.n_ctx}, KV cache {model.cache.dtype_name}")
+    note(f"{parallel} request(s) at once (--parallel), n_ctx {model.n_ctx}, KV cache {model.cache.dtype}")
     if model.chat_template is None:
         note(f"{model.path.name} has no chat template (a base model?); --chat-template chatml|gemma|FILE applies one")
     extra = {"cors_origins": list(args.cors)} if args.cors else {}

@@ -215,3 +215,51 @@ def test_parallel_must_be_positive(tiny):
 
     with pytest.raises(ValueError, match="parallel"):
         create_app(tiny, parallel=0)
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "tiny-chat.gguf"
+    write_model(path, tokenizer="bytes", head_dim=32, ctx=512)
+    return path
+
+
+def test_serve_parallel_and_kv_dtype_reach_the_app(tiny_path, monkeypatch, capsys):
+    """--parallel N and --kv-dtype go to create_app / load; without --parallel, batch.default_slots decides."""
+    uvicorn = pytest.importorskip("uvicorn")
+    import ggufrun.server
+    from ggufrun.batch import default_slots
+    from ggufrun.cli import main
+
+    calls = []
+    monkeypatch.setattr(ggufrun.server, "create_app", lambda model, **kw: calls.append((model, kw)) or "app")
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    assert main(["serve", str(tiny_path), "--parallel", "3", "--kv-dtype", "q8_0", "--n-ctx", "256"]) == 0
+    model, kw = calls[-1]
+    assert kw["parallel"] == 3 and model.cache.dtype == "q8_0" and model.n_ctx == 256
+    assert "3 request(s) at once" in capsys.readouterr().err
+    assert main(["serve", str(tiny_path), "--n-ctx", "256"]) == 0
+    model, kw = calls[-1]
+    assert kw["parallel"] == default_slots(model.transformer) and model.cache.dtype == "f16"
+
+
+def test_serve_bad_parallel_and_kv_dtype_are_clear_errors(tiny_path, capsys):
+    from ggufrun.cli import main
+
+    assert main(["serve", str(tiny_path), "--parallel", "0"]) == 2
+    assert "--parallel must be an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", str(tiny_path), "--kv-dtype", "q4_0"])
+    assert "invalid choice: 'q4_0'" in capsys.readouterr().err
+
+
+def test_default_slots_follow_memory(tiny):
+    from ggufrun.batch import MAX_DEFAULT_SLOTS, default_slots
+
+    per_slot = tiny.transformer.cache.nbytes
+    assert default_slots(tiny.transformer, available=10**12) == MAX_DEFAULT_SLOTS
+    assert default_slots(tiny.transformer, available=2 * 3 * per_slot) == 3  # half the memory: 3 full caches
+    assert default_slots(tiny.transformer, available=0) == 1

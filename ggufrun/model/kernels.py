@@ -598,14 +598,19 @@ def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out):
 # vec_dot_type (Q8_0 again), takes K.Q with ggml_vec_dot_q8_0_q8_0 (per block: the integer dot times the product
 # of the two scales), scales the score, and adds dequantized V rows (code * scale) weighted by unrounded
 # probabilities. Here the softmax is the two-pass one of the f16 path instead of the online one (the same
-# probabilities to a few ulp). Layout: position-major rows as in llama.cpp, codes int8 [n_kv, n_ctx, hd] and
+# probabilities to a few ulp). Before quantizing, this llama.cpp rotates Q and K (and V, rotating the attention
+# output back) by an orthonormal Walsh-Hadamard matrix per chunk of 64+ values of a head when the head dimension is a
+# multiple of 64 (src/llama-kv-cache.cpp attn_rot_k / attn_rot_v, src/llama-graph.cpp build_attn; the CPU runs it as
+# a fast transform, ggml_compute_forward_fwht): K.Q is unchanged in exact arithmetic, and outliers spread over the
+# block quantize with less error. Layout: position-major rows as in llama.cpp, codes int8 [n_kv, n_ctx, hd] and
 # scales uint16 (f16 bits) [n_kv, n_ctx, hd / 32]. Decode and prefill run one per-(head, query) function over the
 # same key range, so a query's output is the same bits either way (batch invariance).
 
 QK8_0 = 32  # values per Q8_0 block
 
 
-@numba.njit(inline="always", **ATT)
+# Not inlined, no fast-math: `amax / 127` must stay a division (arcp would turn it into a product) for d's bits.
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _quantize_q8_0(x, qs, d):
     """x float32 [n] (n a multiple of 32) -> qs int8 [n], d uint16 [n / 32] (f16 bits), as the AVX2
     quantize_row_q8_0 (ggml-cpu/arch/x86/quants.c): d = amax / 127, codes rint(x * (127 / amax))."""
@@ -619,14 +624,64 @@ def _quantize_q8_0(x, qs, d):
             qs[i] = np.int8(np.rint(x[i] * inv))
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _fwht(x, n):
+    """x (contiguous, a multiple of n long) = H_n x per chunk of n values: the orthonormal Walsh-Hadamard rotation
+    as ggml's CPU ggml_compute_forward_fwht computes it (scale by 1 / sqrtf(n) first, then butterflies u + v,
+    u - v of growing span). No fast-math: the rounding of every step is part of the result."""
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(n)))
+    for c in range(0, x.shape[0], n):
+        for j in range(c, c + n):
+            x[j] = x[j] * scale
+        span = 1
+        while span < n:
+            for i in range(c, c + n, 2 * span):
+                for j in range(i, i + span):
+                    u, v = x[j], x[j + span]
+                    x[j] = u + v
+                    x[j + span] = u - v
+            span *= 2
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def fwht_rows(x, n):
+    """Every row of x [M, k] (k a multiple of n) rotated by H_n per chunk of n (_fwht): undoes the V rotation on
+    attention outputs (H_n is its own inverse)."""
+    for m in range(x.shape[0]):
+        _fwht(x[m], n)
+
+
 @numba.njit(**JIT)
 def qkv_rope_store_q8_0(
-    q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, pos0, q_qs, q_d, k_qs, k_d, v_qs, v_d
+    q,
+    k,
+    v,
+    q_bias,
+    k_bias,
+    v_bias,
+    q_norm,
+    k_norm,
+    eps,
+    cos,
+    sin,
+    neox,
+    pos0,
+    rot_k,
+    rot_v,
+    q_qs,
+    q_d,
+    k_qs,
+    k_d,
+    v_qs,
+    v_d,
 ):
     """qkv_rope_store for a q8_0 cache: Q/K/V of M new tokens at positions pos0.. finished (bias, per-head norm,
     rope; Q is not scaled: attend_*_q8_0 scale the scores, as llama.cpp does), Q quantized per head into
     q_qs int8 [M, n_head*hd_k] / q_d uint16 [M, n_head*hd_k/32], K and V appended as Q8_0 rows to
-    k_qs [n_kv, n_ctx, hd_k] / k_d [n_kv, n_ctx, hd_k/32] and v_qs [n_kv, n_ctx, hd_v] / v_d [n_kv, n_ctx, hd_v/32]."""
+    k_qs [n_kv, n_ctx, hd_k] / k_d [n_kv, n_ctx, hd_k/32] and v_qs [n_kv, n_ctx, hd_v] / v_d [n_kv, n_ctx, hd_v/32].
+    rot_k, rot_v: 0, or the Walsh-Hadamard size that Q and K (rot_k) and V (rot_v) are rotated by before they are
+    quantized, per chunk of that many values of a head (llama.cpp's attn_rot_k / attn_rot_v); the attention output
+    is rotated back by the caller (fwht_rows)."""
     n_kv, hd_k, hd_v = k_qs.shape[0], k_qs.shape[2], v_qs.shape[2]
     n_head = q.shape[1] // hd_k
     nb_k = hd_k // QK8_0
@@ -636,12 +691,19 @@ def qkv_rope_store_q8_0(
         for h in range(n_head):
             x = q[m, h * hd_k : (h + 1) * hd_k]
             _norm_rope(x, q_norm, eps, cos, sin, p, neox)
+            if rot_k:
+                _fwht(x, rot_k)
             _quantize_q8_0(x, q_qs[m, h * hd_k : (h + 1) * hd_k], q_d[m, h * nb_k : (h + 1) * nb_k])
         for g in range(n_kv):
             x = k[m, g * hd_k : (g + 1) * hd_k]
             _norm_rope(x, k_norm, eps, cos, sin, p, neox)
+            if rot_k:
+                _fwht(x, rot_k)
             _quantize_q8_0(x, k_qs[g, p], k_d[g, p])
-            _quantize_q8_0(v[m, g * hd_v : (g + 1) * hd_v], v_qs[g, p], v_d[g, p])
+            x = v[m, g * hd_v : (g + 1) * hd_v]
+            if rot_v:
+                _fwht(x, rot_v)
+            _quantize_q8_0(x, v_qs[g, p], v_d[g, p])
 
 
 @numba.njit(inline="always", **ATT)

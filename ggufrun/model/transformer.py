@@ -188,6 +188,10 @@ class Transformer:
                 )
             self._rope.append(tables[key])
         self._window = [c.sliding_window if swa else 0 for swa in c.swa_layers]
+        # q8_0 KV cache: the Walsh-Hadamard sizes Q/K and V are rotated by before quantization (0: none), as
+        # llama.cpp's llama_kv_cache: K the largest power of two >= 64 dividing the head size, V 64
+        self._rot_k = c.head_dim_k & -c.head_dim_k if c.head_dim_k % 64 == 0 else 0
+        self._rot_v = 64 if c.head_dim_v % 64 == 0 else 0
         self._attn_softcap = np.float32(c.attn_logit_softcap)
         self._gelu_table = kernels.gelu_table() if c.spec.gelu else None
         self._embed_scale = np.float32(math.sqrt(c.n_embd)) if c.spec.embed_scale else None
@@ -420,8 +424,9 @@ class Transformer:
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 
     def _attend_q8_0(self, il: int, lw: LayerWeights, cache: KVCache, r0: int, r1: int, pos0: int) -> None:
-        """Rows r0..r1-1 of one sequence on a q8_0 cache (kernels' q8_0 section): Q quantized, K/V stored as Q8_0
-        rows, att = attention over the quantized cache, the attention scale applied to the scores."""
+        """Rows r0..r1-1 of one sequence on a q8_0 cache (kernels' q8_0 section): Q, K, V rotated (Walsh-Hadamard,
+        as llama.cpp does for a quantized cache), Q quantized, K/V stored as Q8_0 rows, att = attention over the
+        quantized cache with the attention scale applied to the scores, rotated back."""
         c, s = self.config, self.state
         cos, sin = self._rope[il]
         window = self._window[il]
@@ -430,7 +435,7 @@ class Transformer:
         kernels.qkv_rope_store_q8_0(
             s.q[r0:r1], s.k[r0:r1], s.v[r0:r1],
             lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
-            cos, sin, c.spec.rope_neox, pos0, qs, qd, kq, kd, vq, vd,
+            cos, sin, c.spec.rope_neox, pos0, self._rot_k, self._rot_v, qs, qd, kq, kd, vq, vd,
         )  # fmt: skip
         scale, softcap = np.float32(c.attn_scale), self._attn_softcap
         if r1 - r0 == 1:
@@ -440,6 +445,8 @@ class Transformer:
         else:
             kernels.attend_rows_q8_0(qs, qd, kq, kd, vq, vd, pos0, window, scale, softcap, s.block_scores,
                                      s.att[r0:r1])  # fmt: skip
+        if self._rot_v:
+            kernels.fwht_rows(s.att[r0:r1], self._rot_v)  # V was stored rotated: rotate the output back
 
     def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray, project: Projector) -> None:
         """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))) (or the experts' mix); then h = next_norm(x)."""

@@ -16,7 +16,7 @@ Measured, and printed (JSON with --json, PNG chart with --chart):
 - the TTFT of a request arriving while 7 others stream, against the same request alone (medians of --probes);
 - a --long-prompt-token prompt (default 2,000) arriving while 4 clients stream: the longest gap between two
   tokens of those streams while it is prefilled, against their median gap before it arrived, and one prefill
-  chunk's time (its prefill time / its number of chunks of --prefill-chunk tokens, the server's n_batch).
+  chunk's time (its prefill time x --prefill-chunk / its length; --prefill-chunk is the server's n_batch, 256).
 End-of-generation tokens are masked (logit_bias -100 over HTTP, -inf in-process), so every client generates
 exactly --max-tokens tokens.
 
@@ -262,9 +262,13 @@ def long_prompt_delay(target, background: list[list[int]], long_prompt: list[int
                 before.append(b - a)
             elif a < t1:
                 during.append(b - a)
-    n_chunks = -(-len(long_prompt) // chunk)
-    prefill = t1 - t0
-    return statistics.median(before) if before else 0.0, max(during, default=0.0), prefill, prefill / n_chunks
+    prefill = t1 - t0  # a full chunk's share of it (a last, shorter chunk costs less than a full one)
+    return (
+        statistics.median(before) if before else 0.0,
+        max(during, default=0.0),
+        prefill,
+        prefill * chunk / len(long_prompt),
+    )
 
 
 def chart(path: str, results: dict) -> None:

@@ -21,7 +21,8 @@ from ggufrun.reader import GGUFFile
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 SMALL = sorted(p.stem for p in GOLDEN.glob("small-*.gguf"))
-LLAMA_CPP_Q8_0 = ("small-llama-q8_0", "small-gemma2-q8_0")  # with X.kv-q8_0.logits.npz from llama.cpp
+# with X.kv-q8_0.logits.npz from llama.cpp (make_kv_q8_0.py)
+LLAMA_CPP_Q8_0 = ("small-llama-q8_0", "small-gemma2-q8_0", "small-qwen2moe-q8_0", "small-qwen3moe-q8_0")
 
 
 def load(stem: str, **kwargs) -> tuple[Transformer, dict]:
@@ -37,20 +38,25 @@ def closeness(mine: np.ndarray, golden: np.ndarray) -> tuple[float, float, float
 
 @pytest.mark.parametrize("stem", SMALL)
 def test_golden_logits_with_q8_0_kv(stem):
-    """Within the goldens' bounds for quantized models (mean|diff| <= 0.03 std, max <= 0.2 std, argmax >= 90%) on
-    every small golden model, the prompt batched then one token at a time, as llama.cpp made them."""
+    """Within the goldens' bounds for quantized models (mean|diff| <= 0.03 std, max <= 0.2 std) on every small
+    golden model, the prompt batched then one token at a time, as llama.cpp made them (with an F16 KV cache). The
+    argmax bound is 85% instead of 90%: quantizing K/V moves logits by about 0.012 std in llama.cpp too, which
+    flips near-ties of these random models (llama.cpp's own q8_0-KV run of small-qwen2moe-q8_0 picks other greedy
+    tokens than its F16 golden; ggufrun's q8_0 logits are within 0.0005 std of llama.cpp's q8_0 ones there)."""
     tf, g = load(stem, kv_dtype="q8_0")
     tokens, n_prompt = g["tokens"], int(g["n_prompt"])
     first = tf.forward(tokens[:n_prompt], all_logits=True)
     steps = [tf.forward(tokens[i : i + 1]).copy() for i in range(n_prompt, len(tokens) - 1)]
     mean_rel, max_rel, agree = closeness(np.concatenate([first, np.stack(steps)]), g["logits"])
     where = f"{stem} q8_0 KV: mean|diff| {mean_rel:.4f} std, max {max_rel:.4f} std, argmax {agree:.3f}"
-    assert mean_rel <= 0.03 and max_rel <= 0.2 and agree >= 0.9, where
+    assert mean_rel <= 0.03 and max_rel <= 0.2 and agree >= 0.85, where
 
 
 @pytest.mark.parametrize("stem", LLAMA_CPP_Q8_0)
 def test_against_llama_cpp_q8_0_kv(stem):
-    """Closer to llama.cpp's q8_0-KV logits than the F16-KV ggufrun run is: the KV quantization itself matches."""
+    """Next to llama.cpp's q8_0-KV logits (measured: mean|diff| 0 to 0.0052 std, max 0 to 0.041 std, gemma2 and
+    qwen3moe to the last digit), where the F16-KV run is 0.012-0.022 std away: the quantization, the Walsh-Hadamard
+    rotation and the Q8_0 dot follow llama.cpp's."""
     ref = np.load(GOLDEN / f"{stem}.kv-q8_0.logits.npz")
     tokens = ref["tokens"][:-1]
     q8, _ = load(stem, kv_dtype="q8_0")
@@ -58,8 +64,8 @@ def test_against_llama_cpp_q8_0_kv(stem):
     mean_q8, max_q8, agree = closeness(q8.logits(tokens), ref["logits"])
     mean_f16, _, _ = closeness(f16.logits(tokens), ref["logits"])
     where = f"{stem}: q8_0 KV mean {mean_q8:.4f} max {max_q8:.4f} argmax {agree:.3f}; f16 KV mean {mean_f16:.4f}"
-    assert mean_q8 <= 0.01 and max_q8 <= 0.1 and agree == 1.0, where
-    assert mean_q8 < mean_f16, where
+    assert mean_q8 <= 0.008 and max_q8 <= 0.06 and agree == 1.0, where
+    assert mean_q8 < mean_f16 / 2, where
 
 
 @pytest.mark.parametrize("stem", ["small-llama-q8_0", "small-gemma2-q8_0", "small-qwen3-q8_0"])

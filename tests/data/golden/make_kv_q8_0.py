@@ -1,12 +1,14 @@
-"""llama.cpp's logits with a q8_0 KV cache (`-ctk q8_0 -ctv q8_0`) for two tiny golden models: the reference for
+"""llama.cpp's logits with a q8_0 KV cache (`-ctk q8_0 -ctv q8_0`) for four tiny golden models: the reference for
 ggufrun's kv_dtype="q8_0" (tests/test_kv_q8_0.py).
 
-    python tests/data/golden/make_kv_q8_0.py     # writes small-llama-q8_0.kv-q8_0.logits.npz, small-gemma2-...
+    python tests/data/golden/make_kv_q8_0.py     # writes small-llama-q8_0.kv-q8_0.logits.npz, ... for STEMS
 
 make.py's approach (the same prompt of 20 ids as the model's own golden, one batched pass, then 12 greedy one-token
 steps, CPU backend, 2 threads), with the context's type_k = type_v = GGML_TYPE_Q8_0. llama.cpp refuses a quantized
 V cache without flash attention (src/llama-context.cpp: "quantized V cache was requested, but this requires Flash
-Attention"), so flash attention is on here. For scale, the same runs with an F16 KV cache and flash attention on are
+Attention"), so flash attention is on here. This build also rotates Q/K/V by a Walsh-Hadamard matrix before
+quantizing them (attn_rot_k / attn_rot_v in src/llama-kv-cache.cpp; LLAMA_ATTN_ROT_DISABLE=1 turns it off), which
+ggufrun follows. For scale, the same runs with an F16 KV cache and flash attention on are
 written as X.kv-f16-fa.logits.npz: how far flash attention alone moves llama.cpp's logits.
 It needs llama.cpp's Python binding (llama-cpp-python; LLAMA_CPP_LIB_PATH for a native build), which no test needs.
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-STEMS = ("small-llama-q8_0", "small-gemma2-q8_0")
+STEMS = ("small-llama-q8_0", "small-gemma2-q8_0", "small-qwen2moe-q8_0", "small-qwen3moe-q8_0")
 N_GEN = 12
 
 

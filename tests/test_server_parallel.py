@@ -57,7 +57,7 @@ class SlowModel:
 
 def requests(no_eog) -> list[tuple[str, dict]]:
     """Eight different requests: completions and chat, streamed or not, greedy and seeded, with logprobs, stop
-    strings, response_format json_object; distinct prompts of different lengths."""
+    strings, response_format json_object, a required tool call; distinct prompts of different lengths."""
     out = []
     for i in range(N_CLIENTS):
         stream = i % 2 == 1
@@ -81,6 +81,11 @@ def requests(no_eog) -> list[tuple[str, dict]]:
         if i == 6:
             body["response_format"] = {"type": "json_object"}
             body["max_tokens"] = 40
+        if i == 3:  # tools, a call required: the tool-call grammar constrains the reply, parsed at its end
+            body["tools"] = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+            body["tool_choice"] = "required"
+            body["max_tokens"] = 60
         out.append((path, body))
     return out
 
@@ -93,8 +98,10 @@ def answer(url: str, path: str, body: dict) -> dict:
         j = r.json()
         choice = j["choices"][0]
         text = choice["text"] if "text" in choice else choice["message"]["content"]
-        return {"text": text, "finish": choice["finish_reason"], "logprobs": choice["logprobs"], "usage": j["usage"]}
-    text, logprobs, finish = [], [], None
+        calls = choice.get("message", {}).get("tool_calls")
+        return {"text": text, "finish": choice["finish_reason"], "logprobs": choice["logprobs"], "usage": j["usage"],
+                "tool_calls": calls and [c["function"] for c in calls]}  # fmt: skip
+    text, logprobs, finish, calls = [], [], None, []
     import json
 
     with httpx.stream("POST", url + path, json=body, timeout=120) as r:
@@ -105,10 +112,11 @@ def answer(url: str, path: str, body: dict) -> dict:
             choice = json.loads(line[6:])["choices"][0]
             piece = choice["text"] if "text" in choice else choice["delta"].get("content")
             text.append(piece or "")
+            calls += [c["function"] for c in choice.get("delta", {}).get("tool_calls") or []]
             if choice["logprobs"] is not None:
                 logprobs.append(choice["logprobs"])
             finish = choice["finish_reason"] or finish
-    return {"text": "".join(text), "finish": finish, "logprobs": logprobs}
+    return {"text": "".join(text), "finish": finish, "logprobs": logprobs, "tool_calls": calls}
 
 
 def test_eight_concurrent_clients_get_what_they_get_alone(tiny, no_eog):

@@ -5,7 +5,9 @@ each step batches the next token of every generating request with at most one ch
 evaluated (chunked prefill: a long prompt costs the others one chunk's time per step, not its whole prefill), in
 one `Transformer.forward_batch`. Requests join between steps and leave as soon as they finish or are cancelled.
 Every request gets the tokens it would get alone (forward_batch is batch-invariant; each has its own Sampler,
-so a seed gives the same draws), with the text, stop strings, finish reasons and stats of ggufrun.generate.stream.
+so a seed gives the same draws), with the text, stop strings, finish reasons and stats of ggufrun.generate.stream,
+and its output constraint (grammar.Constraint: response_format, tool calls) and log-probabilities when asked for.
+The KV caches are of the transformer's kv_dtype (f16, q8_0 or f32): batch invariance holds for each.
 
     engine = BatchEngine.from_model(model, n_slots=8)
     for chunk in engine.submit(model.tokenize("Once upon a time"), SamplingParams(temperature=0), max_tokens=32):

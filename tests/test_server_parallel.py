@@ -271,3 +271,20 @@ def test_default_slots_follow_memory(tiny):
     assert default_slots(tiny.transformer, available=10**12) == MAX_DEFAULT_SLOTS
     assert default_slots(tiny.transformer, available=2 * 3 * per_slot) == 3  # half the memory: 3 full caches
     assert default_slots(tiny.transformer, available=0) == 1
+
+
+def test_serve_speculative_needs_parallel_1(tiny_path, monkeypatch, capsys):
+    """--speculative with --parallel N > 1 is refused, naming both (the engine does not draft); alone it serves
+    one request at a time."""
+    uvicorn = pytest.importorskip("uvicorn")
+    import ggufrun.server
+    from ggufrun.cli import main
+
+    calls = []
+    monkeypatch.setattr(ggufrun.server, "create_app", lambda model, **kw: calls.append(kw) or "app")
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    assert main(["serve", str(tiny_path), "--speculative", "ngram", "--parallel", "4", "--n-ctx", "256"]) == 1
+    err = capsys.readouterr().err
+    assert "--speculative" in err and "--parallel 1" in err and not calls
+    assert main(["serve", str(tiny_path), "--speculative", "ngram", "--n-ctx", "256"]) == 0
+    assert calls[-1]["parallel"] == 1

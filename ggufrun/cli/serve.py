@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     parallel = args.parallel
     if parallel is None:
         parallel = 1 if model.speculative is not None else default_slots(model.transformer)
+    if parallel > 1 and model.speculative is not None:
+        raise ValueError(f"--speculative drafts only with --parallel 1 (one request at a time), not --parallel "
+                         f"{parallel}: the batching engine does not draft")  # fmt: skip
     note(f"{parallel} request(s) at once (--parallel), n_ctx {model.n_ctx}, KV cache {model.cache.dtype}")
     if model.chat_template is None:
         note(f"{model.path.name} has no chat template (a base model?); --chat-template chatml|gemma|FILE applies one")

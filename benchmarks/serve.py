@@ -238,7 +238,9 @@ def probe_ttft(
 
 def long_prompt_delay(target, background: list[list[int]], long_prompt: list[int], max_tokens: int, chunk: int):
     """A long prompt arriving while `background` clients stream: returns (the streams' median gap between tokens
-    before it arrived, their longest gap while it was prefilled, its prefill time, one chunk's share of that)."""
+    before it arrived, their longest gap while it was prefilled, its prefill time, one chunk's share of that, their
+    median gap while it was prefilled, the tokens each stream got meanwhile). A chunk attends to more positions
+    than the one before, so the last chunks take longer than the average share."""
     ready = [threading.Event() for _ in background]
     stop = threading.Event()
     clients = [Client(p) for p in background]
@@ -263,11 +265,14 @@ def long_prompt_delay(target, background: list[list[int]], long_prompt: list[int
             elif a < t1:
                 during.append(b - a)
     prefill = t1 - t0  # a full chunk's share of it (a last, shorter chunk costs less than a full one)
+    per_stream = len(during) / max(1, len(clients))  # tokens each stream still got while the prompt was prefilled
     return (
         statistics.median(before) if before else 0.0,
         max(during, default=0.0),
         prefill,
         prefill * chunk / len(long_prompt),
+        statistics.median(during) if during else 0.0,
+        per_stream,
     )
 
 
@@ -382,17 +387,18 @@ def main() -> None:
         )
         if args.long_prompt_tokens:
             long_prompt = Prompts(tokenize, args.long_prompt_tokens).take(1)[0]
-            gap, worst, prefill, per_chunk = long_prompt_delay(target, prompts.take(4), long_prompt,
-                                                               args.n_ctx - args.prompt_tokens - 8,
-                                                               args.prefill_chunk)  # fmt: skip
+            gap, worst, prefill, per_chunk, gap_during, tokens_during = long_prompt_delay(
+                target, prompts.take(4), long_prompt, args.n_ctx - args.prompt_tokens - 8, args.prefill_chunk
+            )
             results["long_prompt"] = {"prompt_tokens": len(long_prompt), "streams": 4, "median_gap_before_s": gap,
-                                      "max_gap_during_s": worst, "prefill_s": prefill,
+                                      "max_gap_during_s": worst, "median_gap_during_s": gap_during,
+                                      "tokens_per_stream_during": tokens_during, "prefill_s": prefill,
                                       "chunk_s": per_chunk}  # fmt: skip
             print(
                 f"{len(long_prompt)}-token prompt beside 4 streams: prefill {prefill:.2f} s "
-                f"({per_chunk:.3f} s per {args.prefill_chunk}-token chunk); the streams' gap between tokens "
-                f"{gap:.3f} s before, at most {worst:.3f} s during it (delay {worst - gap:+.3f} s vs one chunk "
-                f"{per_chunk:.3f} s)"
+                f"({per_chunk:.3f} s per {args.prefill_chunk}-token chunk on average); the streams' gap between "
+                f"tokens {gap:.3f} s before, {gap_during:.3f} s median / {worst:.3f} s at most during it, "
+                f"{tokens_during:.1f} tokens each meanwhile"
             )
     finally:
         target.close()

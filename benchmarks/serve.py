@@ -1,29 +1,33 @@
 """Many users at once: N concurrent streaming clients, each with its own prompt, greedy, a fixed number of tokens.
 
-    python benchmarks/serve.py smollm2-135m-instruct --clients 1,8,16 --max-tokens 48 --threads 2
+    python benchmarks/serve.py smollm2-135m-instruct --clients 1,8,16 --max-tokens 48 --threads 2 --chart serve.png
     python benchmarks/serve.py smollm2-135m-instruct --url http://127.0.0.1:8000 --clients 1,8,16
+    python benchmarks/serve.py smollm2-135m-instruct --engine   # in-process BatchEngine, no HTTP
 
-Two targets: `--engine` (the default) runs ggufrun.batch.BatchEngine in this process, the clients being threads
-that iterate engine.submit(); `--url` drives a running `ggufrun serve` through POST /v1/completions with
-`stream: true`, one HTTP connection per client (the model argument then only provides the tokenizer for the
-prompts, which are sent as token ids).
+Three targets. The default starts `ggufrun serve MODEL --parallel P` (P = the largest client count, at least 8) in
+a subprocess on a free 127.0.0.1 port and drives it over HTTP: POST /v1/completions with `stream: true`, one
+connection per client, prompts sent as token ids. `--url` drives a server already running; `--engine` runs
+ggufrun.batch.BatchEngine in this process, the clients being threads that iterate engine.submit().
 
-For each client count: every client's time to first token (TTFT) and decode tokens/s, the aggregate tokens/s
-(all tokens generated / wall time from the first request to the last token, prefills included), the decode
-tokens/s while every client is decoding (from the last first token to the first last token), and their ratios
-to one client's.
-Then the TTFT of a request arriving while 7 others stream, against the same request alone (medians over
---probes). End-of-generation tokens are masked (logit_bias -inf, or -100 over HTTP), so every client generates
-exactly --max-tokens tokens. A PNG chart is written when matplotlib is installed (--chart).
+Measured, and printed (JSON with --json, PNG chart with --chart):
+- for each client count: every client's time to first token (TTFT) and decode tokens/s, the aggregate tokens/s
+  (all tokens / wall time from the first request to the last token, prefills included), the decode tokens/s while
+  every client is decoding (from the last first token to the first last token), and their ratios to one client's;
+- the TTFT of a request arriving while 7 others stream, against the same request alone (medians of --probes);
+- a --long-prompt-token prompt (default 2,000) arriving while 4 clients stream: the longest gap between two
+  tokens of those streams while it is prefilled, against their median gap before it arrived, and one prefill
+  chunk's time (its prefill time x --prefill-chunk / its length; --prefill-chunk is the server's n_batch, 256).
+End-of-generation tokens are masked (logit_bias -100 over HTTP, -inf in-process), so every client generates
+exactly --max-tokens tokens.
 
-Measured on the shared 2-core AMD EPYC VM (AVX2, no VNNI; load average 5-6 throughout), engine, 32-token prompts,
-48 tokens, 2 threads; aggregate / all-decoding tok/s, ratio to one client:
+Numbers for the issue are taken on a quiet machine; this machine runs other work now. Earlier in-process engine
+figures (shared 2-core AMD EPYC, AVX2, no VNNI, load average 5-6; 32-token prompts, 48 tokens, 2 threads;
+aggregate / all-decoding tok/s, ratio to one client):
     SmolLM2 Q4_1:  1 client 8.4 / 9.9;  8 clients 13.5 / 18.9 (1.6x / 1.9x);  16 clients 19.6 / 28.2 (2.4x / 2.9x)
     Gemma3 Q4_K_M: 1 client 5.7 / 6.5;  8 clients 8.9 / 11.2 (1.6x / 1.7x);   16 clients 9.5 / 13.2 (1.7x / 2.0x)
     TTFT of a new request alone vs beside 7 streaming clients: SmolLM2 0.90 / 1.32 s, Gemma3 1.05 / 2.12 s
-The issue's targets (4x at 8 clients, 6x at 16) are not reached here: the product kernels are compute-bound on
-this CPU, a row costing about as much in a batch as alone (SmolLM2 ffn_gate Q4_1 576x1536: 198 us for 1 row,
-145 us per row at 4-16 rows; the Q8_0 output matrix 8.9 ms for 1 row, 6.5-7.0 ms per row at 8-16 rows).
+The product kernels are compute-bound on that CPU, a row costing about as much in a batch as alone (SmolLM2
+ffn_gate Q4_1 576x1536: 198 us for 1 row, 145 us per row at 4-16 rows), which caps the batching gain there.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -85,9 +91,10 @@ class EngineTarget:
 class ServerTarget:
     """Clients over HTTP to `ggufrun serve` (POST /v1/completions, stream: true)."""
 
-    def __init__(self, url: str, eog_ids, api_key: str | None):
+    def __init__(self, url: str, eog_ids, api_key: str | None, server: SpawnedServer | None = None):
         import httpx
 
+        self.server = server
         self.url = url.rstrip("/") + "/v1/completions"
         self.bias = {str(t): -100 for t in eog_ids}
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -114,6 +121,44 @@ class ServerTarget:
 
     def close(self) -> None:
         pass
+
+
+class SpawnedServer:
+    """`ggufrun serve MODEL --parallel P ...` in a subprocess on a free port of 127.0.0.1, until close()."""
+
+    def __init__(self, model: str, parallel: int, threads: int, n_ctx: int, kv_dtype: str):
+        import socket
+
+        import httpx
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, "-m", "ggufrun", "serve", model, "--parallel", str(parallel), "--threads",
+               str(threads), "--n-ctx", str(n_ctx), "--kv-dtype", kv_dtype, "--port", str(port)]  # fmt: skip
+        log(" ".join(cmd[1:]))
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 600  # the first start compiles kernels
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ggufrun serve exited with {self.proc.returncode}: {self.proc.stderr.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.time() > deadline:
+                self.close()
+                raise RuntimeError("ggufrun serve did not answer /health within 600 s")
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 class Prompts:
@@ -191,6 +236,46 @@ def probe_ttft(
     return out, streaming
 
 
+def long_prompt_delay(target, background: list[list[int]], long_prompt: list[int], max_tokens: int, chunk: int):
+    """A long prompt arriving while `background` clients stream: returns (the streams' median gap between tokens
+    before it arrived, their longest gap while it was prefilled, its prefill time, one chunk's share of that, their
+    median gap while it was prefilled, the tokens each stream got meanwhile). A chunk attends to more positions
+    than the one before, so the last chunks take longer than the average share."""
+    ready = [threading.Event() for _ in background]
+    stop = threading.Event()
+    clients = [Client(p) for p in background]
+    threads = [threading.Thread(target=target.run, args=(c, max_tokens, e, stop)) for c, e in zip(clients, ready)]
+    for t in threads:
+        t.start()
+    for e in ready:
+        e.wait(120)
+    time.sleep(1.0)  # a second of steady decoding to compare with
+    probe = Client(long_prompt)
+    target.run(probe, 1)
+    t0, t1 = probe.t_start, probe.t_tokens[0]
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    before, during = [], []
+    for c in clients:
+        for a, b in zip(c.t_tokens, c.t_tokens[1:]):
+            if b <= t0:
+                before.append(b - a)
+            elif a < t1:
+                during.append(b - a)
+    prefill = t1 - t0  # a full chunk's share of it (a last, shorter chunk costs less than a full one)
+    per_stream = len(during) / max(1, len(clients))  # tokens each stream still got while the prompt was prefilled
+    return (
+        statistics.median(before) if before else 0.0,
+        max(during, default=0.0),
+        prefill,
+        prefill * chunk / len(long_prompt),
+        statistics.median(during) if during else 0.0,
+        per_stream,
+    )
+
+
 def chart(path: str, results: dict) -> None:
     try:
         import matplotlib
@@ -201,7 +286,7 @@ def chart(path: str, results: dict) -> None:
         log("matplotlib is not installed: no chart")
         return
     counts = [r["clients"] for r in results["runs"]]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
     a.bar([str(n) for n in counts], [r["aggregate_tps"] for r in results["runs"]])
     a.set_xlabel("concurrent clients")
     a.set_ylabel("aggregate tokens/s")
@@ -209,6 +294,12 @@ def chart(path: str, results: dict) -> None:
     b.bar(["alone", f"{results['ttft_busy_clients']} streaming"],
           [results["ttft_alone_median_s"], results["ttft_busy_median_s"]])  # fmt: skip
     b.set_ylabel("median TTFT (s)")
+    if "long_prompt" in results:
+        lp = results["long_prompt"]
+        c.bar(["gap before", "longest gap\nduring prefill", "one prefill\nchunk"],
+              [lp["median_gap_before_s"], lp["max_gap_during_s"], lp["chunk_s"]])  # fmt: skip
+        c.set_ylabel("s")
+        c.set_title(f"{lp['prompt_tokens']}-token prompt beside {lp['streams']} streams")
     fig.tight_layout()
     fig.savefig(path)
     log(f"wrote {path}")
@@ -225,8 +316,11 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--n-ctx", type=int, default=1024)
-    p.add_argument("--prefill-chunk", type=int, default=None, help="engine: prompt tokens per step")
+    p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--kv-dtype", default="f16", choices=["f16", "q8_0", "f32"])
+    p.add_argument("--parallel", type=int, default=None, help="slots of the started server (default: max(8, clients))")
+    p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per step (the server's n_batch)")
+    p.add_argument("--long-prompt-tokens", type=int, default=2000, help="0: skip the long-prompt measurement")
     p.add_argument("--probes", type=int, default=5, help="TTFT probes alone and beside 7 streaming clients")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
@@ -235,7 +329,12 @@ def main() -> None:
 
     import ggufrun
 
-    if args.url:
+    if args.engine:
+        model = ggufrun.load(args.model, n_ctx=args.n_ctx, n_threads=args.threads, kv_dtype=args.kv_dtype, quiet=True)
+        tokenize = model.tokenize
+        target = EngineTarget(model, max(max(counts), 8), args.prefill_chunk)
+        model_name = model.path.name
+    else:
         from ggufrun.hub import resolve
         from ggufrun.reader import GGUFFile
         from ggufrun.tokenizer import load_tokenizer
@@ -243,18 +342,18 @@ def main() -> None:
         path = resolve(args.model, quiet=True)
         tok = load_tokenizer(GGUFFile(path).metadata)
         tokenize = tok.tokenize
-        target = ServerTarget(args.url, tok.eog_ids, args.api_key)
+        server = None
+        if not args.url:
+            parallel = args.parallel or max(8, max(counts))
+            server = SpawnedServer(str(path), parallel, args.threads, args.n_ctx, args.kv_dtype)
+        target = ServerTarget(args.url or server.url, tok.eog_ids, args.api_key, server)
         model_name = os.path.basename(path)
-    else:
-        model = ggufrun.load(args.model, n_ctx=args.n_ctx, n_threads=args.threads, quiet=True)
-        tokenize = model.tokenize
-        target = EngineTarget(model, max(max(counts), 8), args.prefill_chunk)
-        model_name = model.path.name
     prompts = Prompts(tokenize, args.prompt_tokens)
     env = environment(args.threads)
-    log(f"{model_name}: {env_line(env)}; {'server ' + args.url if args.url else 'in-process engine'}")
+    mode = "engine" if args.engine else "server"
+    log(f"{model_name}: {env_line(env)}; {'in-process engine' if args.engine else 'server ' + target.url}")
 
-    results = {"model": model_name, "mode": "server" if args.url else "engine", "env": env,
+    results = {"model": model_name, "mode": mode, "kv_dtype": args.kv_dtype, "env": env,
                "max_tokens": args.max_tokens, "prompt_tokens": args.prompt_tokens, "runs": []}  # fmt: skip
     try:
         run_clients(target, prompts.take(1), 4)  # warm-up
@@ -286,6 +385,21 @@ def main() -> None:
             f"TTFT of a new request: alone {statistics.median(alone):.3f} s, beside {busy} streaming clients "
             f"{statistics.median(beside):.3f} s (medians of {args.probes}); load average {os.getloadavg()}"
         )
+        if args.long_prompt_tokens:
+            long_prompt = Prompts(tokenize, args.long_prompt_tokens).take(1)[0]
+            gap, worst, prefill, per_chunk, gap_during, tokens_during = long_prompt_delay(
+                target, prompts.take(4), long_prompt, args.n_ctx - args.prompt_tokens - 8, args.prefill_chunk
+            )
+            results["long_prompt"] = {"prompt_tokens": len(long_prompt), "streams": 4, "median_gap_before_s": gap,
+                                      "max_gap_during_s": worst, "median_gap_during_s": gap_during,
+                                      "tokens_per_stream_during": tokens_during, "prefill_s": prefill,
+                                      "chunk_s": per_chunk}  # fmt: skip
+            print(
+                f"{len(long_prompt)}-token prompt beside 4 streams: prefill {prefill:.2f} s "
+                f"({per_chunk:.3f} s per {args.prefill_chunk}-token chunk on average); the streams' gap between "
+                f"tokens {gap:.3f} s before, {gap_during:.3f} s median / {worst:.3f} s at most during it, "
+                f"{tokens_during:.1f} tokens each meanwhile"
+            )
     finally:
         target.close()
     write_json(args.json, results)

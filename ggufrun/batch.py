@@ -5,7 +5,9 @@ each step batches the next token of every generating request with at most one ch
 evaluated (chunked prefill: a long prompt costs the others one chunk's time per step, not its whole prefill), in
 one `Transformer.forward_batch`. Requests join between steps and leave as soon as they finish or are cancelled.
 Every request gets the tokens it would get alone (forward_batch is batch-invariant; each has its own Sampler,
-so a seed gives the same draws), with the text, stop strings, finish reasons and stats of ggufrun.generate.stream.
+so a seed gives the same draws), with the text, stop strings, finish reasons and stats of ggufrun.generate.stream,
+and its output constraint (grammar.Constraint: response_format, tool calls) and log-probabilities when asked for.
+The KV caches are of the transformer's kv_dtype (f16, q8_0 or f32): batch invariance holds for each.
 
     engine = BatchEngine.from_model(model, n_slots=8)
     for chunk in engine.submit(model.tokenize("Once upon a time"), SamplingParams(temperature=0), max_tokens=32):
@@ -49,7 +51,7 @@ from .generate import (
     peak_rss_mb,
 )
 from .runtime import set_threads, signals_to_main_thread
-from .sampling import Sampler, SamplingParams
+from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, token_logprobs
 
 
 def _positive_int(value, name: str) -> int:
@@ -61,15 +63,19 @@ def _positive_int(value, name: str) -> int:
 class _Request:
     """One submitted generation: what it asked for, where it is, and the queue its chunks go to."""
 
-    def __init__(self, prompt: np.ndarray, sampler: Sampler, max_tokens: int, reply: ReplyText, cancel, n_ctx):
+    def __init__(self, prompt: np.ndarray, sampler: Sampler, max_tokens: int, reply: ReplyText, cancel, n_ctx,
+                 constraint=None, logprobs: int | None = None):  # fmt: skip
         self.prompt = prompt  # int64 [n_prompt]
         self.sampler = sampler
+        self.constraint = constraint  # a grammar.Constraint masking each step's logits, or None
+        self.logprobs = logprobs  # None, or k: report raw log-probabilities and the k best alternatives
         self.budget = min(max_tokens, n_ctx - prompt.shape[0] + 1)  # the last token sampled needs no KV slot
         self.reply = reply  # tokens -> text, stop strings, end-of-generation
         self.cancel_event = cancel  # the caller's threading.Event or callable, or None
         self.cancelled = threading.Event()  # set by Stream.close()
         self.stats = GenerationStats(prompt_tokens=prompt.shape[0])
         self.chunks: queue.SimpleQueue = queue.SimpleQueue()  # Chunk objects, or an exception to raise
+        self.notify = None  # called (on the engine's thread) after every item put, for an asyncio consumer
         self.history = np.empty(prompt.shape[0] + max(self.budget, 0), np.int64)  # prompt + sampled ids
         self.history[: prompt.shape[0]] = prompt
         self.n_hist = prompt.shape[0]
@@ -80,6 +86,11 @@ class _Request:
         self.t_submit = time.perf_counter()
         self.t_prefill = 0.0
         self.t_first = 0.0
+
+    def put(self, item) -> None:
+        self.chunks.put(item)
+        if self.notify is not None:
+            self.notify()
 
     def is_cancelled(self) -> bool:
         if self.cancelled.is_set():
@@ -106,7 +117,20 @@ class Stream:
     def __next__(self) -> Chunk:
         if self._done:
             raise StopIteration
-        item = self._request.chunks.get()
+        return self._take(self._request.chunks.get())
+
+    def poll(self) -> Chunk | None:
+        """The next chunk if the engine has produced it, else None, without waiting (for an event loop woken by
+        submit's `notify`); raises as next() does, StopIteration after the last chunk."""
+        if self._done:
+            raise StopIteration
+        try:
+            item = self._request.chunks.get_nowait()
+        except queue.Empty:
+            return None
+        return self._take(item)
+
+    def _take(self, item) -> Chunk:
         if isinstance(item, BaseException):
             self._done = True
             raise item
@@ -181,11 +205,19 @@ class BatchEngine:
         max_tokens: int = 256,
         stop: str | Sequence[str] | None = None,
         cancel=None,
+        constraint=None,
+        logprobs: int | None = None,
+        notify=None,
     ) -> Stream:
         """Queue a generation of `prompt_ids`; return the Stream of its chunks. Thread-safe.
 
         params: SamplingParams (default SamplingParams()); a seed gives the draws it gives alone. stop: stop
-        strings. cancel: a threading.Event or a callable returning True, checked before every step. Bad values
+        strings. cancel: a threading.Event or a callable returning True, checked before every step. constraint: a
+        grammar.Constraint of this request alone (response_format, a tool call), as in generate.stream: it masks
+        every step's logits, advances with each token and ends the reply when done. logprobs: None, or k in 0..20
+        for each chunk's raw log-probability, token bytes and k best alternatives (Chunk.top_logprobs). notify: a
+        callable the engine's thread calls after queueing each chunk (e.g. an event loop's call_soon_threadsafe of
+        an event's set), so that a consumer can wait without a thread and read with Stream.poll(). Bad values
         raise here (ValueError / TypeError naming the argument; ContextOverflowError for a prompt that leaves no
         room to generate).
         """
@@ -203,9 +235,18 @@ class BatchEngine:
         bad = ids[(ids < 0) | (ids >= self.n_vocab)]
         if bad.size:
             raise ValueError(f"prompt_ids: token id {int(bad[0])} is outside the vocabulary [0, {self.n_vocab})")
+        if logprobs is not None and (
+            not isinstance(logprobs, (int, np.integer)) or isinstance(logprobs, bool)
+            or not 0 <= logprobs <= MAX_TOP_LOGPROBS
+        ):  # fmt: skip
+            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {logprobs!r}")
+        if constraint is not None and not (hasattr(constraint, "advance") and hasattr(constraint, "is_done")):
+            raise TypeError(f"constraint must be a grammar.Constraint, got {type(constraint).__name__}")
         check_prompt_fits(ids.shape[0], self.tf.n_ctx)
         sampler = Sampler(params, self.n_vocab)
-        request = _Request(ids, sampler, int(max_tokens), reply, cancel, self.tf.n_ctx)
+        request = _Request(ids, sampler, int(max_tokens), reply, cancel, self.tf.n_ctx, constraint,
+                           None if logprobs is None else int(logprobs))  # fmt: skip
+        request.notify = notify
         with self._cond:
             if self._closed:
                 raise RuntimeError("this BatchEngine is closed")
@@ -225,6 +266,11 @@ class BatchEngine:
     def n_active(self) -> int:
         """Requests holding a slot (evaluating their prompt or generating)."""
         return len(self._active)
+
+    @property
+    def n_waiting(self) -> int:
+        """Requests submitted and not yet given a slot."""
+        return len(self._waiting)
 
     def close(self) -> None:
         """Stop the engine: unfinished requests end with finish_reason "cancelled"; the slots' caches stay."""
@@ -261,7 +307,7 @@ class BatchEngine:
                     failed = [*self._active]
                 for request in failed:
                     self._release(request)
-                    request.chunks.put(e)
+                    request.put(e)
 
     def _step(self) -> None:
         """Drop cancelled requests, start the next prompt if none is being evaluated, then run one forward pass:
@@ -282,7 +328,7 @@ class BatchEngine:
             seqs.append((self.slots[prefilling.slot], chunk))
         if not seqs:
             return
-        sampled: list[tuple[_Request, int, float]] = []
+        sampled: list[tuple[_Request, int, float, list | None]] = []
         failed: list[tuple[_Request, Exception]] = []
         with self.tf.lock:
             if self.n_threads is not None:
@@ -294,19 +340,30 @@ class BatchEngine:
             if chunk is not None and prefilling.n_eval == prefilling.prompt.shape[0]:
                 to_sample.append((prefilling, logits[-1]))
             for r, row in to_sample:
-                try:  # a request's own logits processor may raise: that request ends with its error
-                    sampled.append((r, *r.sampler.sample(row, r.history[: r.n_hist])))
+                try:  # a request's own logits processor or grammar may raise: that request ends with its error
+                    sampled.append(self._pick(r, row))
                 except Exception as e:
                     failed.append((r, e))
         for request, error in failed:
             self._release(request)
-            request.chunks.put(error)
+            request.put(error)
         self.steps += 1
         self.decode_rows += len(decoding)
         self.prefill_rows += 0 if chunk is None else chunk.shape[0]
         self.rows = self.decode_rows + self.prefill_rows
-        for request, token, logprob in sampled:
-            self._emit(request, token, logprob)
+        for request, token, logprob, top in sampled:
+            self._emit(request, token, logprob, top)
+
+    def _pick(self, r: _Request, row: np.ndarray) -> tuple[_Request, int, float, list | None]:
+        """One request's token from its logits row, as generate._pick: sampled (through its constraint, which then
+        advances), with the raw log-probabilities when asked for."""
+        token, logprob = r.sampler.sample(row, r.history[: r.n_hist], constraint=r.constraint)
+        if r.constraint is not None:
+            r.constraint.advance(token)
+        if r.logprobs is None:
+            return r, token, logprob, None
+        lp = token_logprobs(row, token, r.logprobs)
+        return r, token, lp.logprob, lp.top()
 
     def _admit(self) -> None:
         """Give the first waiting request a slot, reusing or copying the longest cached prefix of its prompt."""
@@ -335,7 +392,7 @@ class BatchEngine:
         self._owner[slot] = request
         self._active.append(request)
 
-    def _emit(self, request: _Request, token: int, logprob: float) -> None:
+    def _emit(self, request: _Request, token: int, logprob: float, top: list | None = None) -> None:
         """A sampled token: text out through the detokenizer and the stop strings, or the request's end."""
         stats = request.stats
         request.history[request.n_hist] = token
@@ -349,20 +406,26 @@ class BatchEngine:
             stats.prompt_tps = (stats.prompt_tokens - stats.cached_tokens) / prefill_s if prefill_s > 0 else 0.0
         else:
             stats.generation_tps = (n - 1) / (now - request.t_first)
-        text, reason = request.reply.push(token, last=n == request.budget)
+        complete = request.constraint is not None and request.constraint.is_done
+        text, reason = request.reply.push(token, last=n == request.budget, complete=complete)
+        top_bytes = token_bytes = None
+        if top is not None:  # logprobs asked for: the bytes of the token and of its alternatives, as stream() gives
+            piece = self.tokenizer.token_piece
+            top_bytes, token_bytes = [(t, lp, piece(t, special=True)) for t, lp in top], piece(token, special=True)
         if reason is not None:
-            self._finish(request, reason, text, token, logprob)
+            self._finish(request, reason, text, token, logprob, top_bytes, token_bytes)
         else:
             request.token = token
-            request.chunks.put(Chunk(text, token, logprob))
+            request.put(Chunk(text, token, logprob, top_logprobs=top_bytes, token_bytes=token_bytes))
 
     def _finish_cancelled(self, request: _Request) -> None:
         self._finish(request, FINISH_CANCELLED, request.reply.close())
 
-    def _finish(self, request: _Request, reason: str, text: str, token=None, logprob=None) -> None:
+    def _finish(self, request: _Request, reason: str, text: str, token=None, logprob=None, top=None,
+                token_bytes=None) -> None:  # fmt: skip
         request.stats.peak_rss_mb = peak_rss_mb()
         self._release(request)
-        request.chunks.put(Chunk(text, token, logprob, reason, request.stats))
+        request.put(Chunk(text, token, logprob, reason, request.stats, top, token_bytes))
 
     def _release(self, request: _Request) -> None:
         """Take the request out of the batch now; its slot's cache keeps its tokens for prefix reuse."""
@@ -375,6 +438,37 @@ class BatchEngine:
                 self._last_used[request.slot] = self.steps
                 self._active.remove(request)
                 request.slot = None
+
+
+MAX_DEFAULT_SLOTS = 8  # past this, a decode step's attention over every slot's context outweighs the shared weights
+SLOT_MEMORY_SHARE = 0.5  # of the memory available now, what the slots' KV caches may take when full
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_slots(transformer, available: int | None = None) -> int:
+    """Slots a server runs by default: MAX_DEFAULT_SLOTS, fewer when that many full KV caches of n_ctx positions
+    (each transformer.cache.nbytes) would take more than SLOT_MEMORY_SHARE of the memory available now; at least 1.
+    A cache's pages cost memory only once written, so this bounds the worst case (every slot at n_ctx).
+
+    >>> default_slots(model.transformer)  # SmolLM2 at n_ctx 4096, f16 KV: 8 (80 MiB per slot)
+    """
+    if available is None:
+        available = available_memory_bytes()
+    per_slot = max(1, transformer.cache.nbytes)
+    if available is None:
+        return MAX_DEFAULT_SLOTS
+    return max(1, min(MAX_DEFAULT_SLOTS, int(available * SLOT_MEMORY_SHARE) // per_slot))
 
 
 def batch_generate(

@@ -25,7 +25,10 @@ TOKENIZER_KINDS = {
 }
 ARRAY_SHOWN = 8  # arrays longer than this are summarised: element type, length, first few elements
 STRING_SHOWN = 200  # in text output, longer strings are cut (the JSON output keeps them whole)
-KV_BYTES = 2  # the KV cache is F16
+KV_BYTES = 2  # the KV cache is F16 by default
+# bytes per cached value of each kv_dtype (ggufrun.model.kv_cache.KV_BYTES; not imported: that module loads Numba);
+# q8_0 stores blocks of 32 values (int8 codes and an f16 scale) and needs head dimensions that are multiples of 32
+KV_DTYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "f32": 4.0}
 
 
 def _plain(v):
@@ -76,8 +79,9 @@ def _per_layer(value, n_layer: int) -> list[int] | None:
     return None if n is None else [n]
 
 
-def _kv_cache_bytes(meta: dict, arch: str, n_ctx: int) -> int | None:
-    """2 (K and V) x n_layer x n_ctx x n_head_kv x head_dim x 2 bytes (F16), with K and V head sizes apart.
+def _kv_cache_bytes(meta: dict, arch: str, n_ctx: int, kv_dtype: str = "f16") -> int | None:
+    """2 (K and V) x n_layer x n_ctx x n_head_kv x head_dim x 2 bytes (F16), with K and V head sizes apart; other
+    kv_dtypes at their KV_DTYPE_BYTES (None for q8_0 when a head dimension is not a multiple of 32).
 
     head_dim is `{arch}.attention.key_length` / `value_length`, else embedding_length / head_count
     (llama.cpp src/llama-model.cpp reads the same keys with the same fallback). head_count and head_count_kv may
@@ -99,7 +103,9 @@ def _kv_cache_bytes(meta: dict, arch: str, n_ctx: int) -> int | None:
     v_dim = _positive_int(_arch_value(meta, arch, "attention.value_length")) or head_dim
     if not k_dim or not v_dim:
         return None
-    return kv_heads * n_ctx * (k_dim + v_dim) * KV_BYTES
+    if kv_dtype == "q8_0" and (k_dim % 32 or v_dim % 32):
+        return None  # not available for this model
+    return int(kv_heads * n_ctx * (k_dim + v_dim) * KV_DTYPE_BYTES[kv_dtype])
 
 
 EXPERT_TENSORS = ("_exps.weight", "_exps.bias")  # the routed experts' 3-D tensors (src/llama-arch.cpp: ffn_*_exps)
@@ -169,6 +175,8 @@ def summarize(gguf_file: GGUFFile, n_ctx: int | None = None) -> dict:
         "kv_cache_bytes": kv_bytes,
         "total_bytes": weight_bytes + (kv_bytes or 0),
     }
+    # the KV cache at n_ctx for every kv_dtype (load(..., kv_dtype=...), --kv-dtype); None where not available
+    kv_per_dtype = {d: _kv_cache_bytes(meta, arch, n_ctx, d) if n_ctx else None for d in KV_DTYPE_BYTES}
 
     return {
         "file": str(gguf_file.path),
@@ -189,6 +197,7 @@ def summarize(gguf_file: GGUFFile, n_ctx: int | None = None) -> dict:
         "tokenizer": tokenizer,
         "has_chat_template": bool(meta.get("tokenizer.chat_template")),
         "memory": memory,
+        "kv_cache_bytes_per_dtype": kv_per_dtype,
         "metadata": {k: _summarize_value(v, types[k]) for k, v in meta.items()},
         "metadata_types": {k: VALUE_TYPE_NAMES[types[k]] for k in meta},
         "tensors": [
@@ -248,6 +257,9 @@ def format_text(s: dict) -> str:
             f"RAM           weights {_mb(m['weights_bytes'])} + KV cache (F16, n_ctx={m['n_ctx']}) "
             f"{_mb(m['kv_cache_bytes'])} = {_mb(m['total_bytes'])}"
         )
+        per = [f"{d} {_mb(b)}" for d, b in s["kv_cache_bytes_per_dtype"].items() if b is not None]
+        if per:
+            out.append(f"KV cache      n_ctx={m['n_ctx']} per --kv-dtype: {', '.join(per)}")
     out.append("")
     out.append("hyper-parameters")
     for k, v in s["hyperparameters"].items():

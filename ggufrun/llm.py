@@ -57,12 +57,11 @@ class Model:
         verbose: bool = False,
     ):
         from .model import Transformer  # imports Numba
-        from .model.kv_cache import KV_DTYPES
+        from .model.kv_cache import kv_dtype_name
 
         if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
             raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
-        if kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)}, got {kv_dtype!r}")
+        kv_dtype = kv_dtype_name(kv_dtype)  # ValueError naming the accepted values
         t0 = time.perf_counter()
         self.path = Path(path)
         self.n_threads = n_threads or physical_cores()
@@ -74,7 +73,7 @@ class Model:
             self.tokenizer = load_tokenizer(self.metadata)
             self._chat_template_override = chat_template
             self._chat_template: ChatTemplate | None | bool = False  # False = not looked up yet
-            self.transformer = Transformer(self.gguf, n_ctx=n_ctx, n_batch=n_batch, kv_dtype=KV_DTYPES[kv_dtype])
+            self.transformer = Transformer(self.gguf, n_ctx=n_ctx, n_batch=n_batch, kv_dtype=kv_dtype)
             compile_kernels(self.transformer, self.n_threads, verbose)
         except BaseException:
             self.gguf.close()

@@ -41,16 +41,22 @@ lone UTF-16 surrogates and nesting deeper than MAX_DEPTH are found before any fi
 MAX_BODY_BYTES is 413; only a server bug gives 500. An error after a stream has started ends the stream with an
 OpenAI-style `data: {"error": ...}` event and `data: [DONE]` (the `openai` client raises it as an APIError).
 
-How requests meet the model:
-- One model, one generation at a time. All model work runs on one dedicated thread (Numba's thread count is a
-  per-thread setting, and concurrent generations on one model take turns step by step, each slower than alone);
-  requests wait their turn in FIFO order, and past `max_queue` waiting requests the server answers 503 with
-  Retry-After instead of piling up.
-- Backpressure: the next token is computed only when the previous chunk has been handed to the client's socket
-  (one `next()` per chunk), so a stalled client stalls its own generation instead of growing a buffer.
+How requests meet the model (`parallel`, `ggufrun serve --parallel N`):
+- parallel >= 2 (EngineRunner): requests are the slots of one ggufrun.batch.BatchEngine, as llama-server's `-np N`
+  slots (tools/server/server.cpp): every step is one forward pass for the next token of each generating request
+  plus one chunk of a prompt being evaluated (continuous batching, chunked prefill), and each request gets the
+  tokens it would get alone (the engine is batch-invariant and gives every request its own sampler, seed, stop
+  strings, constraint and logprobs). Requests beyond the slots wait in arrival order; past `max_queue` waiting the
+  server answers 503 with Retry-After. The engine runs ahead of a slow reader by at most max_tokens chunks.
+- parallel 1 (ModelRunner): one generation at a time through Model.generate (speculative decoding applies), all
+  model work on one dedicated thread (Numba's thread count is a per-thread setting); requests wait their turn in
+  FIFO order, 503 past `max_queue`. Backpressure: the next token is computed only when the previous chunk has been
+  handed to the client's socket (one `next()` per chunk), so a stalled client stalls its own generation.
+- Prompt preparation (chat templates, tokenizing, grammars, echo's log-probabilities) runs on the one model thread
+  in both modes.
 - A client that disconnects, streaming or not, cancels its request: a task watches the connection and sets the
-  generation's cancel event, so the model is free for the next request within one token (a queued request whose
-  client left is dropped when its turn comes, without running).
+  generation's cancel event, so its slot (or the model) is free within one step (a queued request whose client
+  left is dropped when its turn comes, without running).
 - With tools, a streamed reply's text and tool calls are sent when generation ends, once the reply has been parsed
   (its text cannot be told from a call before then); log-probabilities still stream with every token.
 - CORS is off unless `create_app(..., cors_origins=[...])` names the origins allowed to call the API from a browser.
@@ -65,6 +71,7 @@ import math
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -159,6 +166,102 @@ class ModelRunner:
             self.busy = False
             self.requests_served += 1
             self.lock.release()
+
+    def generate(self, ids, max_tokens, stop, cancel, constraint, logprobs, sampling, tool_format):
+        """Async iterator over the chunks of one request, run alone through Model.generate (speculative decoding,
+        when the model has it, applies)."""
+
+        def make_chunks():
+            chunks = self.model.generate(ids, max_tokens, stop, cancel=cancel, constraint=constraint,
+                                         logprobs=logprobs, **sampling)  # fmt: skip
+            return chunks if tool_format is None else with_tool_calls(chunks, tool_format)
+
+        return self.stream(make_chunks, cancel)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False)
+
+
+class EngineRunner(ModelRunner):
+    """Requests as slots of one ggufrun.batch.BatchEngine (continuous batching, chunked prefill, prefix reuse):
+    up to `parallel` generate at once, one forward pass per step for all of them; the rest wait in arrival order,
+    and past `max_queue` waiting the server answers 503. Prompt preparation (templates, tokenizing, grammars) still
+    runs on the runner's one model thread. The event loop waits for chunks without a thread per request: the
+    engine wakes it (submit's notify) and it reads with Stream.poll()."""
+
+    def __init__(self, model, parallel: int, max_queue: int = 64):
+        from .batch import BatchEngine
+
+        super().__init__(model, max_queue)
+        self.engine = BatchEngine.from_model(model, n_slots=parallel)
+
+    @property
+    def parallel(self) -> int:
+        return self.engine.n_slots
+
+    @property
+    def busy(self) -> bool:
+        """Some request holds a slot or waits for one."""
+        engine = getattr(self, "engine", None)
+        return engine is not None and (engine.n_active > 0 or engine.n_waiting > 0)
+
+    @busy.setter
+    def busy(self, value) -> None:  # ModelRunner's flag; the engine's own counts answer here
+        pass
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot."""
+        engine = getattr(self, "engine", None)
+        return 0 if engine is None else engine.n_waiting
+
+    @waiting.setter
+    def waiting(self, value) -> None:
+        pass
+
+    async def generate(self, ids, max_tokens, stop, cancel, constraint, logprobs, sampling, tool_format):
+        engine = self.engine
+        if engine.n_active >= engine.n_slots and engine.n_waiting >= self.max_queue:
+            raise QueueFull(engine.n_waiting)
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        params = self.model._params(sampling.pop("preset", None), dict(sampling))
+        stream = engine.submit(ids, params, max_tokens, stop, cancel=cancel, constraint=constraint,
+                               logprobs=logprobs, notify=lambda: loop.call_soon_threadsafe(ready.set))  # fmt: skip
+        # with tools, the reply is parsed for calls at its end: with_tool_calls reads the chunks as they come
+        arrived: deque = deque()
+        parsed = None if tool_format is None else with_tool_calls((arrived.popleft() for _ in iter(int, 1)),
+                                                                   tool_format)  # fmt: skip
+        finished = False
+        try:
+            while True:
+                ready.clear()
+                chunk = stream.poll()
+                if chunk is None:
+                    await ready.wait()
+                    continue
+                if chunk.token is not None:
+                    self.tokens_generated += 1
+                if parsed is not None:
+                    arrived.append(chunk)
+                    chunk = next(parsed)
+                finished = chunk.finish_reason is not None
+                if chunk.finish_reason == "cancelled":
+                    return  # the client is gone
+                yield chunk
+                if finished:
+                    return
+        except StopIteration:
+            return
+        finally:
+            stream.close()
+            if cancel is not None and cancel.is_set() or not finished:
+                self.requests_cancelled += 1
+            self.requests_served += 1
+
+    def close(self) -> None:
+        self.engine.close()
+        super().close()
 
 
 # ---- reading the body --------------------------------------------------------------------------------------------
@@ -634,8 +737,13 @@ def create_app(
     api_key: str | None = None,
     max_queue: int = 64,
     cors_origins=None,
+    parallel: int = 1,
 ):
     """The Starlette app serving `model` (a ggufrun.Model). `app.state.runner` exposes counters for tests.
+
+    parallel: requests generated at once. 1: one at a time through Model.generate (ModelRunner; speculative
+    decoding applies); N >= 2: N slots of one continuous-batching engine (EngineRunner, ggufrun.batch), each request
+    getting the tokens it would get alone. `ggufrun serve` picks batch.default_slots(...) unless told --parallel.
 
     cors_origins: None (no CORS headers: browsers allow only same-origin pages, such as the chat page at /), or
     an origin / list of origins ("https://example.org", or "*" for any) whose pages may call the API.
@@ -657,7 +765,9 @@ def create_app(
         raise ValueError(f"max_queue must be an integer >= 0, got {max_queue!r}")
 
     model_id = model_id or model.path.stem
-    runner = ModelRunner(model, max_queue=max_queue)
+    if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
+        raise ValueError(f"parallel must be a positive integer, got {parallel!r}")
+    runner = ModelRunner(model, max_queue) if parallel == 1 else EngineRunner(model, parallel, max_queue)
     created = int(time.time())
     model_card = {"id": model_id, "object": "model", "created": created, "owned_by": "ggufrun"}
     page = chat_page()
@@ -751,6 +861,18 @@ def create_app(
                            code="context_length_exceeded")  # fmt: skip
         return ids, constraint, fmt
 
+    async def overflow_as_400(chunks, chat: bool):
+        """The chunks, with a prompt that does not fit the context answered 400 (context_length_exceeded)."""
+        try:
+            async for c in chunks:
+                yield c
+        except ContextOverflowError as e:
+            raise APIError(
+                400, str(e), param="messages" if chat else "prompt", code="context_length_exceeded"
+            ) from None
+        finally:
+            await chunks.aclose()
+
     async def echo_logprobs(req: CompletionRequest, ids: list[int]) -> list:
         """(token, logprob, top) of every prompt token for `echo` with `logprobs` (the first has no logprob)."""
         scored = await runner.call(lambda: model.logprobs(ids, top_logprobs=req.logprobs)) if len(ids) > 1 else []
@@ -772,19 +894,14 @@ def create_app(
                 echo_text = req.prompt if isinstance(req.prompt, str) else model.detokenize(ids)
             echoed = await echo_logprobs(req, ids) if req.echo and req.logprobs is not None else []
 
-            def make_chunks():
-                try:
-                    chunks = model.generate(ids, max_tokens, req.stop, cancel=cancel, constraint=constraint,
-                                            logprobs=req.logprobs, **req.sampling)  # fmt: skip
-                    return chunks if tool_format is None else with_tool_calls(chunks, tool_format)
-                except ContextOverflowError as e:
-                    raise APIError(400, str(e), param="messages" if chat else "prompt",
-                                   code="context_length_exceeded") from None  # fmt: skip
-
             rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
             obj = "chat.completion.chunk" if chat else "text_completion"
             base = {"id": rid, "object": obj, "created": int(time.time()), "model": model_id}
-            chunks = runner.stream(make_chunks, cancel)
+            chunks = overflow_as_400(
+                runner.generate(ids, max_tokens, req.stop, cancel, constraint, req.logprobs, dict(req.sampling),
+                                tool_format),
+                chat,
+            )  # fmt: skip
 
             if not req.stream:
                 text, scored, last = [], [], None
@@ -915,6 +1032,7 @@ def create_app(
                 "status": "ok",
                 "model": model_id,
                 "busy": runner.busy,
+                "parallel": parallel,
                 "waiting": runner.waiting,
                 "tokens_generated": runner.tokens_generated,
                 "requests_served": runner.requests_served,
@@ -939,7 +1057,12 @@ def create_app(
     async def lifespan(app):
         log.info("ggufrun: serving %r as model %r (requests may name any model); chat page at /", str(model.path),
                  model_id)  # fmt: skip
-        yield
+        if parallel > 1:
+            log.info("ggufrun: %d requests generate at once (--parallel), in one batch", parallel)
+        try:
+            yield
+        finally:
+            runner.close()
 
     middleware = []
     if cors_origins is not None:

@@ -40,6 +40,13 @@ def add_load_args(p: argparse.ArgumentParser, model_flag: bool = True) -> None:
         metavar="NAME|FILE",
         help="use this chat template instead of the model's: a built-in name (chatml, gemma) or a Jinja file",
     )
+    p.add_argument(
+        "--kv-dtype",
+        default="f16",
+        choices=["f16", "q8_0", "f32"],
+        help="KV cache storage: f16 (default, as llama.cpp), q8_0 (about half the memory, as llama.cpp's "
+        "-ctk q8_0 -ctv q8_0) or f32",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="say which chat template is used and why")
     p.add_argument(
         "--speculative",
@@ -126,7 +133,7 @@ def load_model(args):
         raise ValueError(f"--draft-tokens must be an integer >= 1, got {k}")
     draft = spec if spec not in (None, "ngram") else None
     model = load(args.model, n_ctx=args.n_ctx, n_threads=args.threads, chat_template=template, verbose=args.verbose,
-                 draft_model=draft)  # fmt: skip
+                 draft_model=draft, kv_dtype=args.kv_dtype)  # fmt: skip
     if spec is not None:
         from ..speculative import DEFAULT_DRAFT_TOKENS, Speculation
 

@@ -305,6 +305,33 @@ def add_norm(x, y, post_w, w, eps, out):
 # ---- attention --------------------------------------------------------------------------------------------------
 
 
+@numba.njit(inline="always", **JIT)
+def _add_biases(q, k, v, q_bias, k_bias, v_bias):
+    """One token's q, k, v rows += their biases (empty: none)."""
+    for i in range(q_bias.shape[0]):
+        q[i] += q_bias[i]
+    for i in range(k_bias.shape[0]):
+        k[i] += k_bias[i]
+    for i in range(v_bias.shape[0]):
+        v[i] += v_bias[i]
+
+
+@numba.njit(inline="always", **JIT)
+def _norm_rope(x, nw, eps, cos, sin, p, neox):
+    """One head of Q or K in place: per-head RMSNorm (when nw is not empty), then RoPE at position p."""
+    if nw.shape[0]:
+        scale = _rms_scale(x, eps)
+        for i in range(x.shape[0]):
+            x[i] = x[i] * scale * nw[i]
+    half = cos.shape[1]
+    for i in range(half):
+        c, s = cos[p, i], sin[p, i]
+        i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+        a, b = x[i0], x[i1]
+        x[i0] = a * c - b * s
+        x[i1] = a * s + b * c
+
+
 @numba.njit(**JIT)
 def qkv_rope_store(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, pos0, k_cache, v_cache
@@ -318,28 +345,12 @@ def qkv_rope_store(
     n_kv, hd_k = k_cache.shape[0], k_cache.shape[1]
     hd_v = v_cache.shape[2]
     n_head = q.shape[1] // hd_k
-    half = cos.shape[1]
     for m in range(q.shape[0]):
         p = pos0 + m
-        for i in range(q_bias.shape[0]):
-            q[m, i] += q_bias[i]
-        for i in range(k_bias.shape[0]):
-            k[m, i] += k_bias[i]
-        for i in range(v_bias.shape[0]):
-            v[m, i] += v_bias[i]
+        _add_biases(q[m], k[m], v[m], q_bias, k_bias, v_bias)
         for h in range(n_head + n_kv):
             x = q[m, h * hd_k : (h + 1) * hd_k] if h < n_head else k[m, (h - n_head) * hd_k : (h - n_head + 1) * hd_k]
-            nw = q_norm if h < n_head else k_norm
-            if nw.shape[0]:
-                scale = _rms_scale(x, eps)
-                for i in range(hd_k):
-                    x[i] = x[i] * scale * nw[i]
-            for i in range(half):
-                c, s = cos[p, i], sin[p, i]
-                i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
-                a, b = x[i0], x[i1]
-                x[i0] = a * c - b * s
-                x[i1] = a * s + b * c
+            _norm_rope(x, q_norm if h < n_head else k_norm, eps, cos, sin, p, neox)
             if h < n_head:
                 for i in range(hd_k):
                     x[i] = _kv_round(x[i] * q_scale, k_cache)
@@ -577,6 +588,188 @@ def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out):
                 row[lo:rlo] = 0.0
                 row[rhi:hi] = 0.0
             _values_block(sc, lo, hi, v_cache[g], t0, out, m0, nr, h * hd_v)
+
+
+# ---- q8_0 KV cache ----------------------------------------------------------------------------------------------
+# llama.cpp's `-ctk q8_0 -ctv q8_0`: every K and V row (one head of one position) stored as Q8_0 blocks of 32
+# values, int8 codes and an f16 scale, quantized when stored (ggml_set_rows -> the CPU's quantize_row_q8_0). A
+# quantized V cache needs flash attention there (src/llama-context.cpp), whose CPU kernel
+# (ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk) converts each query head to the K type's
+# vec_dot_type (Q8_0 again), takes K.Q with ggml_vec_dot_q8_0_q8_0 (per block: the integer dot times the product
+# of the two scales), scales the score, and adds dequantized V rows (code * scale) weighted by unrounded
+# probabilities. Here the softmax is the two-pass one of the f16 path instead of the online one (the same
+# probabilities to a few ulp). Before quantizing, this llama.cpp rotates Q and K (and V, rotating the attention
+# output back) by an orthonormal Walsh-Hadamard matrix per chunk of 64+ values of a head when the head dimension is a
+# multiple of 64 (src/llama-kv-cache.cpp attn_rot_k / attn_rot_v, src/llama-graph.cpp build_attn; the CPU runs it as
+# a fast transform, ggml_compute_forward_fwht): K.Q is unchanged in exact arithmetic, and outliers spread over the
+# block quantize with less error. Layout: position-major rows as in llama.cpp, codes int8 [n_kv, n_ctx, hd] and
+# scales uint16 (f16 bits) [n_kv, n_ctx, hd / 32]. Decode and prefill run one per-(head, query) function over the
+# same key range, so a query's output is the same bits either way (batch invariance).
+
+QK8_0 = 32  # values per Q8_0 block
+
+
+# Not inlined, no fast-math: `amax / 127` must stay a division (arcp would turn it into a product) for d's bits.
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _quantize_q8_0(x, qs, d):
+    """x float32 [n] (n a multiple of 32) -> qs int8 [n], d uint16 [n / 32] (f16 bits), as the AVX2
+    quantize_row_q8_0 (ggml-cpu/arch/x86/quants.c): d = amax / 127, codes rint(x * (127 / amax))."""
+    for b in range(x.shape[0] // QK8_0):
+        amax = np.float32(0.0)
+        for i in range(b * QK8_0, (b + 1) * QK8_0):
+            amax = max(amax, abs(x[i]))
+        d[b] = _f32_to_f16(amax / np.float32(127.0))
+        inv = np.float32(127.0) / amax if amax != 0.0 else np.float32(0.0)
+        for i in range(b * QK8_0, (b + 1) * QK8_0):
+            qs[i] = np.int8(np.rint(x[i] * inv))
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _fwht(x, n):
+    """x (contiguous, a multiple of n long) = H_n x per chunk of n values: the orthonormal Walsh-Hadamard rotation
+    as ggml's CPU ggml_compute_forward_fwht computes it (scale by 1 / sqrtf(n) first, then butterflies u + v,
+    u - v of growing span). No fast-math: the rounding of every step is part of the result."""
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(n)))
+    for c in range(0, x.shape[0], n):
+        for j in range(c, c + n):
+            x[j] = x[j] * scale
+        span = 1
+        while span < n:
+            for i in range(c, c + n, 2 * span):
+                for j in range(i, i + span):
+                    u, v = x[j], x[j + span]
+                    x[j] = u + v
+                    x[j + span] = u - v
+            span *= 2
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def fwht_rows(x, n):
+    """Every row of x [M, k] (k a multiple of n) rotated by H_n per chunk of n (_fwht): undoes the V rotation on
+    attention outputs (H_n is its own inverse)."""
+    for m in range(x.shape[0]):
+        _fwht(x[m], n)
+
+
+@numba.njit(**JIT)
+def qkv_rope_store_q8_0(
+    q,
+    k,
+    v,
+    q_bias,
+    k_bias,
+    v_bias,
+    q_norm,
+    k_norm,
+    eps,
+    cos,
+    sin,
+    neox,
+    pos0,
+    rot_k,
+    rot_v,
+    q_qs,
+    q_d,
+    k_qs,
+    k_d,
+    v_qs,
+    v_d,
+):
+    """qkv_rope_store for a q8_0 cache: Q/K/V of M new tokens at positions pos0.. finished (bias, per-head norm,
+    rope; Q is not scaled: attend_*_q8_0 scale the scores, as llama.cpp does), Q quantized per head into
+    q_qs int8 [M, n_head*hd_k] / q_d uint16 [M, n_head*hd_k/32], K and V appended as Q8_0 rows to
+    k_qs [n_kv, n_ctx, hd_k] / k_d [n_kv, n_ctx, hd_k/32] and v_qs [n_kv, n_ctx, hd_v] / v_d [n_kv, n_ctx, hd_v/32].
+    rot_k, rot_v: 0, or the Walsh-Hadamard size that Q and K (rot_k) and V (rot_v) are rotated by before they are
+    quantized, per chunk of that many values of a head (llama.cpp's attn_rot_k / attn_rot_v); the attention output
+    is rotated back by the caller (fwht_rows)."""
+    n_kv, hd_k, hd_v = k_qs.shape[0], k_qs.shape[2], v_qs.shape[2]
+    n_head = q.shape[1] // hd_k
+    nb_k = hd_k // QK8_0
+    for m in range(q.shape[0]):
+        p = pos0 + m
+        _add_biases(q[m], k[m], v[m], q_bias, k_bias, v_bias)
+        for h in range(n_head):
+            x = q[m, h * hd_k : (h + 1) * hd_k]
+            _norm_rope(x, q_norm, eps, cos, sin, p, neox)
+            if rot_k:
+                _fwht(x, rot_k)
+            _quantize_q8_0(x, q_qs[m, h * hd_k : (h + 1) * hd_k], q_d[m, h * nb_k : (h + 1) * nb_k])
+        for g in range(n_kv):
+            x = k[m, g * hd_k : (g + 1) * hd_k]
+            _norm_rope(x, k_norm, eps, cos, sin, p, neox)
+            if rot_k:
+                _fwht(x, rot_k)
+            _quantize_q8_0(x, k_qs[g, p], k_d[g, p])
+            x = v[m, g * hd_v : (g + 1) * hd_v]
+            if rot_v:
+                _fwht(x, rot_v)
+            _quantize_q8_0(x, v_qs[g, p], v_d[g, p])
+
+
+@numba.njit(inline="always", **ATT)
+def _attend_head_q8_0(qq, qd, k_qs, k_d, v_qs, v_d, t0, n, scale, softcap, s, out):
+    """One query head over positions t0..t0+n-1 of one K/V head of a q8_0 cache: out [hd_v] = softmax(scale *
+    K.Q) . V. qq int8 [hd_k] / qd uint16 [hd_k/32]: the quantized query; s: float32 scratch [>= n]."""
+    hd_k, hd_v = k_qs.shape[1], v_qs.shape[1]
+    for t in range(n):
+        kq, kd = k_qs[t0 + t], k_d[t0 + t]
+        acc = np.float32(0.0)
+        for b in range(hd_k // QK8_0):
+            dot = np.int32(0)  # ggml_vec_dot_q8_0_q8_0: the integer dot of a block, exact
+            for i in range(b * QK8_0, (b + 1) * QK8_0):
+                dot += np.int32(kq[i]) * np.int32(qq[i])
+            acc = _fma(np.float32(dot), _f16_to_f32(kd[b]) * _f16_to_f32(qd[b]), acc)
+        s[t] = acc * scale
+    p = s[:n]
+    if softcap != 0.0:
+        _softcap_scores(p, softcap)
+    inv = _softmax_inplace(p)
+    for j in range(hd_v):
+        out[j] = np.float32(0.0)
+    for t in range(n):
+        pt = p[t] * inv
+        vq, vd = v_qs[t0 + t], v_d[t0 + t]
+        for b in range(hd_v // QK8_0):
+            d = _f16_to_f32(vd[b])
+            for j in range(b * QK8_0, (b + 1) * QK8_0):
+                out[j] = _fma(pt, np.float32(vq[j]) * d, out[j])
+
+
+@numba.njit(parallel=True, **ATT)
+def attend_one_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out):
+    """attend_one on a q8_0 cache: one token's quantized query (q_qs int8 [n_head*hd_k], q_d uint16
+    [n_head*hd_k/32]) over positions t0..t1-1, heads spread over threads; scale: the attention scale applied to
+    every score; scores: float32 scratch [n_head, >= t1 - t0]; out [n_head*hd_v]."""
+    hd_k, hd_v = k_qs.shape[2], v_qs.shape[2]
+    nb = hd_k // QK8_0
+    n_head = q_qs.shape[0] // hd_k
+    group = n_head // k_qs.shape[0]
+    for h in numba.prange(n_head):
+        g = h // group
+        _attend_head_q8_0(q_qs[h * hd_k : (h + 1) * hd_k], q_d[h * nb : (h + 1) * nb], k_qs[g], k_d[g], v_qs[g],
+                          v_d[g], t0, t1 - t0, scale, softcap, scores[h], out[h * hd_v : (h + 1) * hd_v])  # fmt: skip
+
+
+@numba.njit(parallel=True, **ATT)
+def attend_rows_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out):
+    """attend_rows on a q8_0 cache: M queries (positions pos0..pos0+M-1, quantized: q_qs [M, n_head*hd_k],
+    q_d [M, n_head*hd_k/32]), causal, a query at p seeing keys p - window < key <= p (window 0: all <= p);
+    scores: float32 scratch [n_slots, QUERY_BLOCK, >= pos0 + M]; out [M, n_head*hd_v]. Each (head, query) runs
+    what attend_one_q8_0 runs for that query alone."""
+    m_rows, hd_k, hd_v = q_qs.shape[0], k_qs.shape[2], v_qs.shape[2]
+    nb = hd_k // QK8_0
+    n_head = q_qs.shape[1] // hd_k
+    group = n_head // k_qs.shape[0]
+    n_slots = scores.shape[0]
+    for slot in numba.prange(n_slots):
+        sc = scores[slot, 0]
+        for item in range(slot, n_head * m_rows, n_slots):
+            h, m = item // m_rows, item % m_rows
+            g, p = h // group, pos0 + m
+            lo = max(0, p - window + 1) if window > 0 else 0
+            _attend_head_q8_0(q_qs[m, h * hd_k : (h + 1) * hd_k], q_d[m, h * nb : (h + 1) * nb], k_qs[g], k_d[g],
+                              v_qs[g], v_d[g], lo, p + 1 - lo, scale, softcap, sc,
+                              out[m, h * hd_v : (h + 1) * hd_v])  # fmt: skip
 
 
 # ---- feed-forward -----------------------------------------------------------------------------------------------

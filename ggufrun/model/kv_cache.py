@@ -9,10 +9,16 @@ does with a slot's cached tokens (tools/server/server.cpp, `get_common_prefix`).
 `version` counts every change (append, truncate, reset), so a generation that ran the last step can tell in O(1)
 whether anybody else has touched the cache since (ggufrun.generate re-synchronises when somebody has).
 
+Storage (`kv_dtype`, as llama.cpp's -ctk/-ctv): "f16" (the default, as llama.cpp's), "f32", or "q8_0" (Q8_0 blocks
+of 32 values, int8 codes and an f16 scale: 34 bytes per 32 values against f16's 64, about half the memory; needs
+head dimensions that are multiples of 32, as llama.cpp does). Bytes per cached value: KV_BYTES.
+
 Layout (kernels.attend_one / attend_rows read it): keys are head-dimension-major, so a query's scores accumulate one
 head dimension at a time over contiguous positions, with KV_PAD spare positions per row that the attention tiles read
 and never use; values are position-major. float16 is stored as uint16 bit patterns (Numba has no float16 type); the
-kernels convert with F16C. The arrays live in anonymous mmaps: pages cost memory only once written.
+kernels convert with F16C. q8_0 (kernels.attend_*_q8_0) keeps llama.cpp's position-major rows for K and V alike:
+codes `k`/`v` int8 [n_layer, n_kv, n_ctx, hd] and scales `k_scale`/`v_scale` uint16 [n_layer, n_kv, n_ctx, hd/32].
+The arrays live in anonymous mmaps: pages cost memory only once written.
 """
 
 from __future__ import annotations
@@ -26,7 +32,27 @@ from ..errors import ContextOverflowError
 from . import kernels
 from .config import ModelConfig
 
-KV_DTYPES = {"f16": np.float16, "f32": np.float32}
+KV_DTYPES = ("f16", "q8_0", "f32")  # the kv_dtype names, as llama.cpp's -ctk/-ctv
+KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "f32": 4.0}  # bytes per cached value (q8_0: a 2-byte scale per 32 codes)
+QK8_0 = 32
+
+
+def kv_dtype_name(kv_dtype) -> str:
+    """The name ("f16", "q8_0" or "f32") of a kv_dtype given as one or as np.float16 / np.float32; else a ValueError
+    naming the accepted values."""
+    if isinstance(kv_dtype, str):
+        if kv_dtype in KV_DTYPES:
+            return kv_dtype
+    else:
+        try:
+            dt = np.dtype(kv_dtype)
+        except TypeError:
+            dt = None
+        if dt == np.float16:
+            return "f16"
+        if dt == np.float32:
+            return "f32"
+    raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} (or np.float16 / np.float32), got {kv_dtype!r}")
 
 
 def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -48,18 +74,30 @@ class KVCache:
     >>> cache.n_past, cache.common_prefix([1, 2, 3])  # (0, 0): empty
     """
 
-    def __init__(self, config: ModelConfig, n_ctx: int, kv_dtype=np.float16):
-        kv_dtype = np.dtype(kv_dtype)
-        if kv_dtype not in (np.float16, np.float32):
-            raise ValueError(f"kv_dtype must be np.float16 or np.float32, got {kv_dtype}")
+    def __init__(self, config: ModelConfig, n_ctx: int, kv_dtype="f16"):
+        name = kv_dtype_name(kv_dtype)
         if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 1:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         c = config
-        store = np.uint16 if kv_dtype == np.float16 else np.float32
+        if name == "q8_0" and (c.head_dim_k % QK8_0 or c.head_dim_v % QK8_0):
+            raise ValueError(
+                f"kv_dtype 'q8_0' stores blocks of {QK8_0} values per head, but this model's head dimensions are "
+                f"{c.head_dim_k} (K) and {c.head_dim_v} (V); use kv_dtype 'f16' or 'f32'"
+            )
         self.n_ctx = n_ctx
-        self.dtype = kv_dtype
-        self.k = _lazy_zeros((c.n_layer, c.n_head_kv, c.head_dim_k, n_ctx + kernels.KV_PAD), store)
-        self.v = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), store)
+        self.dtype = name  # "f16" | "q8_0" | "f32"
+        self.quantized = name == "q8_0"
+        self.layer_shape = (c.n_layer, c.n_head_kv, c.head_dim_k, c.head_dim_v)  # which model the cache fits
+        if self.quantized:
+            self.k = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_k), np.int8)
+            self.v = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), np.int8)
+            self.k_scale = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_k // QK8_0), np.uint16)
+            self.v_scale = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v // QK8_0), np.uint16)
+        else:
+            store = np.uint16 if name == "f16" else np.float32
+            self.k = _lazy_zeros((c.n_layer, c.n_head_kv, c.head_dim_k, n_ctx + kernels.KV_PAD), store)
+            self.v = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), store)
+            self.k_scale = self.v_scale = None
         self._ids = np.zeros(n_ctx, np.int64)  # [n_ctx] token id at each position; [0, n_past) are valid
         self.n_past = 0  # positions holding K/V
         self.version = 0  # incremented by every change
@@ -73,7 +111,9 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        """Bytes of K/V storage when every position is written (scales included)."""
+        scales = 0 if self.k_scale is None else self.k_scale.nbytes + self.v_scale.nbytes
+        return self.k.nbytes + self.v.nbytes + scales
 
     def common_prefix(self, ids) -> int:
         """How many leading positions of the cache hold exactly `ids[:n]` (the longest such n)."""
@@ -100,12 +140,16 @@ class KVCache:
         """Hold the first n positions of `src` (K/V and ids) instead of what this cache held: a prefix another
         sequence already computed (a shared system prompt) is copied, not recomputed. Both caches must be of
         one model and dtype; K/V of a prefix depend only on its tokens, so the copy equals a recomputation."""
-        if not isinstance(src, KVCache) or src.k.shape[:3] != self.k.shape[:3] or src.dtype != self.dtype:
+        if not isinstance(src, KVCache) or src.layer_shape != self.layer_shape or src.dtype != self.dtype:
             raise ValueError(f"copy_prefix: src must be a KVCache of the same model and dtype as {self!r}")
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 0 <= n <= min(src.n_past, self.n_ctx):
             raise ValueError(f"copy_prefix: n must be an integer in [0, {min(src.n_past, self.n_ctx)}], got {n!r}")
-        self.k[..., :n] = src.k[..., :n]
-        self.v[:, :, :n] = src.v[:, :, :n]
+        if self.quantized:
+            for a, b in ((self.k, src.k), (self.v, src.v), (self.k_scale, src.k_scale), (self.v_scale, src.v_scale)):
+                a[:, :, :n] = b[:, :, :n]
+        else:
+            self.k[..., :n] = src.k[..., :n]
+            self.v[:, :, :n] = src.v[:, :, :n]
         self._ids[:n] = src._ids[:n]
         self.n_past = int(n)
         self.version += 1

@@ -63,6 +63,8 @@ class RunState:
     k: np.ndarray  # [n_batch, n_head_kv * head_dim_k]
     v: np.ndarray  # [n_batch, n_head_kv * head_dim_v]
     att: np.ndarray  # [n_batch, n_head * head_dim_v] attention output, before attn_output
+    q_qs: np.ndarray  # int8 [n_batch, n_head * head_dim_k] Q as Q8_0 codes (q8_0 KV cache), else [0, 0]
+    q_d: np.ndarray  # uint16 [n_batch, n_head * head_dim_k / 32] their f16 scales (q8_0 KV cache), else [0, 0]
     o: np.ndarray  # [n_batch, n_embd] attention or FFN output, before the residual add
     gate: np.ndarray  # [n_batch, n_ff] (then act(gate) * up, in place)
     up: np.ndarray  # [n_batch, n_ff]
@@ -94,6 +96,8 @@ class RunState:
             k=np.zeros((n_batch, c.n_head_kv * c.head_dim_k), f32),
             v=np.zeros((n_batch, c.n_head_kv * c.head_dim_v), f32),
             att=np.zeros((n_batch, c.n_head * c.head_dim_v), f32),
+            q_qs=np.zeros((n_batch, c.n_head * c.head_dim_k) if c.head_dim_k % 32 == 0 else (0, 0), np.int8),
+            q_d=np.zeros((n_batch, c.n_head * c.head_dim_k // 32) if c.head_dim_k % 32 == 0 else (0, 0), np.uint16),
             o=np.zeros((n_batch, c.n_embd), f32),
             gate=np.zeros((n_batch, c.n_ff), f32),
             up=np.zeros((n_batch, c.n_ff), f32),
@@ -130,7 +134,8 @@ class Transformer:
 
     gguf_file: an open ggufrun.reader.GGUFFile (kept open by the caller: weights are views into its mmap).
     n_ctx: positions the KV cache holds (default min(4096, trained context); above it: a warning).
-    n_batch: prefill chunk size. kv_dtype: np.float16 (default, like llama.cpp) or np.float32.
+    n_batch: prefill chunk size. kv_dtype: "f16" (default, like llama.cpp), "q8_0" or "f32" (kv_cache.KV_DTYPES;
+    np.float16 / np.float32 work too).
 
     Threads: the activation buffers are shared, so every forward pass runs under `lock` (reentrant). A caller that
     reads the returned logits buffer (overwritten by the next pass) holds `lock` across the pass and the read.
@@ -138,7 +143,7 @@ class Transformer:
     projection) on 1 thread instead while `governor` (runtime.ThreadGovernor) measures that count stalling.
     """
 
-    def __init__(self, gguf_file, n_ctx: int | None = None, n_batch: int = 256, kv_dtype=np.float16):
+    def __init__(self, gguf_file, n_ctx: int | None = None, n_batch: int = 256, kv_dtype="f16"):
         self.config = c = ModelConfig.from_gguf(gguf_file)
         if n_ctx is None:
             n_ctx = c.n_ctx_default
@@ -187,6 +192,10 @@ class Transformer:
                 )
             self._rope.append(tables[key])
         self._window = [c.sliding_window if swa else 0 for swa in c.swa_layers]
+        # q8_0 KV cache: the Walsh-Hadamard sizes Q/K and V are rotated by before quantization (0: none), as
+        # llama.cpp's llama_kv_cache: K the largest power of two >= 64 dividing the head size, V 64
+        self._rot_k = c.head_dim_k & -c.head_dim_k if c.head_dim_k % 64 == 0 else 0
+        self._rot_v = 64 if c.head_dim_v % 64 == 0 else 0
         self._attn_softcap = np.float32(c.attn_logit_softcap)
         # governor step keys: m.bit_length() * 3 + kind (0: layer, 1: sliding-window layer, 2: output projection)
         self._step_kind = [1 if swa else 0 for swa in c.swa_layers]
@@ -313,7 +322,7 @@ class Transformer:
         c = self.config
         if not isinstance(cache, KVCache):
             raise ValueError(f"{name} must be a KVCache (Transformer.new_cache()), got {type(cache).__name__}")
-        if cache.n_ctx > self.n_ctx or cache.k.shape[:3] != (c.n_layer, c.n_head_kv, c.head_dim_k):
+        if cache.n_ctx > self.n_ctx or cache.layer_shape != (c.n_layer, c.n_head_kv, c.head_dim_k, c.head_dim_v):
             raise ValueError(f"{name}: {cache!r} was not made for this model (n_ctx {self.n_ctx}); use new_cache()")
 
     def _eval(self, ids: np.ndarray, cache: KVCache, out: np.ndarray | None) -> None:
@@ -407,6 +416,9 @@ class Transformer:
         window = self._window[il]
         softcap = self._attn_softcap
         for cache, r0, r1, pos0 in spans:
+            if cache.quantized:
+                self._attend_q8_0(il, lw, cache, r0, r1, pos0)
+                continue
             k_cache, v_cache = cache.k[il], cache.v[il]
             kernels.qkv_rope_store(
                 q[r0:r1], k[r0:r1], v[r0:r1],
@@ -423,6 +435,31 @@ class Transformer:
                 )
         project(att, (lw.attn_output, o))
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
+
+    def _attend_q8_0(self, il: int, lw: LayerWeights, cache: KVCache, r0: int, r1: int, pos0: int) -> None:
+        """Rows r0..r1-1 of one sequence on a q8_0 cache (kernels' q8_0 section): Q, K, V rotated (Walsh-Hadamard,
+        as llama.cpp does for a quantized cache), Q quantized, K/V stored as Q8_0 rows, att = attention over the
+        quantized cache with the attention scale applied to the scores, rotated back."""
+        c, s = self.config, self.state
+        cos, sin = self._rope[il]
+        window = self._window[il]
+        qs, qd = s.q_qs[r0:r1], s.q_d[r0:r1]
+        kq, kd, vq, vd = cache.k[il], cache.k_scale[il], cache.v[il], cache.v_scale[il]
+        kernels.qkv_rope_store_q8_0(
+            s.q[r0:r1], s.k[r0:r1], s.v[r0:r1],
+            lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
+            cos, sin, c.spec.rope_neox, pos0, self._rot_k, self._rot_v, qs, qd, kq, kd, vq, vd,
+        )  # fmt: skip
+        scale, softcap = np.float32(c.attn_scale), self._attn_softcap
+        if r1 - r0 == 1:
+            t0 = max(0, pos0 - window + 1) if window else 0
+            kernels.attend_one_q8_0(qs[0], qd[0], kq, kd, vq, vd, t0, pos0 + 1, scale, softcap, s.head_scores,
+                                    s.att[r0])  # fmt: skip
+        else:
+            kernels.attend_rows_q8_0(qs, qd, kq, kd, vq, vd, pos0, window, scale, softcap, s.block_scores,
+                                     s.att[r0:r1])  # fmt: skip
+        if self._rot_v:
+            kernels.fwht_rows(s.att[r0:r1], self._rot_v)  # V was stored rotated: rotate the output back
 
     def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray, project: Projector) -> None:
         """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))) (or the experts' mix); then h = next_norm(x)."""

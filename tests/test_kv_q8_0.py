@@ -2,7 +2,8 @@
 the q8_0 section of model/kernels.py).
 
 Checked: the stored rows are gguf-py's Q8_0 quantization of the rows an f32 cache holds; every small golden model
-stays within the goldens' bounds (tests/data/golden/README.md; llama.cpp made those with an F16 KV cache); two models
+stays within the goldens' bounds (tests/data/golden/README.md; llama.cpp made those with an F16 KV cache; two files
+where llama.cpp's own q8_0 run lands just over them get its figure); six models
 against llama.cpp's own q8_0-KV logits (tests/data/golden/make_kv_q8_0.py, flash attention on, which llama.cpp
 requires for a quantized V cache); batch invariance; memory; errors.
 """
@@ -22,7 +23,14 @@ from ggufrun.reader import GGUFFile
 GOLDEN = Path(__file__).parent / "data" / "golden"
 SMALL = sorted(p.stem for p in GOLDEN.glob("small-*.gguf"))
 # with X.kv-q8_0.logits.npz from llama.cpp (make_kv_q8_0.py)
-LLAMA_CPP_Q8_0 = ("small-llama-q8_0", "small-gemma2-q8_0", "small-qwen2moe-q8_0", "small-qwen3moe-q8_0")
+LLAMA_CPP_Q8_0 = (
+    "small-llama-q8_0", "small-gemma2-q8_0", "small-qwen2moe-q8_0", "small-qwen3moe-q8_0",
+    "small-llama-iq1_m", "small-llama-iq2_s",
+)  # fmt: skip
+# llama.cpp's own q8_0-KV logits, teacher-forced on the golden's tokens, are this far from its F16-KV golden
+# (mean|diff| / std; make_kv_q8_0.logits_with_kv on the whole token list): over the goldens' 0.03 on these two,
+# where ggufrun's q8_0 run lands at the same figures (0.0305, 0.0300)
+LLAMA_CPP_Q8_0_MEAN = {"small-llama-iq1_m": 0.0305, "small-llama-iq2_s": 0.0300}
 
 
 def load(stem: str, **kwargs) -> tuple[Transformer, dict]:
@@ -49,7 +57,8 @@ def test_golden_logits_with_q8_0_kv(stem):
     steps = [tf.forward(tokens[i : i + 1]).copy() for i in range(n_prompt, len(tokens) - 1)]
     mean_rel, max_rel, agree = closeness(np.concatenate([first, np.stack(steps)]), g["logits"])
     where = f"{stem} q8_0 KV: mean|diff| {mean_rel:.4f} std, max {max_rel:.4f} std, argmax {agree:.3f}"
-    assert mean_rel <= 0.03 and max_rel <= 0.2 and agree >= 0.85, where
+    bound = max(0.03, LLAMA_CPP_Q8_0_MEAN.get(stem, 0.0) + 0.001)  # no tighter than llama.cpp's own q8_0 run
+    assert mean_rel <= bound and max_rel <= 0.2 and agree >= 0.85, where
 
 
 @pytest.mark.parametrize("stem", LLAMA_CPP_Q8_0)

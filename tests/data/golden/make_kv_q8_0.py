@@ -21,7 +21,10 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-STEMS = ("small-llama-q8_0", "small-gemma2-q8_0", "small-qwen2moe-q8_0", "small-qwen3moe-q8_0")
+STEMS = (
+    "small-llama-q8_0", "small-gemma2-q8_0", "small-qwen2moe-q8_0", "small-qwen3moe-q8_0",
+    "small-llama-iq1_m", "small-llama-iq2_s",
+)  # fmt: skip
 N_GEN = 12
 
 

@@ -28,8 +28,8 @@ LLAMA_CPP_Q8_0 = (
     "small-llama-iq1_m", "small-llama-iq2_s",
 )  # fmt: skip
 # llama.cpp's own q8_0-KV logits, teacher-forced on the golden's tokens, are this far from its F16-KV golden
-# (mean|diff| / std; make_kv_q8_0.logits_with_kv on the whole token list): over the goldens' 0.03 on these two,
-# where ggufrun's q8_0 run lands at the same figures (0.0305, 0.0300)
+# (mean|diff| / std; make.llama_cpp_logits with type_kv Q8_0 on the whole token list): over the goldens' 0.03 on
+# these two, where ggufrun's q8_0 run lands at the same figures (0.0305, 0.0300)
 LLAMA_CPP_Q8_0_MEAN = {"small-llama-iq1_m": 0.0305, "small-llama-iq2_s": 0.0300}
 
 

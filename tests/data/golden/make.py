@@ -54,10 +54,14 @@ def _quiet_log():
     return L.llama_log_callback(lambda level, text, data: None)
 
 
-def llama_cpp_logits(path: Path, prompt: list[int], n_gen: int = N_GEN, n_threads: int = 2) -> tuple[list, np.ndarray]:
+def llama_cpp_logits(
+    path: Path, prompt: list[int], n_gen: int = N_GEN, n_threads: int = 2, type_kv: int | None = None
+) -> tuple[list, np.ndarray]:
     """llama.cpp's logits for `prompt` (one batched pass) and `n_gen` greedy tokens (one-token steps).
 
     Returns (tokens, logits): tokens = prompt + the greedy ids; logits[i] = the logits after tokens[0..i].
+    type_kv: a GGML_TYPE_* for the K and V cache (default F16, flash attention off); given, flash attention is on,
+    which llama.cpp requires for a quantized V cache.
     """
     import llama_cpp as L
 
@@ -74,6 +78,9 @@ def llama_cpp_logits(path: Path, prompt: list[int], n_gen: int = N_GEN, n_thread
     cp.n_batch = cp.n_ubatch = max(len(prompt), 1)
     cp.n_threads = cp.n_threads_batch = n_threads
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    if type_kv is not None:
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cp.type_k = cp.type_v = type_kv
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         raise RuntimeError(f"llama.cpp could not create a context for {path}")

@@ -48,3 +48,23 @@ def tiny_path(tmp_path_factory) -> Path:
     from synthetic import write_model
 
     return write_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf", tokenizer="bytes", ctx=256, seed=3)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """The server tests' model: a tiny random-weight llama with a byte-level BPE vocabulary and a ChatML template,
+    512 tokens of context, loaded once per test module."""
+    from synthetic import write_model
+
+    import ggufrun
+
+    path = write_model(tmp_path_factory.mktemp("tiny") / "tiny-chat.gguf", tokenizer="bytes", ctx=512)
+    m = ggufrun.load(path, n_ctx=512, n_threads=1)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def no_eog(chat_model) -> dict:
+    """logit_bias that keeps the random model from ending early, so a generation runs to max_tokens."""
+    return {str(t): -100 for t in chat_model.tokenizer.eog_ids}

@@ -10,7 +10,6 @@ import time
 
 import pytest
 from live_server import LiveServer, ModelWrapper
-from synthetic import write_model
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -23,26 +22,10 @@ HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    import ggufrun
-
-    path = write_model(tmp_path_factory.mktemp("tiny") / "tiny-chat.gguf", tokenizer="bytes", ctx=512)
-    m = ggufrun.load(path, n_ctx=512, n_threads=1)
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
-def no_eog(tiny) -> dict:
-    """logit_bias that keeps the random model from ending early, so a generation runs to max_tokens."""
-    return {str(t): -100 for t in tiny.tokenizer.eog_ids}
-
-
-@pytest.fixture(scope="module")
-def server(tiny):
+def server(chat_model):
     from ggufrun.server import create_app
 
-    with LiveServer(create_app(tiny, model_id="tiny", api_key=API_KEY)) as s:
+    with LiveServer(create_app(chat_model, model_id="tiny", api_key=API_KEY)) as s:
         yield s
 
 
@@ -100,8 +83,8 @@ def test_streamed_chat_equals_non_streamed(server, no_eog):
     assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 12
 
 
-def test_completion_accepts_token_ids(server, tiny, no_eog):
-    ids = tiny.tokenize("hello there")
+def test_completion_accepts_token_ids(server, chat_model, no_eog):
+    ids = chat_model.tokenize("hello there")
     body = {"max_tokens": 6, "temperature": 0, "logit_bias": no_eog}
     by_text = post(server, "/v1/completions", {**body, "prompt": "hello there"}).json()
     by_ids = post(server, "/v1/completions", {**body, "prompt": ids}).json()
@@ -170,15 +153,15 @@ def test_top_k_1_is_greedy(server, no_eog):
         assert r["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
 
 
-def test_logit_bias_forces_a_token(server, tiny):
-    a = tiny.tokenize("a")[0]
+def test_logit_bias_forces_a_token(server, chat_model):
+    a = chat_model.tokenize("a")[0]
     r = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 4, "temperature": 0,
                                          "logit_bias": {str(a): 100}})  # fmt: skip
     assert r.json()["choices"][0]["text"] == "aaaa"
 
 
-def test_stop_string_ends_generation(server, tiny):
-    a = tiny.tokenize("a")[0]
+def test_stop_string_ends_generation(server, chat_model):
+    a = chat_model.tokenize("a")[0]
     r = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 8, "temperature": 0, "stop": ["aaa"],
                                          "logit_bias": {str(a): 100}})  # fmt: skip
     assert r.json()["choices"][0] == {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}
@@ -287,8 +270,8 @@ def test_bad_value_is_400_naming_the_field(server, raw, param):
     assert_error(r, 400, param)
 
 
-def test_all_tokens_biased_down_still_generates(server, tiny):
-    bias = {str(t): -100 for t in range(tiny.n_vocab)}
+def test_all_tokens_biased_down_still_generates(server, chat_model):
+    bias = {str(t): -100 for t in range(chat_model.n_vocab)}
     r = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 3, "logit_bias": bias, "temperature": 0.7})
     assert r.status_code == 200, r.text
 
@@ -346,10 +329,10 @@ def test_unknown_route_is_404_json(server):
 # ---- disconnects, failures, queueing ---------------------------------------------------------------------------
 
 
-def slow_server(tiny, delay=0.05, **kw):
+def slow_server(chat_model, delay=0.05, **kw):
     from ggufrun.server import create_app
 
-    return LiveServer(create_app(ModelWrapper(tiny, delay=delay), model_id="tiny", **kw))
+    return LiveServer(create_app(ModelWrapper(chat_model, delay=delay), model_id="tiny", **kw))
 
 
 def wait_idle(s, timeout=5.0) -> tuple[dict, float]:
@@ -362,11 +345,11 @@ def wait_idle(s, timeout=5.0) -> tuple[dict, float]:
     raise AssertionError(f"server still busy after {timeout} s: {h}")
 
 
-def test_dropped_non_streaming_requests_free_the_model(tiny, no_eog):
+def test_dropped_non_streaming_requests_free_the_model(chat_model, no_eog):
     """4 non-streaming chats whose clients give up: the model is free within about one token (50 ms here),
     where it used to finish every generation (4 x 300 tokens x 50 ms = 60 s)."""
     body = {"messages": HI, "max_tokens": 300, "logit_bias": no_eog}
-    with slow_server(tiny, delay=0.05) as s:
+    with slow_server(chat_model, delay=0.05) as s:
 
         def dropped():
             with pytest.raises(httpx.ReadTimeout):
@@ -385,8 +368,8 @@ def test_dropped_non_streaming_requests_free_the_model(tiny, no_eog):
         assert r.status_code == 200 and time.time() - t0 < 2
 
 
-def test_dropped_stream_frees_the_model(tiny, no_eog):
-    with slow_server(tiny, delay=0.05) as s:
+def test_dropped_stream_frees_the_model(chat_model, no_eog):
+    with slow_server(chat_model, delay=0.05) as s:
         body = {"prompt": "hi", "max_tokens": 300, "stream": True, "logit_bias": no_eog}
         with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
@@ -395,17 +378,17 @@ def test_dropped_stream_frees_the_model(tiny, no_eog):
         assert waited < 1.0 and h["tokens_generated"] < 10, (h, waited)
 
 
-def _failing(tiny):
+def _failing(chat_model):
     """The tiny model failing after two chunks; it never stops earlier (end-of-generation tokens banned)."""
     from ggufrun.server import create_app
 
-    bias = {t: float("-inf") for t in tiny.tokenizer.eog_ids}
-    broken = ModelWrapper(tiny, fail_after=2, error=RuntimeError("sampler broke"), sampling={"logit_bias": bias})
+    bias = {t: float("-inf") for t in chat_model.tokenizer.eog_ids}
+    broken = ModelWrapper(chat_model, fail_after=2, error=RuntimeError("sampler broke"), sampling={"logit_bias": bias})
     return create_app(broken, model_id="tiny")
 
 
-def test_error_mid_stream_ends_with_error_event_and_done(tiny):
-    app = _failing(tiny)
+def test_error_mid_stream_ends_with_error_event_and_done(chat_model):
+    app = _failing(chat_model)
     with LiveServer(app) as s:
         r = httpx.post(s.url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 20, "stream": True})
         events = sse_events(r.text)
@@ -416,15 +399,15 @@ def test_error_mid_stream_ends_with_error_event_and_done(tiny):
             list(client.chat.completions.create(model="tiny", messages=HI, max_tokens=20, stream=True))
 
 
-def test_error_in_non_streaming_generation_is_500_json(tiny):
-    with LiveServer(_failing(tiny)) as s:
+def test_error_in_non_streaming_generation_is_500_json(chat_model):
+    with LiveServer(_failing(chat_model)) as s:
         r = httpx.post(s.url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 20})
         err = assert_error(r, 500, None)
         assert err["type"] == "server_error" and "sampler broke" in err["message"]
 
 
-def test_queue_limit_answers_503(tiny, no_eog):
-    with slow_server(tiny, delay=0.05, max_queue=0) as s:
+def test_queue_limit_answers_503(chat_model, no_eog):
+    with slow_server(chat_model, delay=0.05, max_queue=0) as s:
         body = {"prompt": "hi", "max_tokens": 200, "stream": True, "logit_bias": no_eog}
         with httpx.stream("POST", s.url + "/v1/completions", json=body) as r:
             lines = r.iter_lines()  # keep a reference: a dropped iterator closes the connection
@@ -442,10 +425,12 @@ def test_cors_is_off_by_default(server):
     assert "access-control-allow-origin" not in r.headers
 
 
-def test_cors_preflight_and_stream(tiny):
+def test_cors_preflight_and_stream(chat_model):
     from ggufrun.server import create_app
 
-    with LiveServer(create_app(tiny, model_id="tiny", api_key=API_KEY, cors_origins=["http://page.example"])) as s:
+    with LiveServer(
+        create_app(chat_model, model_id="tiny", api_key=API_KEY, cors_origins=["http://page.example"])
+    ) as s:
         pre = httpx.options(s.url + "/v1/chat/completions", headers={
             "Origin": "http://page.example", "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization,content-type"})  # fmt: skip
@@ -468,7 +453,7 @@ def test_chat_page_is_served_self_contained(server):
     assert "http://" not in page and "https://" not in page and "src=" not in page  # nothing loaded from elsewhere
 
 
-def test_startup_logs_the_served_model_id(tiny):
+def test_startup_logs_the_served_model_id(chat_model):
     from starlette.testclient import TestClient
 
     from ggufrun.server import create_app
@@ -481,7 +466,7 @@ def test_startup_logs_the_served_model_id(tiny):
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        with TestClient(create_app(tiny, model_id="served-id")):
+        with TestClient(create_app(chat_model, model_id="served-id")):
             pass
     finally:
         logger.removeHandler(handler)

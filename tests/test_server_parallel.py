@@ -18,21 +18,6 @@ httpx = pytest.importorskip("httpx")
 N_CLIENTS = 8
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    import ggufrun
-
-    path = write_model(tmp_path_factory.mktemp("tiny") / "tiny-chat.gguf", tokenizer="bytes", ctx=512)
-    m = ggufrun.load(path, n_ctx=512, n_threads=1)
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
-def no_eog(tiny) -> dict:
-    return {str(t): -100 for t in tiny.tokenizer.eog_ids}
-
-
 class SlowTransformer:
     """The model's transformer with every batched forward pass taking at least `delay` seconds longer."""
 
@@ -119,16 +104,16 @@ def answer(url: str, path: str, body: dict) -> dict:
     return {"text": "".join(text), "finish": finish, "logprobs": logprobs, "tool_calls": calls}
 
 
-def test_eight_concurrent_clients_get_what_they_get_alone(tiny, no_eog):
+def test_eight_concurrent_clients_get_what_they_get_alone(chat_model, no_eog):
     """8 clients at once on --parallel 8 get, field for field, what each gets alone from --parallel 1 (requests one
     at a time through Model.generate); the engine ran them batched (decode rows per step > 1)."""
     from ggufrun.server import create_app
 
     reqs = requests(no_eog)
-    with LiveServer(create_app(tiny, model_id="tiny", parallel=1)) as s:
+    with LiveServer(create_app(chat_model, model_id="tiny", parallel=1)) as s:
         alone = [answer(s.url, path, body) for path, body in reqs]
     assert len({a["text"] for a in alone}) == N_CLIENTS  # distinct prompts, distinct answers
-    app = create_app(tiny, model_id="tiny", parallel=N_CLIENTS)
+    app = create_app(chat_model, model_id="tiny", parallel=N_CLIENTS)
     with LiveServer(app) as s:
         results: list = [None] * N_CLIENTS
         start = threading.Barrier(N_CLIENTS)
@@ -148,14 +133,14 @@ def test_eight_concurrent_clients_get_what_they_get_alone(tiny, no_eog):
         assert results[i] == alone[i], (i, reqs[i], results[i], alone[i])
 
 
-def test_greedy_text_equals_model_generate(tiny, no_eog):
+def test_greedy_text_equals_model_generate(chat_model, no_eog):
     """The concurrent clients' greedy text equals Model.generate's for the same prompt run alone."""
     from ggufrun.server import create_app
 
     prompts = [f"story {i}: " + "ab" * i for i in range(N_CLIENTS)]
     bias = {int(k): v for k, v in no_eog.items()}
-    expected = ["".join(c.text for c in tiny.generate(p, 16, temperature=0, logit_bias=bias)) for p in prompts]
-    with LiveServer(create_app(tiny, model_id="tiny", parallel=N_CLIENTS)) as s:
+    expected = ["".join(c.text for c in chat_model.generate(p, 16, temperature=0, logit_bias=bias)) for p in prompts]
+    with LiveServer(create_app(chat_model, model_id="tiny", parallel=N_CLIENTS)) as s:
         got: list = [None] * N_CLIENTS
 
         def client(i):
@@ -180,11 +165,11 @@ def wait_idle(url: str, timeout: float = 10.0) -> dict:
     raise AssertionError(f"server still busy after {timeout} s: {h}")
 
 
-def test_disconnect_cancels_the_slot(tiny, no_eog):
+def test_disconnect_cancels_the_slot(chat_model, no_eog):
     """A streaming client that leaves frees its slot within a few steps (20 ms each here), not after 400 tokens."""
     from ggufrun.server import create_app
 
-    with LiveServer(create_app(SlowModel(tiny, 0.02), model_id="tiny", parallel=4)) as s:
+    with LiveServer(create_app(SlowModel(chat_model, 0.02), model_id="tiny", parallel=4)) as s:
         body = {"prompt": "hi", "max_tokens": 400, "stream": True, "logit_bias": no_eog}
         with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
@@ -194,11 +179,11 @@ def test_disconnect_cancels_the_slot(tiny, no_eog):
         assert h["parallel"] == 4
 
 
-def test_queue_limit_answers_503(tiny, no_eog):
+def test_queue_limit_answers_503(chat_model, no_eog):
     """--parallel 2 with max_queue 0: two streams hold the slots, a third request is answered 503."""
     from ggufrun.server import create_app
 
-    with LiveServer(create_app(SlowModel(tiny, 0.02), model_id="tiny", parallel=2, max_queue=0)) as s:
+    with LiveServer(create_app(SlowModel(chat_model, 0.02), model_id="tiny", parallel=2, max_queue=0)) as s:
         body = {"prompt": "hi", "max_tokens": 300, "stream": True, "logit_bias": no_eog}
         with httpx.stream("POST", s.url + "/v1/completions", json=body) as r1:
             l1 = r1.iter_lines()
@@ -210,19 +195,19 @@ def test_queue_limit_answers_503(tiny, no_eog):
                 assert r3.status_code == 503 and r3.headers["retry-after"] == "1", r3.text
 
 
-def test_prompt_too_long_is_400(tiny):
+def test_prompt_too_long_is_400(chat_model):
     from ggufrun.server import create_app
 
-    with LiveServer(create_app(tiny, model_id="tiny", parallel=2)) as s:
+    with LiveServer(create_app(chat_model, model_id="tiny", parallel=2)) as s:
         r = httpx.post(s.url + "/v1/completions", json={"prompt": list(range(1, 90)) * 6, "max_tokens": 4})
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
 
 
-def test_parallel_must_be_positive(tiny):
+def test_parallel_must_be_positive(chat_model):
     from ggufrun.server import create_app
 
     with pytest.raises(ValueError, match="parallel"):
-        create_app(tiny, parallel=0)
+        create_app(chat_model, parallel=0)
 
 
 # ---- the command line ------------------------------------------------------------------------------------------
@@ -264,13 +249,13 @@ def test_serve_bad_parallel_and_kv_dtype_are_clear_errors(tiny_path, capsys):
     assert "invalid choice: 'q4_0'" in capsys.readouterr().err
 
 
-def test_default_slots_follow_memory(tiny):
+def test_default_slots_follow_memory(chat_model):
     from ggufrun.batch import MAX_DEFAULT_SLOTS, default_slots
 
-    per_slot = tiny.transformer.cache.nbytes
-    assert default_slots(tiny.transformer, available=10**12) == MAX_DEFAULT_SLOTS
-    assert default_slots(tiny.transformer, available=2 * 3 * per_slot) == 3  # half the memory: 3 full caches
-    assert default_slots(tiny.transformer, available=0) == 1
+    per_slot = chat_model.transformer.cache.nbytes
+    assert default_slots(chat_model.transformer, available=10**12) == MAX_DEFAULT_SLOTS
+    assert default_slots(chat_model.transformer, available=2 * 3 * per_slot) == 3  # half the memory: 3 full caches
+    assert default_slots(chat_model.transformer, available=0) == 1
 
 
 def test_serve_speculative_needs_parallel_1(tiny_path, monkeypatch, capsys):

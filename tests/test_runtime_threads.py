@@ -50,6 +50,17 @@ class Machine:
                 self.t += self.cost(key, self.n)
         return counts
 
+    def one_stall(self, gov: ThreadGovernor) -> float:
+        """One stalled step on a busy machine, then quiet passes until the full count is back (at most 10 s
+        simulated): the seconds from the stall to then."""
+        self.busy = True
+        self.run_pass(gov, keys=(3,))
+        self.busy = False
+        t_stall = self.t
+        while gov.reduced and self.t < t_stall + 10:
+            self.run_pass(gov)
+        return self.t - t_stall
+
     def run_for(self, gov: ThreadGovernor, seconds: float) -> list[int]:
         counts: list[int] = []
         end = self.t + seconds
@@ -130,13 +141,7 @@ def test_intermittent_stall_returns_quickly():
     m = Machine()
     gov = m.governor()
     m.run_for(gov, 0.5)
-    m.busy = True
-    m.run_pass(gov, keys=(3,))
-    m.busy = False
-    t_stall = m.t
-    while gov.reduced and m.t < t_stall + 10:
-        m.run_pass(gov)
-    assert m.t - t_stall < 2 * gov.probe_min_s
+    assert m.one_stall(gov) < 2 * gov.probe_min_s
 
 
 def test_one_thread_time_is_refreshed():
@@ -194,13 +199,7 @@ def test_backoff_shrinks_after_the_load_ends():
     m.busy = False
     m.run_for(gov, 2 * gov.probe_max_s)
     assert not gov.reduced
-    m.busy = True
-    m.run_pass(gov, keys=(3,))
-    m.busy = False
-    t_stall = m.t
-    while gov.reduced and m.t < t_stall + 10:
-        m.run_pass(gov)
-    assert m.t - t_stall < 0.6 * gov.probe_max_s
+    assert m.one_stall(gov) < 0.6 * gov.probe_max_s
 
 
 def test_keys_are_measured_separately():

@@ -3,6 +3,7 @@
     physical_cores()            the default thread count (hyper-threads share a core's vector units)
     set_threads(n)              Numba's thread count for the calling thread (Numba keeps it per thread)
     ThreadGovernor              per forward pass, runs each step on 1 thread while the full count stalls
+    on_compute_thread(fn, ...)  run fn on the process's one compute thread, which starts every parallel region
     check_threading_layer()     warn when Numba fell back to its slow workqueue layer
     compile_kernels(tf)         compile or load from Numba's on-disk cache every kernel a Transformer uses, with a
                                 progress line and helper processes on the first run ever
@@ -11,6 +12,15 @@
                                 KeyboardInterrupt out of a blocking read (input() at a chat prompt)
 
 The threading-layer order itself (OpenMP first) is set where Numba is first configured, in quants/jit.py.
+
+One thread starts every parallel region. OpenMP (libgomp) gives each OS thread that starts a parallel region a
+thread pool of its own, and once the process holds more OpenMP threads than there are CPUs, every pool's idle
+workers stop spinning after ~100 iterations and sleep in the kernel, so each of a decode step's ~200 regions pays
+for futex wake-ups (libgomp's env.c: gomp_throttled_spin_count_var, used while gomp_managed_threads exceeds the
+CPUs). Measured, SmolLM2 decode step at 2 threads: 13.1 ms from the thread that loaded the model, 33.1 ms from a
+second thread (the server's request threads, the batch engine's thread) and 17-21 ms on 1 thread. So the forward
+passes (Transformer._eval, _eval_pass) and the kernel compilation run on one long-lived compute thread
+(`on_compute_thread`): the caller hands over the pass and waits (~30 us a pass), with its own thread count.
 
 Threads on a busy machine. Every Numba parallel region (a prange in quants/dot.py or model/kernels.py) ends at a
 barrier that waits for all of its threads. When another process holds a core, one of ours is descheduled for a
@@ -91,8 +101,9 @@ class ThreadGovernor:
     A key's 1-thread time per unit of size is measured on its first two steps and again every `refresh_s` (a
     faster sample replaces it, as a step cannot run faster than it costs; a slower one, maybe descheduled, moves it
     up by an eighth). A step at the full count that takes longer than `stall_ratio` times its key's 1-thread time
-    stalled (a thread was descheduled and the others waited for it at a region's barrier): from the next step on,
-    steps run on 1 thread. After `backoff` seconds one step probes the full count again; if it does not stall the
+    stalled (a thread was descheduled and the others waited for it at a region's barrier); after two stalled steps
+    in a row, steps run on 1 thread (a lone stall is this process's own other threads waking once per token: on a
+    quiet machine, reacting to those cost SmolLM2 decode 7%). After `backoff` seconds one step probes the full count again; if it does not stall the
     full count is back and the backoff halves (down to probe_min_s), else it doubles (up to probe_max_s), and the
     next probe waits at least 50x the time the failed one lost (PROBE_BUDGET: a busy machine's stalls can last
     tens of milliseconds). Counters: steps, steps_one (steps run on 1 thread), stalls, probes.
@@ -137,6 +148,7 @@ class ThreadGovernor:
         self._probing = False  # the running step probes the full count
         self._backoff = self.probe_min_s
         self._probe_at = 0.0
+        self._last_stall = -2  # self.steps when the last step at the full count stalled
         self._active = False
         self._n_full = self._n_now = 1
         self._key = None
@@ -217,6 +229,11 @@ class ThreadGovernor:
             return
         if dt > self._limit.get(key, _INF):
             self.stalls += 1
+            if not self._probing and not self._reduced and self._last_stall != self.steps - 1:
+                # a lone stall: this process's other threads (a server's event loop, a stream's reader) wake up
+                # once per token and take a core for a moment; a load that lasts stalls the next step too
+                self._last_stall = self.steps
+                return
             wait = self._backoff
             if self._probing:  # the load goes on: probe less often, and long stalls rarer still
                 self._backoff = min(2 * self._backoff, self.probe_max_s)
@@ -228,6 +245,89 @@ class ThreadGovernor:
             self._reduced = False
             self._backoff = max(self.probe_min_s, self._backoff / 2)
         self._probing = False
+
+
+class _Job:
+    __slots__ = ("fn", "args", "n_threads", "done", "result", "error")
+
+    def __init__(self, fn, args, n_threads):
+        self.fn, self.args, self.n_threads = fn, args, n_threads
+        self.done = threading.Event()
+        self.result = self.error = None
+
+
+class _ComputeThread:
+    """The daemon thread that runs every job handed to on_compute_thread, one at a time, in order."""
+
+    def __init__(self):
+        import queue
+
+        self.jobs = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="ggufrun-compute", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import numba
+
+        if hasattr(signal, "pthread_sigmask"):  # this thread and the OpenMP workers it starts never take Ctrl-C
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        while True:
+            job = self.jobs.get()
+            try:
+                numba.set_num_threads(job.n_threads)
+                job.result = job.fn(*job.args)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
+                job.error = e
+            finally:
+                job.done.set()
+                job = None  # the arguments are the caller's: hold none of them while idle
+
+
+_compute: _ComputeThread | None = None
+_compute_lock = threading.Lock()
+_compute_ident = -1
+
+
+def _reset_after_fork() -> None:
+    global _compute, _compute_lock, _compute_ident
+    _compute, _compute_lock, _compute_ident = None, threading.Lock(), -1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def on_compute_thread(fn: Callable, *args):
+    """fn(*args) on the process's compute thread (started on first use), with the caller's Numba thread count;
+    its result, or its exception raised here. Called on the compute thread itself, it runs fn directly.
+
+    Every forward pass goes through here so that one OS thread starts all of Numba's parallel regions (see the
+    module docstring). The caller blocks until fn returns, even through Ctrl-C: the pass is using buffers and
+    caches the caller owns, so the KeyboardInterrupt is raised once it has ended.
+    """
+    global _compute, _compute_ident
+    if threading.get_ident() == _compute_ident:
+        return fn(*args)
+    import numba
+
+    if _compute is None:
+        with _compute_lock:
+            if _compute is None:
+                _compute = _ComputeThread()
+                _compute_ident = _compute.thread.ident
+    job = _Job(fn, args, numba.get_num_threads())
+    _compute.jobs.put(job)
+    try:
+        job.done.wait()
+    except BaseException:
+        while not job.done.is_set():  # the pass still runs: let it end before anything else touches its state
+            with contextlib.suppress(BaseException):
+                job.done.wait()
+        raise
+    if job.error is not None:
+        error, job.error = job.error, None
+        raise error
+    return job.result
 
 
 def check_threading_layer(layer: str | None = None) -> None:
@@ -315,15 +415,16 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
         def on_end(self, ev):
             pass
 
+    def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C
+        calls = jit.record_calls(transformer.warmup)
+        if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
+            jit.compile_calls(calls, n_helpers, progress)
+            with event.install_listener("numba:compile", Late()):
+                transformer.warmup()
+
     t0 = time.perf_counter()
     try:
-        # the first parallel region starts OpenMP's thread pool: its threads must not take Ctrl-C
-        with signals_to_main_thread():
-            calls = jit.record_calls(transformer.warmup)
-            if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
-                jit.compile_calls(calls, n_helpers, progress)
-                with event.install_listener("numba:compile", Late()):
-                    transformer.warmup()
+        on_compute_thread(compile_all)
     finally:
         progress.close()
     elapsed = time.perf_counter() - t0

@@ -40,7 +40,7 @@ import numpy as np
 
 from .. import quants
 from ..errors import ContextOverflowError
-from ..runtime import ThreadGovernor
+from ..runtime import ThreadGovernor, on_compute_thread
 from . import kernels
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -139,7 +139,8 @@ class Transformer:
 
     Threads: the activation buffers are shared, so every forward pass runs under `lock` (reentrant). A caller that
     reads the returned logits buffer (overwritten by the next pass) holds `lock` across the pass and the read.
-    A pass runs on the calling thread's Numba thread count (runtime.set_threads), step by step (a layer, the output
+    A pass runs on the process's compute thread (runtime.on_compute_thread: one OS thread starts every parallel
+    region) with the calling thread's Numba thread count (runtime.set_threads), step by step (a layer, the output
     projection) on 1 thread instead while `governor` (runtime.ThreadGovernor) measures that count stalling.
     """
 
@@ -247,7 +248,7 @@ class Transformer:
             out = np.empty((n, self.config.n_vocab), np.float32) if all_logits else None
             for start in range(0, n, self.n_batch):
                 stop = min(n, start + self.n_batch)
-                self._eval(ids[start:stop], cache, out[start:stop] if out is not None else None)
+                on_compute_thread(self._eval, ids[start:stop], cache, out[start:stop] if out is not None else None)
             return out if all_logits else self.state.logits[0]
 
     def forward_batch(self, seqs) -> np.ndarray:
@@ -301,10 +302,10 @@ class Transformer:
                     rows += take
                     start += take
                     if rows == self.n_batch:
-                        self._eval_pass(part, caches, id_lists, logits)
+                        on_compute_thread(self._eval_pass, part, caches, id_lists, logits)
                         part, rows = [], 0
             if part:
-                self._eval_pass(part, caches, id_lists, logits)
+                on_compute_thread(self._eval_pass, part, caches, id_lists, logits)
             return logits
 
     def _check_ids(self, ids, name: str) -> np.ndarray:

@@ -112,6 +112,12 @@ def record_calls(run: Callable[[], object]) -> list[KernelCall]:
     empty list means `run()` ran as usual. A run that fails after a kernel was skipped (it may have used its
     result) gives the kernels called up to there; a failure before that is run()'s own and propagates.
     """
+    from ..runtime import on_compute_thread  # where forward passes run: the recording must be on that thread
+
+    return on_compute_thread(_record_calls_here, run)
+
+
+def _record_calls_here(run: Callable[[], object]) -> list[KernelCall]:
     calls: list[KernelCall] = []
     with _recording(calls):
         try:

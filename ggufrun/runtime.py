@@ -103,10 +103,11 @@ class ThreadGovernor:
     up by an eighth). A step at the full count that takes longer than `stall_ratio` times its key's 1-thread time
     stalled (a thread was descheduled and the others waited for it at a region's barrier); after two stalled steps
     in a row, steps run on 1 thread (a lone stall is this process's own other threads waking once per token: on a
-    quiet machine, reacting to those cost SmolLM2 decode 7%). After `backoff` seconds one step probes the full count again; if it does not stall the
-    full count is back and the backoff halves (down to probe_min_s), else it doubles (up to probe_max_s), and the
-    next probe waits at least 50x the time the failed one lost (PROBE_BUDGET: a busy machine's stalls can last
-    tens of milliseconds). Counters: steps, steps_one (steps run on 1 thread), stalls, probes.
+    quiet machine, reacting to those cost SmolLM2 decode 7%). After `backoff` seconds one step probes the full
+    count again; if it does not stall the full count is back and the backoff halves (down to probe_min_s), else it
+    doubles (up to probe_max_s), and the next probe waits at least 50x the time the failed one lost (PROBE_BUDGET:
+    a busy machine's stalls can last tens of milliseconds). Counters: steps, steps_one (steps run on 1 thread),
+    stalls, probes.
 
     clock / get_threads / set_threads are injectable for tests (default: time.perf_counter and Numba's per-thread
     count). The thread count only changes how a kernel's rows are dealt to threads, never a row's bits.

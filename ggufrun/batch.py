@@ -1,12 +1,13 @@
 """Continuous batching: many generations on one model at once, every step one forward pass for all of them.
 
 Follows llama.cpp's server (tools/server/server.cpp, `update_slots`): `n_slots` slots, each with its own KV cache;
-each step batches the next token of every generating request with at most one chunk of a prompt that is being
-evaluated (chunked prefill: a long prompt costs the others one chunk's time per step, not its whole prefill), in
-one `Transformer.forward_batch`. Requests join between steps and leave as soon as they finish or are cancelled.
-Every request gets the tokens it would get alone (forward_batch is batch-invariant; each has its own Sampler,
-so a seed gives the same draws), with the text, stop strings, finish reasons and stats of ggufrun.generate.stream,
-and its output constraint (grammar.Constraint: response_format, tool calls) and log-probabilities when asked for.
+each step batches the next token of every generating request with at most `prefill_chunk` rows of the prompts
+being evaluated (chunked prefill: a long prompt costs the others one chunk's time per step, not its whole prefill;
+short prompts that arrive together are evaluated in the same step), in one `Transformer.forward_batch`. Requests
+join between steps and leave as soon as they finish or are cancelled. Every request gets the tokens it would get
+alone (forward_batch is batch-invariant; each has its own Sampler, so a seed gives the same draws), with the text,
+stop strings, finish reasons and stats of ggufrun.generate.stream, and its output constraint (grammar.Constraint:
+response_format, tool calls) and log-probabilities when asked for.
 The KV caches are of the transformer's kv_dtype (f16, q8_0 or f32): batch invariance holds for each.
 
     engine = BatchEngine.from_model(model, n_slots=8)
@@ -16,10 +17,12 @@ The KV caches are of the transformer's kv_dtype (f16, q8_0 or f32): batch invari
     texts = batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=32, temperature=0)
 
 Slots and prefix reuse (server.cpp's `get_available_slot` by longest common prefix, plus a copy): a request is
-given a slot when its prompt evaluation starts, one prompt at a time in arrival order. It takes the free slot whose
-cache shares the longest prefix with its prompt (a later turn of a chat finds its earlier turns there), else the
-least recently used free one; if another slot (busy or not) shares a longer prefix, those K/V positions are copied
-from it (KVCache.copy_prefix), so a system prompt shared by many requests is computed once.
+given a slot when its prompt evaluation starts, in arrival order, while the step has prompt rows to spare. It takes
+the free slot whose cache shares the longest prefix with its prompt (a later turn of a chat finds its earlier turns
+there), else the least recently used free one; if another slot (busy or not) shares a longer prefix, those K/V
+positions are copied from it (KVCache.copy_prefix). A prompt sharing SHARE_WAIT or more leading tokens with one
+still being evaluated waits until that one is done and then copies, so a system prompt shared by many requests
+that arrive together is computed once.
 
 Threads: one background thread runs the steps, holding the transformer's lock during each forward pass and the
 samples that read its logits, so the model stays usable from elsewhere (Model.generate takes turns with it).
@@ -52,6 +55,16 @@ from .generate import (
 )
 from .runtime import set_threads, signals_to_main_thread
 from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, token_logprobs
+
+# a waiting prompt that shares this many leading tokens with one being evaluated waits for it, then copies them
+SHARE_WAIT = 32
+
+
+def _shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids two prompts have in common."""
+    n = min(a.shape[0], b.shape[0])
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
 
 
 def _positive_int(value, name: str) -> int:
@@ -310,22 +323,25 @@ class BatchEngine:
                     request.put(e)
 
     def _step(self) -> None:
-        """Drop cancelled requests, start the next prompt if none is being evaluated, then run one forward pass:
-        one token for every generating request plus one prompt chunk."""
+        """Drop cancelled requests, start waiting prompts while this step has prompt rows to spare, then run one
+        forward pass: one token for every generating request plus up to prefill_chunk prompt rows, taken from the
+        prompts being evaluated in admission order."""
         with self._cond:
             for request in [r for r in (*self._active, *self._waiting) if r.is_cancelled()]:
                 self._finish_cancelled(request)
-            if not any(r.n_eval < r.prompt.shape[0] for r in self._active):
-                self._admit()
+            n_decoding = sum(1 for r in self._active if r.token is not None)
+            budget = min(self.prefill_chunk, max(1, self.tf.n_batch - n_decoding))  # prompt rows in this pass
+            self._admit(budget)
             active = list(self._active)
         decoding = [r for r in active if r.token is not None]
-        prefilling = next((r for r in active if r.n_eval < r.prompt.shape[0]), None)
         seqs = [(self.slots[r.slot], r.history[r.n_hist - 1 : r.n_hist]) for r in decoding]
-        chunk = None
-        if prefilling is not None:
-            size = min(self.prefill_chunk, max(1, self.tf.n_batch - len(decoding)))
-            chunk = prefilling.prompt[prefilling.n_eval : prefilling.n_eval + size]
-            seqs.append((self.slots[prefilling.slot], chunk))
+        chunks: list[tuple[_Request, np.ndarray]] = []
+        for r in active:
+            if budget > 0 and r.n_eval < r.prompt.shape[0]:
+                chunk = r.prompt[r.n_eval : r.n_eval + budget]
+                chunks.append((r, chunk))
+                seqs.append((self.slots[r.slot], chunk))
+                budget -= chunk.shape[0]
         if not seqs:
             return
         sampled: list[tuple[_Request, int, float, list | None]] = []
@@ -334,11 +350,11 @@ class BatchEngine:
             if self.n_threads is not None:
                 set_threads(self.n_threads)
             logits = self.tf.forward_batch(seqs)
-            if chunk is not None:
-                prefilling.n_eval += chunk.shape[0]
             to_sample = list(zip(decoding, logits))
-            if chunk is not None and prefilling.n_eval == prefilling.prompt.shape[0]:
-                to_sample.append((prefilling, logits[-1]))
+            for (r, chunk), row in zip(chunks, logits[len(decoding) :]):
+                r.n_eval += chunk.shape[0]
+                if r.n_eval == r.prompt.shape[0]:
+                    to_sample.append((r, row))
             for r, row in to_sample:
                 try:  # a request's own logits processor or grammar may raise: that request ends with its error
                     sampled.append(self._pick(r, row))
@@ -349,7 +365,7 @@ class BatchEngine:
             request.put(error)
         self.steps += 1
         self.decode_rows += len(decoding)
-        self.prefill_rows += 0 if chunk is None else chunk.shape[0]
+        self.prefill_rows += sum(chunk.shape[0] for _, chunk in chunks)
         self.rows = self.decode_rows + self.prefill_rows
         for request, token, logprob, top in sampled:
             self._emit(request, token, logprob, top)
@@ -365,32 +381,40 @@ class BatchEngine:
         lp = token_logprobs(row, token, r.logprobs)
         return r, token, lp.logprob, lp.top()
 
-    def _admit(self) -> None:
-        """Give the first waiting request a slot, reusing or copying the longest cached prefix of its prompt."""
+    def _admit(self, budget: int) -> None:
+        """Give waiting requests slots, in arrival order, while the prompts being evaluated leave some of this step's
+        `budget` prompt rows unused; each reuses or copies the longest cached prefix of its prompt. A request whose
+        prompt shares SHARE_WAIT or more leading tokens with a prompt still being evaluated waits for it to finish,
+        then copies that prefix instead of computing it a second time."""
         free = [s for s in range(self.n_slots) if self._owner[s] is None]
-        while self._waiting and free:
+        evaluating = [r for r in self._active if r.n_eval < r.prompt.shape[0]]
+        budget -= sum(r.prompt.shape[0] - r.n_eval for r in evaluating)
+        while self._waiting and free and budget > 0:
             request = self._waiting[0]
-            if not request.is_cancelled():
-                break
-            self._finish_cancelled(request)
-        if not self._waiting or not free:
-            return
-        request = self._waiting.popleft()
-        prompt, n = request.prompt, request.prompt.shape[0]
-        shared = [min(cache.common_prefix(prompt), n - 1) for cache in self.slots]  # at least one id to evaluate
-        slot = max(free, key=lambda s: (shared[s], -self._last_used[s]))
-        donor = max(range(self.n_slots), key=lambda s: shared[s])
-        cache = self.slots[slot]
-        if shared[donor] > shared[slot]:
-            cache.copy_prefix(self.slots[donor], shared[donor])
-            self.copied_tokens += shared[donor]
-        else:
-            cache.truncate(shared[slot])
-        request.slot = slot
-        request.n_eval = request.stats.cached_tokens = cache.n_past
-        request.t_prefill = time.perf_counter()
-        self._owner[slot] = request
-        self._active.append(request)
+            if request.is_cancelled():
+                self._finish_cancelled(request)
+                continue
+            prompt, n = request.prompt, request.prompt.shape[0]
+            if any(_shared_prefix(prompt, r.prompt) >= SHARE_WAIT for r in evaluating):
+                return
+            self._waiting.popleft()
+            shared = [min(cache.common_prefix(prompt), n - 1) for cache in self.slots]  # at least one id to evaluate
+            slot = max(free, key=lambda s: (shared[s], -self._last_used[s]))
+            donor = max(range(self.n_slots), key=lambda s: shared[s])
+            cache = self.slots[slot]
+            if shared[donor] > shared[slot]:
+                cache.copy_prefix(self.slots[donor], shared[donor])
+                self.copied_tokens += shared[donor]
+            else:
+                cache.truncate(shared[slot])
+            request.slot = slot
+            request.n_eval = request.stats.cached_tokens = cache.n_past
+            request.t_prefill = time.perf_counter()
+            self._owner[slot] = request
+            self._active.append(request)
+            free.remove(slot)
+            evaluating.append(request)
+            budget -= n - request.n_eval
 
     def _emit(self, request: _Request, token: int, logprob: float, top: list | None = None) -> None:
         """A sampled token: text out through the detokenizer and the stop strings, or the request's end."""

@@ -296,6 +296,37 @@ def test_shared_prefix_is_computed_once(tiny, monkeypatch):
     assert sum(rows for call in steps.calls for _, rows in call) == engine.rows
 
 
+def test_prompts_arriving_together_are_evaluated_in_one_step(tiny, monkeypatch):
+    """Four short distinct prompts submitted before the engine runs are all evaluated in its first step (their rows
+    fit in one prefill chunk), and each still gets exactly its solo chunks."""
+    prompts = _prompts(4, seed=8, lo=3, hi=12)
+    with BatchEngine.from_model(tiny, n_slots=4, prefill_chunk=64) as engine:
+        steps = Steps(tiny.transformer, monkeypatch, gated=True)
+        with engine._cond:  # the engine cannot start a step before all four are queued
+            streams = [engine.submit(p, GREEDY, max_tokens=6) for p in prompts]
+        steps.open()
+        results = [list(s) for s in streams]
+    assert [rows for _, rows in steps.calls[0]] == [len(p) for p in prompts]
+    assert engine.prefill_rows == sum(len(p) for p in prompts)
+    for p, r in zip(prompts, results):
+        assert _key(r) == _solo(tiny, p, 6)
+
+
+def test_a_prompt_budget_splits_between_prompts_in_arrival_order(tiny, monkeypatch):
+    """With 16 prompt rows per step, two 12-token prompts take 12 + 4 rows, then the second one's last 8."""
+    prompts = [list(range(1, 13)), list(range(101, 113))]
+    with BatchEngine.from_model(tiny, n_slots=2, prefill_chunk=16) as engine:
+        steps = Steps(tiny.transformer, monkeypatch, gated=True)
+        with engine._cond:  # the engine cannot start a step before both are queued
+            streams = [engine.submit(p, GREEDY, max_tokens=3) for p in prompts]
+        steps.open()
+        results = [list(s) for s in streams]
+    assert [rows for _, rows in steps.calls[0]] == [12, 4]
+    assert [rows for _, rows in steps.calls[1]] == [1, 8]  # the first generates while the second finishes
+    for p, r in zip(prompts, results):
+        assert _key(r) == _solo(tiny, p, 3)
+
+
 def test_chunked_prefill_interleaves_with_decode(tiny, monkeypatch):
     """A 45-token prompt arriving while another request generates is evaluated 8 tokens per step, each step also
     advancing the other request, which keeps streaming meanwhile."""

@@ -191,7 +191,7 @@ class BatchEngine:
         self.n_threads = None if n_threads is None else _positive_int(n_threads, "n_threads")
         self.skip_special = skip_special
         self.n_vocab = transformer.config.n_vocab
-        self.slots = [transformer.new_cache() for _ in range(self.n_slots)]
+        self.slots = transformer.new_caches(self.n_slots)  # one group: decode attention in one call per layer
         self._owner: list[_Request | None] = [None] * self.n_slots
         self._last_used = [0] * self.n_slots  # step at which each slot was last released
         self._waiting: deque[_Request] = deque()  # submitted, no slot yet, in arrival order

@@ -50,14 +50,16 @@ def _alone(tf, ids) -> np.ndarray:
 # ---- forward_batch -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["caches", "group"])
 @pytest.mark.parametrize("name", VARIANTS)
-def test_forward_batch_is_bit_identical_to_forward(model_dir, name):
+def test_forward_batch_is_bit_identical_to_forward(model_dir, name, grouped):
     """Prompts of 1..19 tokens (n_batch 8: some straddle passes, gemma3's window crosses them), then decode steps,
-    then a step mixing decode rows with a prompt chunk: every row equals forward() on that sequence alone."""
+    then a step mixing decode rows with a prompt chunk: every row equals forward() on that sequence alone. With
+    `group` the caches are slots of one KVCache group, whose decode rows take kernels.attend_group."""
     tf = _transformer(model_dir, name, n_ctx=64, n_batch=8)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 96, n).tolist() for n in (7, 1, 19, 3, 12)]
-    caches = [tf.new_cache() for _ in prompts]
+    caches = tf.new_caches(len(prompts) + 1)[1:] if grouped else [tf.new_cache() for _ in prompts]
     rows = tf.forward_batch(list(zip(caches, prompts))).copy()
     assert rows.shape == (len(prompts), tf.config.n_vocab)
     for p, row in zip(prompts, rows):
@@ -86,7 +88,7 @@ def test_forward_batch_smollm2(smollm2_path):
     tf = Transformer(GGUFFile(smollm2_path), n_ctx=128, n_batch=16)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, tf.config.n_vocab, n).tolist() for n in (9, 1, 21, 4)]
-    caches = [tf.new_cache() for _ in prompts]
+    caches = tf.new_caches(len(prompts))  # as a BatchEngine's slots: decode attention through attend_group
     rows = tf.forward_batch(list(zip(caches, prompts))).copy()
     for _ in range(2):
         for p, row in zip(prompts, rows):
@@ -116,6 +118,23 @@ def test_forward_batch_refuses_bad_input_before_any_change(model_dir):
     with pytest.raises(ValueError, match="non-empty list"):
         tf.forward_batch([])
     assert (a.tokens.tolist(), b.tokens.tolist(), a.version, b.version) == before
+
+
+def test_kv_cache_group_slots_are_independent_caches(model_dir):
+    """Slots of a group share arrays but not contents: writing, truncating and copying one leaves the others."""
+    tf = _transformer(model_dir, "llama", n_ctx=32)
+    a, b, c = tf.new_caches(3)
+    assert a.group_kv[0] is b.group_kv[0] and (a.slot, b.slot, c.slot) == (0, 1, 2)
+    ra = tf.forward([7, 8, 9], cache=a).copy()
+    rb = tf.forward([1, 2], cache=b).copy()
+    np.testing.assert_array_equal(ra, _alone(tf, [7, 8, 9]))
+    np.testing.assert_array_equal(rb, _alone(tf, [1, 2]))
+    c.copy_prefix(a, 2)
+    np.testing.assert_array_equal(tf.forward([5], cache=c), _alone(tf, [7, 8, 5]))
+    np.testing.assert_array_equal(tf.forward([3], cache=b), _alone(tf, [1, 2, 3]))
+    assert a.nbytes == tf.new_cache().nbytes
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        tf.new_caches(0)
 
 
 def test_kv_cache_copy_prefix(model_dir):

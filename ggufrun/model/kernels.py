@@ -458,17 +458,47 @@ def attend_one(q, k_cache, v_cache, t0, t1, softcap, scores, out):
     hd_k, hd_v = k_cache.shape[1], v_cache.shape[2]
     n_head = q.shape[0] // hd_k
     group = n_head // k_cache.shape[0]
-    n = t1 - t0
     for h in numba.prange(n_head):
-        s = scores[h]
-        _scores_one(q, h * hd_k, k_cache[h // group], t0, n, s)
-        p = s[:n]
-        if softcap != 0.0:
-            _softcap_scores(p, softcap)
-        inv = _softmax_inplace(p)
-        for t in range(n):
-            p[t] = _kv_round(p[t] * inv, v_cache)
-        _values_one(p, v_cache[h // group], t0, n, out, h * hd_v)
+        _attend_head(q, h * hd_k, k_cache[h // group], v_cache[h // group], t0, t1 - t0, softcap, scores[h], out,
+                     h * hd_v)  # fmt: skip
+
+
+@numba.njit(inline="always", **ATT)
+def _attend_head(q, qo, keys, values, t0, n, softcap, s, out, oo):
+    """One query head (q[qo:qo+hd_k]) over positions t0..t0+n-1 of one K/V head: keys [hd_k, n_ctx + KV_PAD],
+    values [n_ctx, hd_v], scratch s [>= n + KV_PAD]; the result goes to out[oo:oo+hd_v]."""
+    _scores_one(q, qo, keys, t0, n, s)
+    p = s[:n]
+    if softcap != 0.0:
+        _softcap_scores(p, softcap)
+    inv = _softmax_inplace(p)
+    for t in range(n):
+        p[t] = _kv_round(p[t] * inv, values)
+    _values_one(p, values, t0, n, out, oo)
+
+
+@numba.njit(parallel=True, **ATT)
+def attend_group(q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, out):
+    """attend_one for several decoding sequences whose caches are slots of one group (KVCache.group), in one call:
+    row rows[i] of q / out is sequence i's token, attending positions t0s[i]..t1s[i]-1 of slot slots[i].
+
+    k_group [n_slots, n_kv, hd_k, n_ctx + KV_PAD] and v_group [n_slots, n_kv, n_ctx, hd_v] (one layer of the group);
+    scores: float32 scratch [n_tasks, QUERY_BLOCK, >= n_ctx + KV_PAD]. Work items (sequence, head) are dealt
+    round-robin to the tasks. Each head is computed by the same code as attend_one's (_attend_head), so every
+    sequence gets attend_one's bits.
+    """
+    hd_k, hd_v = k_group.shape[2], v_group.shape[3]
+    n_head = q.shape[1] // hd_k
+    group = n_head // k_group.shape[1]
+    n_items = rows.shape[0] * n_head
+    n_tasks = min(scores.shape[0], n_items)
+    for task in numba.prange(n_tasks):
+        s = scores[task, 0]
+        for item in range(task, n_items, n_tasks):
+            i, h = item // n_head, item % n_head
+            g = h // group
+            _attend_head(q[rows[i]], h * hd_k, k_group[slots[i], g], v_group[slots[i], g], t0s[i], t1s[i] - t0s[i],
+                         softcap, s, out[rows[i]], h * hd_v)  # fmt: skip
 
 
 QUERY_BLOCK = 4  # queries of one head processed together, sharing each loaded key and value

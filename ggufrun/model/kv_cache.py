@@ -67,6 +67,21 @@ def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
 
+def _kv_arrays(c: ModelConfig, n_ctx: int, name: str, slots: tuple[int, ...]):
+    """(k, v, k_scale, v_scale) of the layout above, [n_layer, *slots, ...] (scales None unless q8_0)."""
+    lead = (c.n_layer, *slots, c.n_head_kv)
+    if name == "q8_0":
+        return (
+            _lazy_zeros((*lead, n_ctx, c.head_dim_k), np.int8),
+            _lazy_zeros((*lead, n_ctx, c.head_dim_v), np.int8),
+            _lazy_zeros((*lead, n_ctx, c.head_dim_k // QK8_0), np.uint16),
+            _lazy_zeros((*lead, n_ctx, c.head_dim_v // QK8_0), np.uint16),
+        )
+    store = np.uint16 if name == "f16" else np.float32
+    k = _lazy_zeros((*lead, c.head_dim_k, n_ctx + kernels.KV_PAD), store)
+    return k, _lazy_zeros((*lead, n_ctx, c.head_dim_v), store), None, None
+
+
 class KVCache:
     """Keys and values for n_ctx positions of every layer, and the token ids they belong to.
 
@@ -74,7 +89,7 @@ class KVCache:
     >>> cache.n_past, cache.common_prefix([1, 2, 3])  # (0, 0): empty
     """
 
-    def __init__(self, config: ModelConfig, n_ctx: int, kv_dtype="f16"):
+    def __init__(self, config: ModelConfig, n_ctx: int, kv_dtype="f16", *, _group: tuple | None = None):
         name = kv_dtype_name(kv_dtype)
         if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 1:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
@@ -88,19 +103,32 @@ class KVCache:
         self.dtype = name  # "f16" | "q8_0" | "f32"
         self.quantized = name == "q8_0"
         self.layer_shape = (c.n_layer, c.n_head_kv, c.head_dim_k, c.head_dim_v)  # which model the cache fits
-        if self.quantized:
-            self.k = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_k), np.int8)
-            self.v = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), np.int8)
-            self.k_scale = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_k // QK8_0), np.uint16)
-            self.v_scale = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v // QK8_0), np.uint16)
-        else:
-            store = np.uint16 if name == "f16" else np.float32
-            self.k = _lazy_zeros((c.n_layer, c.n_head_kv, c.head_dim_k, n_ctx + kernels.KV_PAD), store)
-            self.v = _lazy_zeros((c.n_layer, c.n_head_kv, n_ctx, c.head_dim_v), store)
+        # a group's caches are slots of shared arrays [n_layer, n_slots, ...] (KVCache.group): one layer of all of
+        # them is one array, which attention over many decoding sequences takes in a single kernel call
+        self.group_kv: tuple[np.ndarray, np.ndarray] | None = None  # (keys, values) [n_layer, n_slots, ...]
+        self.slot = 0  # this cache's index in the group
+        if _group is not None:
+            arrays, self.slot = _group
+            self.group_kv = arrays[:2]
+            self.k, self.v = arrays[0][:, self.slot], arrays[1][:, self.slot]
             self.k_scale = self.v_scale = None
+            if self.quantized:
+                self.k_scale, self.v_scale = arrays[2][:, self.slot], arrays[3][:, self.slot]
+        else:
+            self.k, self.v, self.k_scale, self.v_scale = _kv_arrays(c, n_ctx, name, ())
         self._ids = np.zeros(n_ctx, np.int64)  # [n_ctx] token id at each position; [0, n_past) are valid
         self.n_past = 0  # positions holding K/V
         self.version = 0  # incremented by every change
+
+    @classmethod
+    def group(cls, config: ModelConfig, n_ctx: int, kv_dtype="f16", n: int = 1) -> list[KVCache]:
+        """n caches whose K/V are slots of shared arrays (the slots of a batching server): each behaves as a KVCache
+        of its own; a decode step of several of them runs attention in one kernel call per layer."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        name = kv_dtype_name(kv_dtype)
+        arrays = _kv_arrays(config, n_ctx, name, (n,))
+        return [cls(config, n_ctx, name, _group=(arrays, i)) for i in range(n)]
 
     @property
     def tokens(self) -> np.ndarray:

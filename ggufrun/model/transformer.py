@@ -210,6 +210,11 @@ class Transformer:
         """Another KV cache for this model (n_ctx positions), e.g. one per independent conversation."""
         return KVCache(self.config, self.n_ctx, self.cache.dtype if kv_dtype is None else kv_dtype)
 
+    def new_caches(self, n: int, kv_dtype=None) -> list[KVCache]:
+        """n KV caches as one group (KVCache.group), e.g. the slots of a batching server: each is a cache of its
+        own, and forward_batch runs the attention of their decode steps in one kernel call per layer."""
+        return KVCache.group(self.config, self.n_ctx, self.cache.dtype if kv_dtype is None else kv_dtype, n)
+
     def warmup(self) -> None:
         """Compile (or load from Numba's on-disk cache) every kernel the forward pass can use, so that none
         compiles in the middle of a generation. Runs on a scratch cache: the model's cache is left as it was."""
@@ -401,21 +406,41 @@ class Transformer:
         if self._embed_scale is not None:
             kernels.scale_rows(x, self._embed_scale)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
+        groups = self._decode_groups(spans)
         step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
             step(bucket + kinds[il], m)
-            self._attention_block(il, lw, m, spans, project)
+            self._attention_block(il, lw, m, spans, project, groups)
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
             self._ffn_block(lw, m, next_norm, project)
 
-    def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector) -> None:
-        """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x)."""
+    def _decode_groups(self, spans) -> list:
+        """The one-token spans of this pass whose caches are slots of one KVCache group (two or more per group):
+        their attention runs in one kernels.attend_group call per layer instead of one attend_one per span.
+        [(group_kv, rows, slots, {window: first visible position}, end positions), ...], arrays int64 [n]."""
+        by_group: dict[int, tuple] = {}
+        for cache, r0, r1, pos0 in spans:
+            if r1 - r0 == 1 and cache.group_kv is not None and not cache.quantized:
+                entry = by_group.setdefault(id(cache.group_kv[0]), (cache.group_kv, []))
+                entry[1].append((r0, cache.slot, pos0))
+        groups = []
+        for group_kv, members in by_group.values():
+            if len(members) < 2:
+                continue
+            rows, slots, pos = (np.array(col, np.int64) for col in zip(*members))
+            starts = {w: (np.maximum(0, pos - w + 1) if w else np.zeros_like(pos)) for w in set(self._window)}
+            groups.append((group_kv, rows, slots, starts, pos + 1))
+        return groups
+
+    def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector, groups=()) -> None:
+        """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x). `groups`: _decode_groups(spans)."""
         c, s = self.config, self.state
         h, q, k, v, att, o = s.h[:m], s.q[:m], s.k[:m], s.v[:m], s.att[:m], s.o[:m]
         project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
         cos, sin = self._rope[il]
         window = self._window[il]
         softcap = self._attn_softcap
+        grouped = {int(r) for g in groups for r in g[1]} if groups else None
         for cache, r0, r1, pos0 in spans:
             if cache.quantized:
                 self._attend_q8_0(il, lw, cache, r0, r1, pos0)
@@ -426,6 +451,8 @@ class Transformer:
                 lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
                 cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), pos0, k_cache, v_cache,
             )  # fmt: skip
+            if grouped is not None and r0 in grouped:
+                continue  # attention after the loop, with the rest of its group
             end = pos0 + r1 - r0  # keys at positions [t0, end) can be visible to some query of this span
             t0 = max(0, pos0 - window + 1) if window else 0
             if r1 - r0 == 1:
@@ -434,6 +461,9 @@ class Transformer:
                 kernels.attend_rows(
                     q[r0:r1], k_cache, v_cache, pos0, t0, end - t0, window, softcap, s.block_scores, att[r0:r1]
                 )
+        for (k_group, v_group), rows, slots, starts, ends in groups:
+            scratch = s.block_scores
+            kernels.attend_group(q, k_group[il], v_group[il], rows, slots, starts[window], ends, softcap, scratch, att)
         project(att, (lw.attn_output, o))
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 

@@ -3,6 +3,7 @@
     python benchmarks/speculative.py                            # SmolLM2 and Gemma3, n-gram drafts
     python benchmarks/speculative.py --models smollm2-135m-instruct --repeats 3 --threads 2
     python benchmarks/speculative.py --draft PATH               # also a draft model (same vocabulary as the target)
+    python benchmarks/speculative.py --draft-layers 8           # also a draft made of the target's first 8 blocks
 
 Prompts (chat-formatted; a model without a chat template, such as the Gemma3 270M base model, completes a plain-text
 version of each instead):
@@ -13,6 +14,10 @@ Each (model, prompt) runs plain and speculative alternately, `repeats` times eac
 is the median of the per-pair ratios of decode tokens/s (stats.generation_tps: first to last token; the prompt is
 cached after the warm-up, so prefill is the same both ways). Greedy outputs are checked equal. The load average is
 printed: other processes on shared cores slow both sides, and the interleaving spreads that over both.
+
+Draft models: any GGUF with the target's vocabulary (--draft), or, where no such pair can be downloaded,
+--draft-layers N: a copy of the target keeping its first N blocks and its output head (the self-speculative
+early-exit draft of LayerSkip, arXiv:2404.16710, without its training), written next to the target by gguf-py.
 """
 
 from __future__ import annotations
@@ -75,6 +80,40 @@ COMPLETIONS = {  # the same tasks for base models
 }
 
 
+def truncated_copy(src: str, n_layers: int) -> str:
+    """A copy of the GGUF file `src` with only its first n_layers blocks (block_count set to n_layers), cached
+    next to it as <stem>.first<N>.gguf: a draft model that shares the target's vocabulary."""
+    import gguf
+
+    dst = Path(src).with_suffix(f".first{n_layers}.gguf")
+    if dst.exists():
+        return str(dst)
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    n_total = reader.fields[f"{arch}.block_count"].contents()
+    if not 1 <= n_layers < n_total:
+        raise SystemExit(f"--draft-layers must be in 1..{n_total - 1} for {src} ({n_total} blocks)")
+    tmp = dst.with_suffix(".tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value = n_layers if field.name == f"{arch}.block_count" else field.contents()
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+    keep = [t for t in reader.tensors if not t.name.startswith("blk.") or int(t.name.split(".")[1]) < n_layers]
+    for t in keep:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in keep:
+        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+    writer.close()
+    tmp.rename(dst)
+    return str(dst)
+
+
 def run_once(model, prompt, max_tokens, speculative):
     if model.chat_template is None:
         chunks = list(model.generate(prompt, max_tokens=max_tokens, temperature=0, speculative=speculative))
@@ -87,6 +126,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
     ap.add_argument("--draft", default=None, help="also measure this draft model (must share the target's vocabulary)")
+    ap.add_argument("--draft-layers", type=int, default=None,
+                    help="also measure a draft made of the target's first N blocks and its output head")  # fmt: skip
     ap.add_argument("--tokens", type=int, default=200, help="max tokens per answer (default 200)")
     ap.add_argument("--repeats", type=int, default=2, help="plain/speculative pairs per prompt (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="threads (default 1: the cores are shared)")
@@ -102,6 +143,10 @@ def main() -> int:
         if args.draft:
             draft = ggufrun.load(args.draft, n_ctx=1024, n_threads=args.threads, quiet=True)
             kinds["draft"] = Speculation(draft, draft_tokens=args.draft_tokens)
+        if args.draft_layers:
+            path = truncated_copy(str(model.path), args.draft_layers)
+            draft = ggufrun.load(path, n_ctx=1024, n_threads=args.threads, quiet=True)
+            kinds[f"first {args.draft_layers} blocks"] = Speculation(draft, draft_tokens=args.draft_tokens)
         for prompt_name, text in PROMPTS.items():
             if model.chat_template is None:
                 messages = COMPLETIONS[prompt_name]

@@ -207,9 +207,13 @@ class DraftLength:
 
     DECAY = 0.95  # weight of the past in the acceptance counts and the cost averages
 
+    PROBE_EVERY_MAX = 512  # plain steps between probes, at most, while probes keep failing
+
     def __init__(self, k_max: int, adaptive: bool, probe_every: int = 0):
         self.k_max, self.adaptive = k_max, adaptive
-        self.probe_every = probe_every  # > 0: after this many plain steps draft one token, to keep measuring
+        self.probe_every = probe_every  # > 0: after this many plain steps draft one token, to keep measuring;
+        self._probe_base = probe_every  # doubled after every probe whose token is rejected, back to base when one
+        self._probing = False  # is accepted (a draft model that never agrees costs ever less)
         self._plain_steps = 0
         self.accepted = 0.0  # decayed counts of drafted tokens accepted / rejected
         self.rejected = 0.0
@@ -225,6 +229,9 @@ class DraftLength:
         d = self.DECAY
         self.accepted = self.accepted * d + accepted
         self.rejected = self.rejected * d + (1 if accepted < drafted else 0)
+        if self._probing:
+            self._probing = False
+            self.probe_every = self._probe_base if accepted else min(2 * self.probe_every, self.PROBE_EVERY_MAX)
 
     def timed(self, m: int, seconds: float) -> None:
         old = self.cost.get(m)
@@ -260,6 +267,7 @@ class DraftLength:
             self._plain_steps += 1
             if self._plain_steps >= self.probe_every:
                 self._plain_steps = 0
+                self._probing = True
                 return 1
         return best_k
 

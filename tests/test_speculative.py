@@ -257,6 +257,18 @@ def test_draft_length_adapts_to_acceptance_and_cost():
     for _ in range(60):
         probing.observe(4, 0)
     assert [probing.choose(8) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
+    # probes whose token is rejected space out (4 -> 8 -> 16 plain steps), one accepted brings back every 4
+    picks = []
+    for _ in range(28):
+        k = probing.choose(8)
+        picks.append(k)
+        if k:
+            probing.observe(1, 0)
+    assert [i for i, k in enumerate(picks) if k] == [3, 11, 27]  # every 4th step, then 8th, then 16th
+    assert probing.probe_every == 32
+    probing._probing = True  # as after choose() probed
+    probing.observe(1, 1)
+    assert probing.probe_every == 4
 
 
 def test_bad_arguments_are_refused(tiny, tmp_path):

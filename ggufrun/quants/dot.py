@@ -27,7 +27,7 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   f (fzero, fma_v, fscale)
     3. Activation quantizers      quantize_q8_1, quantize_q8_k, round_f16_rows, round_bf16_rows
     4. Row dots                   per weight family, the dot of weight rows with activation rows:
-                                  32-value blocks (_block32, row32, rows8x1, rows8x4), K-quants (_scales_k,
+                                  32-value blocks (_block32, row32, rows8x1, _rows32's tiles), K-quants (_scales_k,
                                   _group_k, rowk, rowkx4), grid types (_group_iq, rowiq, rowiqx4), ternary
                                   codes (IQ1_S, IQ1_M, TQ1_0, TQ2_0: _codes_t, rowt, rowtx4), float weights
                                   (row_float, row_floatx4)
@@ -1789,10 +1789,13 @@ def round_bf16_rows(x, out):
 # ---------------------------------------------------------------------------------------------------------
 # 4. Row dots. Each weight block is decoded to 8-bit codes in registers and multiplied with the 8-bit
 # activation quants in int32 lanes (exact), then float multiply-adds fold the integers into the result:
-#   32-value types (row32, rows8x1, rows8x4): 8 weight rows at a time, lane r = output row r. Per block, the 8
+#   32-value types (row32, rows8x1, _rows32): 8 weight rows at a time, lane r = output row r. Per block, the 8
 #     rows' exact integer dots (unsigned codes . signed quants, minus offset x the block's quant sum) are folded
 #     into one vector (isum8), then acc = fma(float(isum), d_w * d_x, acc) for 8 outputs at once; rows outside
-#     a group of 8 take the same steps one at a time (row32).
+#     a group of 8 take the same steps one at a time (row32). With 4 or more activation rows, _rows32 decodes
+#     each block of the 8 weight rows once for a whole tile of rows, whose accumulators wait in L1 (on AVX2 the
+#     codes, rows8x1's two accumulators and four rows' worth of them do not fit the 16 vector registers: tiles of
+#     4 rows held in registers spilled, and ran 12% slower at 16 rows, SmolLM2's ffn_up Q4_1 1536x576).
 #   K-quants (rowk, rowkx4): per super-block, int32 lanes of sum over groups of dpbusd(codes, x) * sub-block
 #     scale (codes with an offset, Q3_K / Q6_K / IQ4_XS, stay signed and meet x + 128, corrected by corr128),
 #     then acc = fma(float(lanes), d_w * d_x, acc) and an 8-lane hsum at the end.
@@ -1874,7 +1877,7 @@ def row32(kind, bsize, w, wo, m, d, s, qs, sums):
     """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes.
 
     Per block: the exact integer dot (unsigned codes . signed quants, minus offset x the block's quant sum),
-    then acc = fma(float(isum), d_w * d_x, acc); rows8x1 / rows8x4 compute each of their lanes the same way."""
+    then acc = fma(float(isum), d_w * d_x, acc); rows8x1 and _rows32's tiles compute each lane the same way."""
     K = qs.shape[1]
     off = _offset32(kind)
     acc = np.float32(0.0)
@@ -1933,35 +1936,6 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
         if kind == Q4_1 or kind == Q5_1:
             accm = fma_v(accm, ld_f16_rows(w, o + 2, rb), fbcast(s[m, b]))
     return fadd_v(acc, accm)
-
-
-@njit(inline="always", **DOT)
-def rows8x4(kind, bsize, w, wo, rb, m, d, s, qs, sums):
-    """rows8x1 for activation rows m .. m+3, decoding each weight block once."""
-    K = qs.shape[1]
-    off = _offset32(kind)
-    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
-    m0, m1, m2, m3 = fzero(), fzero(), fzero(), fzero()
-    for b in range(K // 32):
-        o = wo + b * bsize
-        u = _codes8(kind, w, o, rb)
-        dw = _d8(kind, w, o, rb)
-        xo = m * K + 32 * b
-        p = _dots8(kind, u, qs, xo, off * sums[m, b])
-        a0 = fma_v(a0, fcvt(p), fscale(dw, d[m, b]))
-        p = _dots8(kind, u, qs, xo + K, off * sums[m + 1, b])
-        a1 = fma_v(a1, fcvt(p), fscale(dw, d[m + 1, b]))
-        p = _dots8(kind, u, qs, xo + 2 * K, off * sums[m + 2, b])
-        a2 = fma_v(a2, fcvt(p), fscale(dw, d[m + 2, b]))
-        p = _dots8(kind, u, qs, xo + 3 * K, off * sums[m + 3, b])
-        a3 = fma_v(a3, fcvt(p), fscale(dw, d[m + 3, b]))
-        if kind == Q4_1 or kind == Q5_1:
-            mw = ld_f16_rows(w, o + 2, rb)
-            m0 = fma_v(m0, mw, fbcast(s[m, b]))
-            m1 = fma_v(m1, mw, fbcast(s[m + 1, b]))
-            m2 = fma_v(m2, mw, fbcast(s[m + 2, b]))
-            m3 = fma_v(m3, mw, fbcast(s[m + 3, b]))
-    return fadd_v(a0, m0), fadd_v(a1, m1), fadd_v(a2, m2), fadd_v(a3, m3)
 
 
 # ---- K-quants and IQ4_XS: 256-value super-blocks of 8 groups of 32 values, each group with two integer scales
@@ -2497,22 +2471,38 @@ def _m_tile(row_bytes):
 
 @njit(inline="always", **DOT)
 def _rows32(kind, bsize, w, d, s, qs, sums, out, n0, n1):
-    """out[:, n0:n1] for a 32-value block type: groups of 8 weight rows (lanes) x tiles of 4 activation rows,
-    the M % 4 rest one activation row at a time, weight rows outside a group of 8 one at a time (row32)."""
+    """out[:, n0:n1] for a 32-value block type: groups of 8 weight rows (lanes) x tiles of up to _m_tile activation
+    rows, each block decoded once per tile (M >= 4; fewer rows go one at a time, rows8x1), weight rows outside a
+    group of 8 one at a time (row32)."""
     rb = w.shape[1]
-    M, N = qs.shape[0], out.shape[1]
-    M4 = M // 4 * 4
-    MT = _m_tile(qs.shape[1])
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    M4 = 0 if M < 4 else M  # tiles for 4 rows or more; fewer go one at a time
+    MT = _m_tile(K)
     n8 = n0 + (n1 - n0) // 8 * 8
+    off = _offset32(kind)
+    acc = np.empty((MT, 8), np.float32)  # rows8x1's two accumulators for every activation row of a tile (L1)
+    accm = np.empty((MT, 8), np.float32)
     for t in range(0, M4, MT):
+        t1 = min(M4, t + MT)
         for n in range(n0, n8, 8):
             _prefetch_ahead(w, n * rb, 8 * rb)
-            for m in range(t, min(M4, t + MT), 4):
-                v0, v1, v2, v3 = rows8x4(kind, bsize, w, n * rb, rb, m, d, s, qs, sums)
-                st_f32x8(out, 4 * (m * N + n), v0)
-                st_f32x8(out, 4 * ((m + 1) * N + n), v1)
-                st_f32x8(out, 4 * ((m + 2) * N + n), v2)
-                st_f32x8(out, 4 * ((m + 3) * N + n), v3)
+            for m in range(t1 - t):
+                st_f32x8(acc, 32 * m, fzero())
+                st_f32x8(accm, 32 * m, fzero())
+            for b in range(K // 32):  # block b of the 8 weight rows, decoded once for every row of the tile
+                o = n * rb + b * bsize
+                u = _codes8(kind, w, o, rb)
+                dw = _d8(kind, w, o, rb)
+                mw = ld_f16_rows(w, o + 2, rb) if kind == Q4_1 or kind == Q5_1 else fzero()
+                for m in range(t, t1):
+                    p = _dots8(kind, u, qs, m * K + 32 * b, off * sums[m, b])
+                    a = 32 * (m - t)
+                    st_f32x8(acc, a, fma_v(ld_f32x8(acc, a), fcvt(p), fscale(dw, d[m, b])))
+                    if kind == Q4_1 or kind == Q5_1:
+                        st_f32x8(accm, a, fma_v(ld_f32x8(accm, a), mw, fbcast(s[m, b])))
+            for m in range(t, t1):
+                a = 32 * (m - t)
+                st_f32x8(out, 4 * (m * N + n), fadd_v(ld_f32x8(acc, a), ld_f32x8(accm, a)))
     for n in range(n0, n8, 8):
         _prefetch_ahead(w, n * rb, 8 * rb)
         for m in range(M4, M):

@@ -371,6 +371,18 @@ def bits32_to(typingctx, m, value):
 
 
 @intrinsic
+def iadd(typingctx, a, b):
+    """a + b, int32 lanes."""
+    if a != I32x8 or b != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.add(*args)
+
+    return I32x8(I32x8, I32x8), codegen
+
+
+@intrinsic
 def isub(typingctx, v, c):
     """v - c per byte: unsigned codes to signed (q - 8, q - 32, ...)."""
     if not isinstance(c, types.Integer):
@@ -499,6 +511,28 @@ def dpbusd_n(typingctx, acc, u, s):
         return _dpbusd(builder, *args, narrow=True)
 
     return I32x8(I32x8, I8x32, I8x32), codegen
+
+
+@intrinsic
+def dpbusd_sc(typingctx, acc, u, s, sc):
+    """acc + (dpbusd lanes of u . s) * sc for narrow operands (dpbusd_n's) and sc holding an int16 in the low half
+    of each lane (high half 0), as imadd16(acc, dpbusd_n(0, u, s), sc). Without VNNI: vpmaddubsw, then one
+    vpmaddwd by sc in both halves of every lane, (p0 + p1) * sc = p0 * sc + p1 * sc (one vpmaddwd fewer than
+    dpbusd_n then imadd16; the same integers)."""
+
+    def codegen(context, builder, sig, args):
+        acc, u, s, sc = args
+        if SIGNED_PAIRS:
+            v16 = ir.VectorType(_i16, 16)
+            ubsw = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]),
+                                                  "llvm.x86.avx2.pmadd.ub.sw")  # fmt: skip
+            wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [v16, v16]),
+                                                "llvm.x86.avx2.pmadd.wd")  # fmt: skip
+            both = builder.bitcast(builder.or_(sc, builder.shl(sc, _splat(_v8i32, 16))), v16)
+            return builder.add(acc, builder.call(wd, [builder.call(ubsw, [u, s]), both]))
+        return _imadd16_ir(builder, acc, _dpbusd(builder, _splat(_v8i32, 0), u, s, narrow=True), sc)
+
+    return I32x8(I32x8, I8x32, I8x32, I32x8), codegen
 
 
 @intrinsic
@@ -853,22 +887,24 @@ def imadd16(typingctx, acc, p, s):
     one VNNI vpdpwssd (acc + p.lo * s.lo + p.hi * s.hi, and s.hi is 0) instead of vpmulld + vpaddd."""
 
     def codegen(context, builder, sig, args):
-        if HAS_VNNI:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_v8i32, [_v8i32] * 3), "llvm.x86.avx512.vpdpwssd.256"
-            )
-            return builder.call(fn, list(args))
-        if HAS_AVX2:  # vpmaddwd: p.lo * s.lo + p.hi * s.hi, p.hi * 0 = 0
-            v16 = ir.VectorType(_i16, 16)
-            wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [v16, v16]),
-                                                "llvm.x86.avx2.pmadd.wd")  # fmt: skip
-            return builder.add(
-                args[0], builder.call(wd, [builder.bitcast(args[1], v16), builder.bitcast(args[2], v16)])
-            )
-        lo = builder.ashr(builder.shl(args[2], _splat(_v8i32, 16)), _splat(_v8i32, 16))  # s.lo as signed
-        return builder.add(args[0], builder.mul(args[1], lo))
+        return _imadd16_ir(builder, *args)
 
     return I32x8(I32x8, I32x8, I32x8), codegen
+
+
+def _imadd16_ir(builder, acc, p, s):
+    if HAS_VNNI:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_v8i32, [_v8i32] * 3), "llvm.x86.avx512.vpdpwssd.256"
+        )
+        return builder.call(fn, [acc, p, s])
+    if HAS_AVX2:  # vpmaddwd: p.lo * s.lo + p.hi * s.hi, p.hi * 0 = 0
+        v16 = ir.VectorType(_i16, 16)
+        wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [v16, v16]),
+                                            "llvm.x86.avx2.pmadd.wd")  # fmt: skip
+        return builder.add(acc, builder.call(wd, [builder.bitcast(p, v16), builder.bitcast(s, v16)]))
+    lo = builder.ashr(builder.shl(s, _splat(_v8i32, 16)), _splat(_v8i32, 16))  # s.lo as signed
+    return builder.add(acc, builder.mul(p, lo))
 
 
 # ---- 8 x float32 vectors ----------------------------------------------------------------------------------
@@ -2026,30 +2062,27 @@ def _signed_k(kind):
 
 
 @njit(inline="always", **DOT)
-def _gdot(kind, wq, c, qu, qs, xo):
-    """int32 lanes of one group's codes . activation quants at byte xo (c: corr128(wq) for signed codes)."""
-    if kind == IQ4_XS:  # code book values up to 127 against quants + 128 up to 255
-        return dpbusd(c, ld_i8x32(qu, xo), wq)
-    if _signed_k(kind):  # Q3_K / Q6_K codes within +-32 against quants + 128
-        return dpbusd_n(c, ld_i8x32(qu, xo), wq)
-    return dpbusd_n(izero(), wq, ld_i8x32(qs, xo))  # codes >= 0 (at most 5 bits): unsigned operand as they are
+def _gstep(kind, acc, wq, c, csc, qu, qs, xo, sc):
+    """acc + (int32 lanes of one group's codes wq . the activation quants at byte xo) * its scales sc (_sc16).
+
+    IQ4_XS: code book values up to 127 against quants + 128 up to 255, dpbusd seeded with c = corr128(wq), then
+    a 32-bit multiply by the scales. Q3_K / Q6_K: codes within +-32 against quants + 128; Q2_K / Q4_K / Q5_K:
+    codes >= 0 of at most 5 bits against the quants as they are. Both narrow: every pair stays in int16, so the
+    scale folds into the dot (dpbusd_sc), the signed codes' correction coming in as csc = imadd16(0, c, sc),
+    computed once per group for all activation rows. A group's scaled lanes stay far inside int32."""
+    if kind == IQ4_XS:
+        return imadd_v(acc, dpbusd(c, ld_i8x32(qu, xo), wq), sc)
+    if _signed_k(kind):
+        return dpbusd_sc(iadd(acc, csc), ld_i8x32(qu, xo), wq, sc)
+    return dpbusd_sc(acc, wq, ld_i8x32(qs, xo), sc)
 
 
 @njit(inline="always", **DOT)
 def _sc16(kind, sc):
-    """Sub-block scales for _imadd_k: the low 16 bits only (IQ4_XS: as they are)."""
+    """Sub-block scales for _gstep: the low 16 bits only (IQ4_XS: as they are)."""
     if kind == IQ4_XS:
         return sc
     return iand(sc, 0xFFFF)
-
-
-@njit(inline="always", **DOT)
-def _imadd_k(kind, acc, p, sc):
-    """acc + p * sc. A group's dot lanes sum 4 products of |x| <= 127 and |code| <= 32 (<= 16256), inside int16,
-    for every K-quant but IQ4_XS (codes up to 127), which keeps the 32-bit multiply."""
-    if kind == IQ4_XS:
-        return imadd_v(acc, p, sc)
-    return imadd16(acc, p, sc)
 
 
 @njit(inline="always", **DOT)
@@ -2065,7 +2098,9 @@ def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
         for g in range(8):
             wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
             c = corr128(wq) if _signed_k(kind) else izero()
-            i0 = _imadd_k(kind, i0, _gdot(kind, wq, c, qu, qs, m * K + 256 * b + 32 * g), _sc16(kind, sc))
+            sc = _sc16(kind, sc)
+            csc = imadd16(izero(), c, sc) if _signed_k(kind) and kind != IQ4_XS else izero()
+            i0 = _gstep(kind, i0, wq, c, csc, qu, qs, m * K + 256 * b + 32 * g, sc)
         acc = fma_i(acc, i0, _d_k(kind, w, o) * d[m, b])
         if kind == Q4_K or kind == Q5_K or kind == Q2_K:
             dmin, mins0, mins1 = _mins_k(kind, w, o)
@@ -2087,11 +2122,12 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
             wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
             c = corr128(wq) if _signed_k(kind) else izero()
             sc = _sc16(kind, sc)
+            csc = imadd16(izero(), c, sc) if _signed_k(kind) and kind != IQ4_XS else izero()
             xo = m * K + 256 * b + 32 * g
-            i0 = _imadd_k(kind, i0, _gdot(kind, wq, c, qu, qs, xo), sc)
-            i1 = _imadd_k(kind, i1, _gdot(kind, wq, c, qu, qs, xo + K), sc)
-            i2 = _imadd_k(kind, i2, _gdot(kind, wq, c, qu, qs, xo + 2 * K), sc)
-            i3 = _imadd_k(kind, i3, _gdot(kind, wq, c, qu, qs, xo + 3 * K), sc)
+            i0 = _gstep(kind, i0, wq, c, csc, qu, qs, xo, sc)
+            i1 = _gstep(kind, i1, wq, c, csc, qu, qs, xo + K, sc)
+            i2 = _gstep(kind, i2, wq, c, csc, qu, qs, xo + 2 * K, sc)
+            i3 = _gstep(kind, i3, wq, c, csc, qu, qs, xo + 3 * K, sc)
         dw = _d_k(kind, w, o)
         a0 = fma_i(a0, i0, dw * d[m, b])
         a1 = fma_i(a1, i1, dw * d[m + 1, b])

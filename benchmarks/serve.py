@@ -120,7 +120,8 @@ class ServerTarget:
                     break  # closing the connection cancels the request
 
     def close(self) -> None:
-        pass
+        if self.server is not None:  # the server this run started
+            self.server.close()
 
 
 class SpawnedServer:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ggufrun.chat_template import CHATML, GEMMA, ChatTemplate, ChatTemplateError, chat_template_from_metadata
@@ -513,6 +513,7 @@ _SPECIALS = ["<|im_end|>", "<|im_start|>", "<end_of_turn>", "<start_of_turn>"]
 _ROLES = st.sampled_from(["system", "user", "assistant"])
 
 
+@example(source=THINKING, turns=[("assistant", "</think>\n"), ("system", "<|im_end|></think>")])  # search fallback
 @settings(max_examples=40, deadline=None)
 @given(
     source=st.sampled_from([CHATML, GEMMA, TRIMMING, THINKING]),

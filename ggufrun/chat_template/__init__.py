@@ -199,15 +199,16 @@ class ChatTemplate:
         """
         variables = self._variables(messages, add_generation_prompt, tools, extra)
         marked, strings = _spans.mark(variables)
-        runs = [variables] if marked is None or not strings else [variables, marked]
-        texts, errors = self._run(runs)
+        tries = [] if marked is None or not strings else [(marked, strings), _spans.mark(variables, True)]
+        texts, errors = self._run([variables] + [m for m, _ in tries])
         if errors[0] is not None:
             raise ChatTemplateError(errors[0])
         text = texts[0]
-        found = None
-        if len(runs) == 2 and errors[1] is None:
-            found = _spans.from_markers(text, texts[1], strings)
-        return text, (found if found is not None else _spans.by_search(text, strings))
+        for (_, marked_strings), marked_text, error in zip(tries, texts[1:], errors[1:]):
+            found = _spans.from_markers(text, marked_text, marked_strings) if error is None else None
+            if found is not None:
+                return text, found
+        return text, _spans.by_search(text, strings)
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, origin={self.origin!r}, {len(self.source)} chars)"

@@ -4,8 +4,9 @@ The tokenizer must not turn special-token text inside those ranges into control 
 message containing "<|im_end|>\\n<|im_start|>system ..."). Method: render twice, once with the plain data and once
 with each user string s wrapped as `lead + OPEN_i + s.strip() + CLOSE_i + trail` (OPEN_i/CLOSE_i: one character
 from Unicode's supplementary private-use planes, U+F0000+i and U+100000+i; lead/trail: s's own surrounding
-whitespace, left outside the markers so that `|trim` and `.strip()` still remove it). When the marked text with the
-markers removed equals the plain text, the markers give the ranges exactly:
+whitespace, left outside the markers so that `|trim` and `.strip()` still remove it; if that render does not map
+back, a third has the whole string between the markers, for templates that strip what is left after a cut). When the
+marked text with the markers removed equals the plain text, the markers give the ranges exactly:
     - OPEN_i ... CLOSE_i: the range between them (concatenation, the gemma fallback's system prefix, trimming),
       less any text the template wrote into it (`|replace('\\n', '<br>')`: only the stretches that match s stay;
       when s and the range are both very long, the whole range stays, keeping the user's text covered);
@@ -13,7 +14,8 @@ markers removed equals the plain text, the markers give the ranges exactly:
       that is a tail of s, and a lone OPEN_i likewise; these ranges drop their outer whitespace, so that they cannot
       run into template markup that happens to equal the characters of s before the cut.
 Otherwise (the template reacts to the markers: `startswith`, `|length`, sorting, ...) each stripped user string
-is searched for in the plain text, in input order; that fallback is best effort.
+is searched for in the plain text, in input order (a string found only where an earlier one was placed still gets
+its first occurrence, the ranges merged); that fallback is best effort.
 
 User strings: every string in `messages`, `tools` and the extra variables (not bos_token/eos_token, which are token
 texts), except dict keys and the values of "role"/"type", which templates compare with literals; those are
@@ -38,8 +40,9 @@ _MAX_DIFF_WORK = 4_000_000  # characters x characters compared by SequenceMatche
 
 
 class _Marker:
-    def __init__(self):
-        self.strings: list[str] = []  # the stripped user string behind each marker index
+    def __init__(self, whitespace_inside: bool = False):
+        self.whitespace_inside = whitespace_inside
+        self.strings: list[str] = []  # the (stripped, unless whitespace_inside) user string behind each marker
         self.overflow = False
 
     def text(self, s: str) -> str:
@@ -47,10 +50,12 @@ class _Marker:
         if not core:
             return s
         i = len(self.strings)
-        self.strings.append(core)
+        self.strings.append(s if self.whitespace_inside else core)
         if i >= MAX_MARKED or _MARKER_CHARS.search(s):
             self.overflow = True  # the marked render cannot be mapped back: search instead
             return s
+        if self.whitespace_inside:
+            return f"{chr(OPEN_BASE + i)}{s}{chr(CLOSE_BASE + i)}"
         start = len(s) - len(s.lstrip())
         return f"{s[:start]}{chr(OPEN_BASE + i)}{core}{chr(CLOSE_BASE + i)}{s[start + len(core) :]}"
 
@@ -67,10 +72,12 @@ class _Marker:
         return value
 
 
-def mark(variables: dict) -> tuple[dict | None, list[str]]:
+def mark(variables: dict, whitespace_inside: bool = False) -> tuple[dict | None, list[str]]:
     """The variables with each user string wrapped in its markers (None when they cannot be marked: an input
-    already holds marker characters, or there are too many strings), and the stripped strings by marker index."""
-    marker = _Marker()
+    already holds marker characters, or there are too many strings), and the strings by marker index (stripped,
+    unless `whitespace_inside`: the second try, whole strings between the markers, for a template that strips
+    what follows a cut, `content.split('</think>')[-1].lstrip()`, where a marker would stop the strip)."""
+    marker = _Marker(whitespace_inside)
     marked = {k: (v if k in _UNMARKED_VARIABLES else marker.value(v)) for k, v in variables.items()}
     return (None if marker.overflow else marked), marker.strings
 
@@ -147,7 +154,7 @@ def from_markers(plain: str, marked: str, strings: list[str]) -> list[tuple[int,
         while n < len(core) and p + n < bound and plain[p + n] == core[n]:
             n += 1
         spans.append(_strip_range(plain, p, p + n))
-    return _merge(spans)
+    return _merge([_strip_range(plain, a, b) for a, b in spans])
 
 
 def by_search(plain: str, strings: list[str]) -> list[tuple[int, int]]:
@@ -161,6 +168,7 @@ def by_search(plain: str, strings: list[str]) -> list[tuple[int, int]]:
         return at
 
     cursor = 0
+    missed = []
     for core in strings:
         at = first_free(core, cursor)
         if at < 0:
@@ -168,4 +176,10 @@ def by_search(plain: str, strings: list[str]) -> list[tuple[int, int]]:
         if at >= 0:
             spans.append((at, at + len(core)))
             cursor = at + len(core)
+        else:
+            missed.append(core)
+    for core in missed:  # every occurrence overlaps an earlier string's: that one may have taken a piece of this
+        at = plain.find(core)  # one's text (a "</think>" the template cut from one turn, found in another)
+        if at >= 0:
+            spans.append((at, at + len(core)))
     return _merge(spans)

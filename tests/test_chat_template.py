@@ -514,6 +514,7 @@ _ROLES = st.sampled_from(["system", "user", "assistant"])
 
 
 @example(source=THINKING, turns=[("assistant", "</think>\n"), ("system", "<|im_end|></think>")])  # search fallback
+@example(source=THINKING, turns=[("assistant", "</think>\n"), ("assistant", "</think><|im_end|>")])  # a cut head
 @settings(max_examples=40, deadline=None)
 @given(
     source=st.sampled_from([CHATML, GEMMA, TRIMMING, THINKING]),

@@ -56,13 +56,15 @@ code book values are unsigned; their sign bits go onto the quants qs (apply_sign
 from __future__ import annotations
 
 import base64
+import hashlib
 
 import llvmlite.binding as llb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils, config
+from numba.core import cgutils, config, sigutils
+from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic, models, register_model
 
 from .jit import DOT, DOT_PARALLEL, EXACT
@@ -2495,6 +2497,81 @@ def _m_tile(row_bytes):
     return max(4, (32768 // row_bytes) // 4 * 4)
 
 
+def _worker_symbol(worker, argtypes) -> str:
+    """The name a worker's compiled version for `argtypes` is exported under (the same in every process)."""
+    key = f"{worker.py_func.__qualname__}{tuple(argtypes)}"
+    return f"ggufrun.dot.{worker.py_func.__name__}.{hashlib.sha1(key.encode()).hexdigest()[:16]}"
+
+
+def _export_worker(worker, argtypes: tuple) -> str:
+    """Compile (or load) `worker` for `argtypes` and make its code resolvable by _worker_symbol's name."""
+    name = _worker_symbol(worker, argtypes)
+    if name not in _EXPORTED:
+        worker.compile(argtypes)
+        cres = worker.overloads[argtypes]
+        address = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+        if not address:
+            raise RuntimeError(f"no compiled code for {worker.py_func.__qualname__}{argtypes}")
+        llb.add_symbol(name, address)
+        _EXPORTED.add(name)
+    return name
+
+
+_EXPORTED: set[str] = set()
+
+
+def _worker_argtypes(argtypes) -> tuple:
+    """A launcher's argument types plus the worker's row range (n0, n1)."""
+    return tuple(argtypes) + (types.intp, types.intp)
+
+
+@intrinsic
+def _call_rows(typingctx, worker_name, args):
+    """globals()[worker_name](*args), args = (launcher's arrays..., n0, n1), as a call to the worker's own compiled
+    code (exported by _Launcher.compile) instead of a copy of it in the caller's module."""
+    if not isinstance(worker_name, types.StringLiteral) or not isinstance(args, types.BaseTuple):
+        return None
+    worker = globals()[worker_name.literal_value]
+    argtypes = _worker_argtypes(args.types[:-2])
+    name = _worker_symbol(worker, argtypes)
+    if name not in _EXPORTED:  # a cached launcher would reference a name its _Launcher.compile does not export
+        raise TypeError(f"_call_rows: {worker_name.literal_value}{argtypes} is not what the launcher exported")
+
+    def codegen(context, builder, sig, llargs):
+        values = [builder.extract_value(llargs[1], i) for i in range(len(args))]
+        values[-2:] = [context.cast(builder, v, t, types.intp) for v, t in zip(values[-2:], args.types[-2:])]
+        fnty = context.call_conv.get_function_type(types.none, argtypes)
+        fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+        context.call_conv.call_function(builder, fn, types.none, argtypes, values)
+        return context.get_dummy_value()
+
+    return types.none(worker_name, args), codegen
+
+
+class _Launcher(CPUDispatcher):
+    """A parallel kernel that calls its serial worker through _call_rows: before compiling or loading a version
+    of the kernel, the worker's version for the same arrays is compiled or loaded and exported."""
+
+    def compile(self, sig):
+        args, _ = sigutils.normalize_signature(sig)
+        used = range(len(args)) if self.worker_args is None else self.worker_args
+        _export_worker(self.worker, _worker_argtypes(args[i] for i in used))
+        return super().compile(sig)
+
+
+def _launcher(worker, worker_args: tuple[int, ...] | None = None):
+    """Decorator: a _Launcher of `worker`, which takes the launcher's arguments worker_args (indices; None: all of
+    them) and the row range n0, n1."""
+
+    def wrap(py_func):
+        dispatcher = njit(**DOT_PARALLEL)(py_func)
+        dispatcher.__class__ = _Launcher
+        dispatcher.worker, dispatcher.worker_args = worker, worker_args
+        return dispatcher
+
+    return wrap
+
+
 @njit(inline="always", **DOT)
 def _rows32(kind, bsize, w, d, s, qs, sums, out, n0, n1):
     """out[:, n0:n1] for a 32-value block type: groups of 8 weight rows (lanes) x tiles of 4 activation rows,
@@ -2527,11 +2604,11 @@ def _rows_q4_0(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q4_0, 18, w, d, s, qs, sums, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q4_0)
 def dot_q4_0(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q4_0(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q4_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2539,11 +2616,11 @@ def _rows_q4_1(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q4_1, 20, w, d, s, qs, sums, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q4_1)
 def dot_q4_1(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q4_1(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q4_1", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2551,11 +2628,11 @@ def _rows_q5_0(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q5_0, 22, w, d, s, qs, sums, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q5_0)
 def dot_q5_0(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q5_0(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q5_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2563,11 +2640,11 @@ def _rows_q5_1(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q5_1, 24, w, d, s, qs, sums, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q5_1)
 def dot_q5_1(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q5_1(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q5_1", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2575,11 +2652,11 @@ def _rows_q8_0(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q8_0, 34, w, d, s, qs, sums, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q8_0)
 def dot_q8_0(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q8_0(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q8_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2587,11 +2664,11 @@ def _rows_iq4_nl(w, d, s, qs, sums, out, n0, n1):
     _rows32(IQ4_NL, 18, w, d, s, qs, sums, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_iq4_nl)
 def dot_iq4_nl(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq4_nl(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_iq4_nl", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(inline="always", **DOT)
@@ -2620,11 +2697,11 @@ def _rows_q2_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q2_K, 84, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q2_k)
 def dot_q2_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q2_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q2_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2632,11 +2709,11 @@ def _rows_q3_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q3_K, 110, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q3_k)
 def dot_q3_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q3_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q3_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2644,11 +2721,11 @@ def _rows_q4_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q4_K, 144, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q4_k)
 def dot_q4_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q4_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q4_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2656,11 +2733,11 @@ def _rows_q5_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q5_K, 176, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q5_k)
 def dot_q5_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q5_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q5_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2668,11 +2745,11 @@ def _rows_q6_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q6_K, 210, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_q6_k)
 def dot_q6_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_q6_k(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_q6_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2680,11 +2757,11 @@ def _rows_iq4_xs(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(IQ4_XS, 136, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_iq4_xs)
 def dot_iq4_xs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq4_xs(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_iq4_xs", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(inline="always", **DOT)
@@ -2711,11 +2788,11 @@ def _rows_iq2_xxs(w, d, qs, out, n0, n1):
     _rowsiq(IQ2_XXS, 66, w, d, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_iq2_xxs, (0, 2, 5, 6))
 def dot_iq2_xxs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq2_xxs(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_iq2_xxs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2723,11 +2800,11 @@ def _rows_iq2_xs(w, d, qs, out, n0, n1):
     _rowsiq(IQ2_XS, 74, w, d, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_iq2_xs, (0, 2, 5, 6))
 def dot_iq2_xs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq2_xs(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_iq2_xs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2735,11 +2812,11 @@ def _rows_iq2_s(w, d, qs, out, n0, n1):
     _rowsiq(IQ2_S, 82, w, d, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_iq2_s, (0, 2, 5, 6))
 def dot_iq2_s(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq2_s(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_iq2_s", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2747,11 +2824,11 @@ def _rows_iq3_xxs(w, d, qs, out, n0, n1):
     _rowsiq(IQ3_XXS, 98, w, d, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_iq3_xxs, (0, 2, 5, 6))
 def dot_iq3_xxs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq3_xxs(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_iq3_xxs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2759,11 +2836,11 @@ def _rows_iq3_s(w, d, qs, out, n0, n1):
     _rowsiq(IQ3_S, 110, w, d, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_iq3_s, (0, 2, 5, 6))
 def dot_iq3_s(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq3_s(w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_iq3_s", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(inline="always", **DOT)
@@ -2788,11 +2865,11 @@ def _rows_f32(w, x, out, n0, n1):
     _rows_float(F32, 4, w, x, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_f32)
 def dot_f32(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_f32(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_f32", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2800,11 +2877,11 @@ def _rows_f16(w, x, out, n0, n1):
     _rows_float(F16, 2, w, x, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_f16)
 def dot_f16(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_f16(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_f16", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2812,11 +2889,11 @@ def _rows_bf16(w, x, out, n0, n1):
     _rows_float(BF16, 2, w, x, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_bf16)
 def dot_bf16(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_bf16(w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_bf16", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 # ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0 (ternary codes, Q8_K activations) and MXFP4 (32-value blocks, Q8_1) -----------
@@ -2847,11 +2924,11 @@ def _rows_iq1_s(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowst(IQ1_S, 50, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_iq1_s)
 def dot_iq1_s(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq1_s(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_iq1_s", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2859,11 +2936,11 @@ def _rows_iq1_m(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowst(IQ1_M, 56, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_iq1_m)
 def dot_iq1_m(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_iq1_m(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_iq1_m", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2871,11 +2948,11 @@ def _rows_tq1_0(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowst(TQ1_0, 54, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_tq1_0)
 def dot_tq1_0(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_tq1_0(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_tq1_0", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2883,11 +2960,11 @@ def _rows_tq2_0(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowst(TQ2_0, 66, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_tq2_0)
 def dot_tq2_0(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_tq2_0(w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_tq2_0", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2895,8 +2972,8 @@ def _rows_mxfp4(w, d, s, qs, sums, out, n0, n1):
     _rows32(MXFP4, 17, w, d, s, qs, sums, out, n0, n1)
 
 
-@njit(**DOT_PARALLEL)
+@_launcher(_rows_mxfp4)
 def dot_mxfp4(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _rows_mxfp4(w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK))
+        _call_rows("_rows_mxfp4", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))

@@ -32,7 +32,8 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   codes (IQ1_S, IQ1_M, TQ1_0, TQ2_0: _codes_t, rowt, rowtx4), float weights
                                   (row_float, row_floatx4)
     5. Kernels                    dot_<type>(w, *activation arrays, out): a prange over chunks of weight rows,
-                                  each calling a serial _rows_<type> worker
+                                  each calling a serial _rows_<type> worker, compiled once and called by name
+                                  (_launcher, _call_rows)
 
 A weight type's knowledge is its layout comment in registry.py, its dequant kernel, and here: its branch in
 _block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_k, _mins_k, _min_term, _signed_k (K-quants),
@@ -2475,6 +2476,16 @@ def rowtx4(kind, bsize, w, wo, m, d, bsums16, bsums32, qs):
 # w: [N, row_bytes] uint8 (or [N, K] float32 / uint16 for the float types), read-only; out float32 [M, N].
 # The parallel loop only calls a serial worker: Numba's parfor passes are slow on large loop bodies, and
 # the inlined row functions are large (this keeps a kernel's cold compile at ~1-2 s instead of ~5 s).
+# The call goes to the worker's own compiled code, not a copy. Numba links a called function's code into the
+# caller's module and optimises and compiles it there again; a parallel kernel is two modules (the gufunc holding
+# the prange body, then the function that starts it), so the worker's machine code was built up to three times, and the
+# two extra builds were most of a launcher's compile time (Q4_1: 2.0 -> 0.7 s CPU without them). So the launcher
+# (a _Launcher) first compiles or loads its worker and registers the worker's code address under a name derived
+# from the worker and its argument types (_export_worker, llvmlite's add_symbol); the prange body calls that name
+# (_call_rows), an external function that the JIT linker resolves. Numba's on-disk cache keeps the launcher's
+# machine code with the reference unresolved: loading it needs the name registered first, which _Launcher.compile
+# (the path of every compilation and cache load) does before anything else. The worker's code is the same either
+# way; the call per chunk of CHUNK rows costs nothing measurable.
 
 CHUNK = 16  # weight rows per parallel work item
 # Software prefetch distance. A decode step streams every weight once, mostly from L3 or DRAM, in many small

@@ -191,3 +191,17 @@ def test_inliner_copies_a_callee_scope_once_per_copy_and_keeps_copies_independen
     assert again[0].scope is not first[0].scope and again[0].body[0] is not first[0].body[0]
     assert [c.body[0].value.value for c in again] == [0, 1, 2]
     assert inline_closurecall.copy.deepcopy([1, [2]]) == [1, [2]]  # anything else: copy.deepcopy
+
+
+def test_balanced_order_puts_the_parallel_kernels_at_both_ends_of_the_list():
+    from types import SimpleNamespace
+
+    from ggufrun.quants import jit
+
+    def call(name, parallel):
+        return jit.KernelCall(SimpleNamespace(name=name, targetoptions={"parallel": True} if parallel else {}), ())
+
+    calls = [call("a", False), call("dot1", True), call("b", False), call("att", True), call("dot2", True)]
+    order = [c.dispatcher.name for c in jit.balanced(calls)]
+    assert order == ["dot1", "dot2", "a", "b", "att"]  # helpers take the list from its end: att first
+    assert jit.balanced([]) == []

@@ -9,8 +9,9 @@ FAST (reassociation and FMA contraction, without `nnan`/`ninf`) is for experimen
 vectorise reductions its own way.
 
 Also here, the first-run-ever compilation of a model's kernels shared with helper processes (section below):
-record_calls(run) -> [KernelCall] lists what a forward pass would compile, compile_calls(calls, n_helpers,
-on_compile) compiles it in order with helpers working from the other end, helper(directory) is a helper's body.
+record_calls(run) -> [KernelCall] lists what a forward pass would compile, balanced(calls) orders it for two ends,
+compile_calls(calls, n_helpers, on_compile) compiles it in order with helpers working from the other end,
+helper(directory) is a helper's body.
 Numba's dispatcher cache (numba/core/caching.py) is the only channel between the processes.
 """
 
@@ -201,6 +202,16 @@ def _record_calls_here(run: Callable[[], object]) -> list[KernelCall]:
             if not calls:
                 raise
     return calls
+
+
+def balanced(calls: list[KernelCall]) -> list[KernelCall]:
+    """`calls` reordered for compile_calls' two ends: the parallel kernels (the dot products, attention: several
+    seconds each, where the others take well under one) alternately at the front and at the back, the rest in the
+    middle, so that this process and the helpers meet on a short entry and finish at about the same time (in
+    forward-pass order a long kernel could sit in the middle: ~7 s of one process waiting on the other)."""
+    heavy = [c for c in calls if c.dispatcher.targetoptions.get("parallel")]
+    light = [c for c in calls if not c.dispatcher.targetoptions.get("parallel")]
+    return heavy[0::2] + light + heavy[1::2][::-1]
 
 
 def _claim(directory: str, i: int) -> bool:

@@ -18,6 +18,7 @@ Numba's dispatcher cache (numba/core/caching.py) is the only channel between the
 import contextlib
 import copy
 import importlib
+import inspect
 import os
 import pickle
 import shutil
@@ -106,16 +107,26 @@ def _inline_function(self, caller_ir, block, i, function, arg_typs=None):
     return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars, arg_typs=arg_typs)
 
 
-def _share_inliner_copy_memo() -> None:
+def _speed_up_inliner() -> None:
+    """Install _SharedMemoCopy and _inline_function where Numba's inliner has the layout they were written for
+    (Numba 0.68: a module-level `copy`, inline_function(self, caller_ir, block, i, function, arg_typs=None));
+    with anything else Numba is left as it is (slower first compilations, nothing else)."""
     from numba.core import inline_closurecall
 
-    module = getattr(inline_closurecall, "copy", None)
-    if module is copy:  # the Numba layout this was written for (0.68); anything else is left alone
-        inline_closurecall.copy = _SharedMemoCopy(module)
-        inline_closurecall.InlineWorker.inline_function = _inline_function
+    worker = getattr(inline_closurecall, "InlineWorker", None)
+    expected = ["self", "caller_ir", "block", "i", "function", "arg_typs"]
+    if (
+        getattr(inline_closurecall, "copy", None) is copy
+        and worker is not None
+        and list(inspect.signature(worker.inline_function).parameters) == expected
+        and hasattr(worker, "run_untyped_passes")
+        and hasattr(worker, "inline_ir")
+    ):
+        inline_closurecall.copy = _SharedMemoCopy(copy)
+        worker.inline_function = _inline_function
 
 
-_share_inliner_copy_memo()
+_speed_up_inliner()
 
 
 # ---- compiling a model's kernels ahead of its first forward pass, shared between processes -------------------

@@ -79,8 +79,14 @@ class _SharedMemoCopy:
             self._scope, self._memo = x.scope, {}
         return self._module.deepcopy(x, self._memo)
 
+    def forget(self) -> None:
+        self._scope, self._memo = None, {}
+
     def __getattr__(self, name):
         return getattr(self._module, name)
+
+
+_COPY = _SharedMemoCopy(copy)
 
 
 _CALLEE_IR: dict = {}  # (function, contexts, flags, locals) -> the callee's IR after Numba's untyped passes
@@ -104,7 +110,10 @@ def _inline_function(self, caller_ir, block, i, function, arg_typs=None):
     callee_ir = cached.copy()
     callee_ir._definitions = {k: list(v) for k, v in cached._definitions.items()}
     callee_ir.func_id = bytecode.FunctionIdentity.from_function(function)
-    return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars, arg_typs=arg_typs)
+    try:
+        return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars, arg_typs=arg_typs)
+    finally:
+        _COPY.forget()  # the memo holds every block it copied: let them go with the call site
 
 
 def _speed_up_inliner() -> None:
@@ -122,7 +131,7 @@ def _speed_up_inliner() -> None:
         and hasattr(worker, "run_untyped_passes")
         and hasattr(worker, "inline_ir")
     ):
-        inline_closurecall.copy = _SharedMemoCopy(copy)
+        inline_closurecall.copy = _COPY
         worker.inline_function = _inline_function
 
 

@@ -393,9 +393,10 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
     """Compile (or load from Numba's on-disk cache) every kernel `transformer` uses; return the seconds it took.
 
     A forward pass in recording mode (quants.jit.record_calls, microseconds) lists the kernels and argument types
-    the prefill and decode passes use, in the order they use them. They are then compiled in that order, with a
-    progress line per real compilation (CompileProgress) and, from the first one on, helper processes (one per
-    extra thread) compiling the list from its end into the same on-disk cache; this process loads what they did.
+    the prefill and decode passes use. They are then compiled in jit.balanced's order (long kernels at both
+    ends), with a progress line per real compilation (CompileProgress) and, from the first one on, helper processes
+    (one per extra thread) compiling the list from its end into the same on-disk cache; this process loads what
+    they did.
     Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there). When this
     process has every kernel already (another model loaded before), the recording pass itself was the warm-up.
     """
@@ -419,7 +420,7 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
     def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C
         calls = jit.record_calls(transformer.warmup)
         if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
-            jit.compile_calls(calls, n_helpers, progress)
+            jit.compile_calls(jit.balanced(calls), n_helpers, progress)
             with event.install_listener("numba:compile", Late()):
                 transformer.warmup()
 

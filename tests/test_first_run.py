@@ -138,3 +138,70 @@ def test_compile_calls_compiles_in_order_and_without_helpers_when_they_cannot_st
     with pytest.raises(ZeroDivisionError):
         jit.record_calls(lambda: 1 / 0)
     assert jit.record_calls(lambda: plus_one(1) + twice(1.0)) == []  # compiled: they ran
+
+
+LAUNCH = """
+import numpy as np
+from ggufrun.quants import dot
+w = np.arange(3 * 40, dtype=np.float32).reshape(3, 40)
+w.flags.writeable = False
+x = np.stack([np.ones(40, np.float32), np.arange(40, dtype=np.float32)])
+out = np.zeros((2, 3), np.float32)
+dot.dot_f32(w, x, out)
+hits = sum(dot.dot_f32.stats.cache_hits.values()), sum(dot._rows_f32.stats.cache_hits.values())
+print(repr((out.tolist(), hits)))
+"""
+
+
+def test_a_dot_launcher_calls_its_worker_by_name_also_when_both_come_from_the_cache(tmp_path):
+    # the launcher's cached machine code references the worker by an exported name: a fresh process that loads
+    # both from the on-disk cache must register the name before the launcher's code is linked
+    import numpy as np
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    run = lambda: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", LAUNCH], env=env, capture_output=True, text=True, timeout=600
+    )
+    first, second = run(), run()
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    (out1, hits1), (out2, hits2) = (eval(r.stdout.strip()) for r in (first, second))
+    w = np.arange(3 * 40, dtype=np.float64).reshape(3, 40)
+    x = np.stack([np.ones(40), np.arange(40.0)])
+    assert out1 == out2 == (x @ w.T).tolist()  # small integers: exact in float32
+    assert hits1 == (0, 0) and hits2 == (1, 1)  # compiled, then both loaded
+
+
+def test_inliner_copies_a_callee_scope_once_per_copy_and_keeps_copies_independent():
+    from numba.core import inline_closurecall, ir
+
+    from ggufrun.quants import jit
+
+    assert isinstance(inline_closurecall.copy, jit._SharedMemoCopy)
+    loc = ir.Loc("f.py", 1)
+    scope = ir.Scope(None, loc)
+    blocks = []
+    for i in range(3):
+        b = ir.Block(scope, loc)
+        b.append(ir.Assign(ir.Const(i, loc), scope.define(f"v{i}", loc), loc))
+        blocks.append(b)
+    first = [inline_closurecall.copy.deepcopy(b) for b in blocks]  # as InlineWorker.inline_ir's copy_ir does
+    assert all(c.scope is first[0].scope for c in first) and first[0].scope is not scope  # one copy of the scope
+    assert sorted(first[0].scope.localvars._con) == ["v0", "v1", "v2"]
+    again = [inline_closurecall.copy.deepcopy(b) for b in blocks]  # a second copy of the same blocks
+    assert again[0].scope is not first[0].scope and again[0].body[0] is not first[0].body[0]
+    assert [c.body[0].value.value for c in again] == [0, 1, 2]
+    assert inline_closurecall.copy.deepcopy([1, [2]]) == [1, [2]]  # anything else: copy.deepcopy
+
+
+def test_balanced_order_puts_the_parallel_kernels_at_both_ends_of_the_list():
+    from types import SimpleNamespace
+
+    from ggufrun.quants import jit
+
+    def call(name, parallel):
+        return jit.KernelCall(SimpleNamespace(name=name, targetoptions={"parallel": True} if parallel else {}), ())
+
+    calls = [call("a", False), call("dot1", True), call("b", False), call("att", True), call("dot2", True)]
+    order = [c.dispatcher.name for c in jit.balanced(calls)]
+    assert order == ["dot1", "dot2", "a", "b", "att"]  # helpers take the list from its end: att first
+    assert jit.balanced([]) == []

@@ -23,8 +23,9 @@ matrices sharing an input (Q/K/V, FFN gate/up):
 Any weight type with the same `REGISTRY[t].act` format can share one `qx`.
 
 Kernels compile lazily on first use (or load from Numba's on-disk cache); `warmup(qtypes)` does it up front.
-For Numba code that wants to skip Python dispatch: `REGISTRY[t].dot(w, *qx.arrays, out2d)` (parallel over
-rows), `REGISTRY[t].dequant(w, rows, out)`, `ACTIVATIONS[REGISTRY[t].act].quantize(x2d, *qx.arrays)` (None
+To skip the checks here: `REGISTRY[t].dot(w, *qx.arrays, out2d)` (parallel over rows; from Python only, as its
+worker is linked by name when the kernel is compiled or loaded: ggufrun.quants.dot, section 5), and for Numba code
+too `REGISTRY[t].dequant(w, rows, out)`, `ACTIVATIONS[REGISTRY[t].act].quantize(x2d, *qx.arrays)` (None
 for F32, whose arrays are (x2d,)), and per output row `dot.row32(int(t), e.type_size, w, row_byte_offset, m,
 d, s, qs, sums)` (32-value block types) / `dot.rowk(int(t), e.type_size, w, row_byte_offset, qu, m, d,
 bsums16, bsums32, qs)` (K-quants, IQ4_XS) / `dot.rowiq(int(t), e.type_size, w, row_byte_offset, m, d, qs)`

@@ -9,13 +9,16 @@ FAST (reassociation and FMA contraction, without `nnan`/`ninf`) is for experimen
 vectorise reductions its own way.
 
 Also here, the first-run-ever compilation of a model's kernels shared with helper processes (section below):
-record_calls(run) -> [KernelCall] lists what a forward pass would compile, compile_calls(calls, n_helpers,
-on_compile) compiles it in order with helpers working from the other end, helper(directory) is a helper's body.
+record_calls(run) -> [KernelCall] lists what a forward pass would compile, balanced(calls) orders it for two ends,
+compile_calls(calls, n_helpers, on_compile) compiles it in order with helpers working from the other end,
+helper(directory) is a helper's body.
 Numba's dispatcher cache (numba/core/caching.py) is the only channel between the processes.
 """
 
 import contextlib
+import copy
 import importlib
+import inspect
 import os
 import pickle
 import shutil
@@ -40,6 +43,99 @@ DOT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundsch
 DOT_PARALLEL = dict(DOT, parallel=True)
 EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 FAST = dict(cache=True, nogil=True, fastmath=set(FASTMATH), error_model="numpy", boundscheck=False)
+
+
+# ---- Numba's inliner: a callee's IR built once, its scope copied once per call site ----------------------------
+# Every `inline="always"` call site deep-copies the callee's Numba IR block by block (InlineWorker.inline_ir's
+# copy_ir, numba/core/inline_closurecall.py), each block with a fresh memo, so the callee's whole variable scope
+# (every variable of every function inlined into it) is copied once per block: blocks x variables. The dot kernels
+# nest four levels of inlined helpers, and this copying was 60-75% of their compile time (SmolLM2's Q4_1 worker
+# _rows_q4_1: 19.6 s -> 7.5 s CPU; numba issues 8989 and 9204). _SharedMemoCopy stands in for the copy module
+# inside that one Numba module: consecutive deep copies of blocks of the same scope share one memo, which is what
+# a single deepcopy of the whole block map would do. A block seen again, or a block of another scope, starts a new
+# memo, so two copies of one IR stay independent. The machine code is unchanged (same bytes, checked on
+# _rows_q4_1's assembly); only Numba's front end gets faster. Compilation runs under Numba's global compiler lock,
+# so one thread at a time uses the shared memo.
+# The same InlineWorker also re-ran a callee's untyped passes (bytecode to Numba IR, and recursively every helper the
+# callee inlines) at every call site; _inline_function runs them once per callee and options and gives each site a
+# copy (a fresh function identity, so the inlined variable names stay distinct): _rows_q4_1 6.9 -> 5.8 s CPU, again
+# the same machine code.
+
+
+class _SharedMemoCopy:
+    """The copy module, except that copy.deepcopy(block) of consecutive blocks of one scope shares a memo."""
+
+    def __init__(self, module):
+        self._module = module
+        self._scope = None
+        self._memo: dict = {}
+
+    def deepcopy(self, x, memo=None):
+        from numba.core import ir
+
+        if memo is not None or not isinstance(x, ir.Block):
+            return self._module.deepcopy(x, memo)
+        if x.scope is not self._scope or id(x) in self._memo:
+            self._scope, self._memo = x.scope, {}
+        return self._module.deepcopy(x, self._memo)
+
+    def forget(self) -> None:
+        self._scope, self._memo = None, {}
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+_COPY = _SharedMemoCopy(copy)
+
+
+_CALLEE_IR: dict = {}  # (function, contexts, flags, locals) -> the callee's IR after Numba's untyped passes
+
+
+def _inline_function(self, caller_ir, block, i, function, arg_typs=None):
+    """InlineWorker.inline_function, with the callee's untyped passes run once per (function, contexts, flags,
+    locals) instead of once per call site (and recursively for every helper the callee inlines)."""
+    from numba.core import bytecode
+
+    flags = dict(self.flags.values(), enable_ssa=False)  # what the untyped passes below run with
+    # options (ParallelOptions, FastMathOptions...) are not hashable but their reprs list every field
+    key = (function, id(self.typingctx), id(self.targetctx), repr(sorted(flags.items())), repr(self.locals))
+    cached = _CALLEE_IR.get(key)
+    if cached is None:
+        cached = _CALLEE_IR[key] = self.run_untyped_passes(function)
+    else:
+        self.flags.enable_ssa = False  # as run_untyped_passes leaves the caller's flags
+    # inline_ir deep-copies the blocks before changing anything; the definitions map is shared by FunctionIR.copy,
+    # and the function identity names the inlined variables, so a call site gets its own of each
+    callee_ir = cached.copy()
+    callee_ir._definitions = {k: list(v) for k, v in cached._definitions.items()}
+    callee_ir.func_id = bytecode.FunctionIdentity.from_function(function)
+    try:
+        return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars, arg_typs=arg_typs)
+    finally:
+        _COPY.forget()  # the memo holds every block it copied: let them go with the call site
+
+
+def _speed_up_inliner() -> None:
+    """Install _SharedMemoCopy and _inline_function where Numba's inliner has the layout they were written for
+    (Numba 0.68: a module-level `copy`, inline_function(self, caller_ir, block, i, function, arg_typs=None));
+    with anything else Numba is left as it is (slower first compilations, nothing else)."""
+    from numba.core import inline_closurecall
+
+    worker = getattr(inline_closurecall, "InlineWorker", None)
+    expected = ["self", "caller_ir", "block", "i", "function", "arg_typs"]
+    if (
+        getattr(inline_closurecall, "copy", None) is copy
+        and worker is not None
+        and list(inspect.signature(worker.inline_function).parameters) == expected
+        and hasattr(worker, "run_untyped_passes")
+        and hasattr(worker, "inline_ir")
+    ):
+        inline_closurecall.copy = _COPY
+        worker.inline_function = _inline_function
+
+
+_speed_up_inliner()
 
 
 # ---- compiling a model's kernels ahead of its first forward pass, shared between processes -------------------
@@ -126,6 +222,16 @@ def _record_calls_here(run: Callable[[], object]) -> list[KernelCall]:
             if not calls:
                 raise
     return calls
+
+
+def balanced(calls: list[KernelCall]) -> list[KernelCall]:
+    """`calls` reordered for compile_calls' two ends: the parallel kernels (the dot products, attention: several
+    seconds each, where the others take well under one) alternately at the front and at the back, the rest in the
+    middle, so that this process and the helpers meet on a short entry and finish at about the same time (in
+    forward-pass order a long kernel could sit in the middle: ~7 s of one process waiting on the other)."""
+    heavy = [c for c in calls if c.dispatcher.targetoptions.get("parallel")]
+    light = [c for c in calls if not c.dispatcher.targetoptions.get("parallel")]
+    return heavy[0::2] + light + heavy[1::2][::-1]
 
 
 def _claim(directory: str, i: int) -> bool:

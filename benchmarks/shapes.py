@@ -3,7 +3,8 @@
     python benchmarks/shapes.py                                   # every shape <= 4B, Q4_K_M/Q8_0/IQ4_XS, pp512 tg128
     python benchmarks/shapes.py --shapes qwen2.5-0.5b,llama3.2-1b --types Q4_K_M --repeat 3 --chart shapes.png
     python benchmarks/shapes.py --shapes llama3.1-8b --types Q4_K_M --pp 128 --tg 32 --repeat 1 --json out.json
-    python benchmarks/shapes.py --list                            # the shape table, parameter counts, file sizes
+    python benchmarks/shapes.py --list                            # the shape table and parameter counts
+    python benchmarks/shapes.py --merge a.json b.json --chart shapes.png   # one table of several --json runs
 
 Each shape (SHAPES) has the hyper-parameters of a published model: layers, n_embd, n_ff, heads, KV heads, head_dim,
 vocabulary, tied output, architecture (Qwen2.5-0.5B/1.5B/7B: config.json of Qwen/Qwen2.5-*; Llama-3.2-1B/3B and
@@ -474,13 +475,13 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| shape | type | params (active) | file GB | pp ggufrun | pp llama.cpp | pp ratio | tg ggufrun "
+        "| shape | type | params (active) | file GB | pp/tg x runs | pp ggufrun | pp llama.cpp | pp ratio | tg ggufrun "
         "| tg llama.cpp | tg ratio | tg limit | tg % of limit (ggufrun / llama.cpp) | load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['shape']} | {r['type']} | - | - | {r['skipped']} | | | | | | | | |")
+            lines.append(f"| {r['shape']} | {r['type']} | - | - | - | {r['skipped']} | | | | | | | | |")
             continue
         params = f"{r['params_b']:.2f}B" + (
             f" ({r['active_params_b']:.2f}B)" if r["active_params_b"] != r["params_b"] else ""
@@ -491,7 +492,8 @@ def table(rows: list[dict]) -> str:
         pct = " / ".join("-" if x is None else f"{100 * x / lim:.0f}%" for x in (tg, tt))
         ours = "failed" if "ggufrun_error" in r else None
         lines.append(
-            f"| {r['shape']} | {r['type']} | {params} | {r['file_gb']:.2f} | {ours or _num(pp)} | {_num(tp)} | "
+            f"| {r['shape']} | {r['type']} | {params} | {r['file_gb']:.2f} | {r.get('pp_tg_runs', '')} | "
+            f"{ours or _num(pp)} | {_num(tp)} | "
             f"{_ratio(pp, tp)} | {ours or _num(tg)} | {_num(tt)} | {_ratio(tg, tt)} | {lim:.1f} | {pct} | "
             f"{r['load_avg']:.2f} |"
         )
@@ -563,9 +565,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the rows (rewritten after each one)")
     ap.add_argument("--chart", default=None, metavar="PNG", help="bar chart of the ratios and %% of the limit")
     ap.add_argument("--list", action="store_true", help="print the shape table and exit")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="print one table (and --chart) of earlier --json runs")
     args = ap.parse_args(argv)
     if args.list:
         list_shapes()
+        return 0
+    if args.merge:
+        print_report([json.loads(Path(p).read_text()) for p in args.merge], args.chart)
         return 0
     shapes = _names(args.shapes, SHAPES, "shapes")
     types = [t.upper() for t in _names(args.types.upper(), BITS_PER_WEIGHT, "types")]
@@ -591,20 +597,30 @@ def main(argv=None) -> int:
             report["rows"].append(bench_file(args, shape, t, files[t], bandwidth))
             write_json(args.json, report)
     report["load_avg_end"] = os.getloadavg()
-    builds = {r["llama.cpp_build"] for r in report["rows"] if r.get("llama.cpp_build")}
+    write_json(args.json, report)
+    print_report([report], args.chart)
+    return 0
 
-    print(f"\n### ggufrun vs llama.cpp: pp{args.pp} / tg{args.tg} tokens/s, median of {args.repeat}\n")
+
+def print_report(reports: list[dict], png: str | None = None) -> None:
+    """The markdown table of one run, or of several (--merge: their rows in order, each with its own pp/tg/runs)."""
+    rows = []
+    for rep in reports:
+        a = rep["args"]
+        rows += [{"pp_tg_runs": f"{a['pp']}/{a['tg']} x{a['repeat']}", **r} for r in rep["rows"]]
+    builds = {r["llama.cpp_build"] for r in rows if r.get("llama.cpp_build")}
+    env, a = reports[0]["env"], reports[0]["args"]
+    bw = ", ".join(f"{rep['read_bandwidth_GBps']:.1f}" for rep in reports)
+    ends = ", ".join(" / ".join(f"{x:.2f}" for x in rep.get("load_avg_end", ())) for rep in reports)
+    print("\n### ggufrun vs llama.cpp: prefill (pp) and decode (tg) tokens/s, medians of the runs\n")
     print(f"{env_line(env)}; llama.cpp {', '.join(sorted(builds)) or 'not run'}; read bandwidth (1 GiB, "
-          f"{args.threads} threads) {bandwidth / 1e9:.1f} GB/s; load average at the end "
-          f"{' / '.join(f'{x:.2f}' for x in report['load_avg_end'])}\n")  # fmt: skip
-    print(table(report["rows"]))
-    errors = [(r["shape"], r["type"], k, r[k]) for r in report["rows"] for k in r if k.endswith("_error")]
+          f"{a['threads']} threads) {bw} GB/s; load average (1/5/15 min) at the end of each run: {ends}\n")  # fmt: skip
+    print(table(rows))
+    errors = [(r["shape"], r["type"], k, r[k]) for r in rows for k in r if k.endswith("_error")]
     for s, t, k, e in errors:
         print(f"\n{s} {t}: {k.removesuffix('_error')}: {e}")
-    write_json(args.json, report)
-    if args.chart:
-        chart(report["rows"], args.chart)
-    return 0
+    if png:
+        chart(rows, png)
 
 
 if __name__ == "__main__":

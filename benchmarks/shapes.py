@@ -616,6 +616,12 @@ def print_report(reports: list[dict], png: str | None = None) -> None:
     print(f"{env_line(env)}; llama.cpp {', '.join(sorted(builds)) or 'not run'}; read bandwidth (1 GiB, "
           f"{a['threads']} threads) {bw} GB/s; load average (1/5/15 min) at the end of each run: {ends}\n")  # fmt: skip
     print(table(rows))
+    busy = sorted({r["shape"] for r in rows if r.get("load_avg", 0) > a["threads"] + 0.5})
+    if busy:
+        print(f"\nA load average above {a['threads']} (the threads used): other processes ran on the cores during "
+              f"{', '.join(busy)}. llama.cpp's threads wait at each barrier by spinning (ggml_barrier), and decode "
+              "has a barrier per op, so its decode loses more than ggufrun's when the cores are shared: there the "
+              "tg ratios likely overstate ggufrun's lead.")  # fmt: skip
     errors = [(r["shape"], r["type"], k, r[k]) for r in rows for k in r if k.endswith("_error")]
     for s, t, k, e in errors:
         print(f"\n{s} {t}: {k.removesuffix('_error')}: {e}")

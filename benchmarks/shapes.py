@@ -5,6 +5,7 @@
     python benchmarks/shapes.py --shapes llama3.1-8b --types Q4_K_M --pp 128 --tg 32 --repeat 1 --json out.json
     python benchmarks/shapes.py --list                            # the shape table and parameter counts
     python benchmarks/shapes.py --merge a.json b.json --chart shapes.png   # one table of several --json runs
+    python benchmarks/shapes.py --merge a.json --stat max         # the best run of each instead of the median
 
 Each shape (SHAPES) has the hyper-parameters of a published model: layers, n_embd, n_ff, heads, KV heads, head_dim,
 vocabulary, tied output, architecture (Qwen2.5-0.5B/1.5B/7B: config.json of Qwen/Qwen2.5-*; Llama-3.2-1B/3B and
@@ -461,8 +462,9 @@ def bench_file(args, shape: Shape, qtype: str, path: Path, bandwidth: float) -> 
 # -- report -----------------------------------------------------------------------------------------------------
 
 
-def _median(row: dict, key: str) -> float | None:
-    return row[key]["median"] if key in row else None
+def _stat(row: dict, key: str, stat: str = "median") -> float | None:
+    """The median, or the best ("max": tokens/s) of one figure's runs; None where it was not measured."""
+    return row[key][stat] if key in row else None
 
 
 def _num(x: float | None, digits: int = 1) -> str:
@@ -473,7 +475,7 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"{a / b:.2f}x"
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], stat: str = "median") -> str:
     lines = [
         "| shape | type | params (active) | file GB | pp/tg x runs | pp ggufrun | pp llama.cpp | pp ratio | tg ggufrun "
         "| tg llama.cpp | tg ratio | tg limit | tg % of limit (ggufrun / llama.cpp) | load avg |",
@@ -486,8 +488,8 @@ def table(rows: list[dict]) -> str:
         params = f"{r['params_b']:.2f}B" + (
             f" ({r['active_params_b']:.2f}B)" if r["active_params_b"] != r["params_b"] else ""
         )
-        pp, tp = _median(r, "ggufrun_pp"), _median(r, "llama.cpp_pp")
-        tg, tt = _median(r, "ggufrun_tg"), _median(r, "llama.cpp_tg")
+        pp, tp = _stat(r, "ggufrun_pp", stat), _stat(r, "llama.cpp_pp", stat)
+        tg, tt = _stat(r, "ggufrun_tg", stat), _stat(r, "llama.cpp_tg", stat)
         lim = r["tg_limit"]
         pct = " / ".join("-" if x is None else f"{100 * x / lim:.0f}%" for x in (tg, tt))
         ours = "failed" if "ggufrun_error" in r else None
@@ -500,7 +502,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def chart(rows: list[dict], png: str) -> None:
+def chart(rows: list[dict], png: str, stat: str = "median") -> None:
     try:
         import matplotlib
 
@@ -514,14 +516,14 @@ def chart(rows: list[dict], png: str) -> None:
     x = np.arange(len(rows))
     fig, (a, b) = plt.subplots(2, 1, figsize=(max(6, 1.1 * len(rows) + 2), 7), sharex=True)
     for i, (key, name) in enumerate((("pp", "prefill"), ("tg", "decode"))):
-        ratio = [r[f"ggufrun_{key}"]["median"] / r[f"llama.cpp_{key}"]["median"] if f"llama.cpp_{key}" in r else 0
+        ratio = [r[f"ggufrun_{key}"][stat] / r[f"llama.cpp_{key}"][stat] if f"llama.cpp_{key}" in r else 0
                  for r in rows]  # fmt: skip
         a.bar(x + (i - 0.5) * 0.4, ratio, 0.4, label=name)
     a.axhline(1.0, color="k", lw=0.8)
     a.set_ylabel("ggufrun / llama.cpp (tokens/s)")
     a.legend()
     for i, who in enumerate(("ggufrun", "llama.cpp")):
-        pct = [100 * r[f"{who}_tg"]["median"] / r["tg_limit"] if f"{who}_tg" in r else 0 for r in rows]
+        pct = [100 * r[f"{who}_tg"][stat] / r["tg_limit"] if f"{who}_tg" in r else 0 for r in rows]
         b.bar(x + (i - 0.5) * 0.4, pct, 0.4, label=who)
     b.set_ylabel("decode, % of the bandwidth limit")
     b.legend()
@@ -565,13 +567,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the rows (rewritten after each one)")
     ap.add_argument("--chart", default=None, metavar="PNG", help="bar chart of the ratios and %% of the limit")
     ap.add_argument("--list", action="store_true", help="print the shape table and exit")
+    ap.add_argument("--stat", choices=("median", "max"), default="median",
+                    help="the figure of the runs the table shows: median, or max (the best tokens/s)")  # fmt: skip
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="print one table (and --chart) of earlier --json runs")
     args = ap.parse_args(argv)
     if args.list:
         list_shapes()
         return 0
     if args.merge:
-        print_report([json.loads(Path(p).read_text()) for p in args.merge], args.chart)
+        print_report([json.loads(Path(p).read_text()) for p in args.merge], args.chart, args.stat)
         return 0
     shapes = _names(args.shapes, SHAPES, "shapes")
     types = [t.upper() for t in _names(args.types.upper(), BITS_PER_WEIGHT, "types")]
@@ -598,11 +602,11 @@ def main(argv=None) -> int:
             write_json(args.json, report)
     report["load_avg_end"] = os.getloadavg()
     write_json(args.json, report)
-    print_report([report], args.chart)
+    print_report([report], args.chart, args.stat)
     return 0
 
 
-def print_report(reports: list[dict], png: str | None = None) -> None:
+def print_report(reports: list[dict], png: str | None = None, stat: str = "median") -> None:
     """The markdown table of one run, or of several (--merge: their rows in order, each with its own pp/tg/runs)."""
     rows = []
     for rep in reports:
@@ -612,10 +616,11 @@ def print_report(reports: list[dict], png: str | None = None) -> None:
     env, a = reports[0]["env"], reports[0]["args"]
     bw = ", ".join(f"{rep['read_bandwidth_GBps']:.1f}" for rep in reports)
     ends = ", ".join(" / ".join(f"{x:.2f}" for x in rep.get("load_avg_end", ())) for rep in reports)
-    print("\n### ggufrun vs llama.cpp: prefill (pp) and decode (tg) tokens/s, medians of the runs\n")
+    what = "medians" if stat == "median" else "the best"
+    print(f"\n### ggufrun vs llama.cpp: prefill (pp) and decode (tg) tokens/s, {what} of the runs\n")
     print(f"{env_line(env)}; llama.cpp {', '.join(sorted(builds)) or 'not run'}; read bandwidth (1 GiB, "
           f"{a['threads']} threads) {bw} GB/s; load average (1/5/15 min) at the end of each run: {ends}\n")  # fmt: skip
-    print(table(rows))
+    print(table(rows, stat))
     busy = sorted({r["shape"] for r in rows if r.get("load_avg", 0) > a["threads"] + 0.5})
     if busy:
         print(f"\nA load average above {a['threads']} (the threads used): other processes ran on the cores during "
@@ -626,7 +631,7 @@ def print_report(reports: list[dict], png: str | None = None) -> None:
     for s, t, k, e in errors:
         print(f"\n{s} {t}: {k.removesuffix('_error')}: {e}")
     if png:
-        chart(rows, png)
+        chart(rows, png, stat)
 
 
 if __name__ == "__main__":

@@ -615,7 +615,7 @@ def print_report(reports: list[dict], png: str | None = None, stat: str = "media
     builds = {r["llama.cpp_build"] for r in rows if r.get("llama.cpp_build")}
     env, a = reports[0]["env"], reports[0]["args"]
     bw = ", ".join(f"{rep['read_bandwidth_GBps']:.1f}" for rep in reports)
-    ends = ", ".join(" / ".join(f"{x:.2f}" for x in rep.get("load_avg_end", ())) for rep in reports)
+    ends = ", ".join(" / ".join(f"{x:.2f}" for x in rep["load_avg_end"]) for rep in reports if "load_avg_end" in rep)
     what = "medians" if stat == "median" else "the best"
     print(f"\n### ggufrun vs llama.cpp: prefill (pp) and decode (tg) tokens/s, {what} of the runs\n")
     print(f"{env_line(env)}; llama.cpp {', '.join(sorted(builds)) or 'not run'}; read bandwidth (1 GiB, "

@@ -43,6 +43,32 @@ and its quantization takes hours on 2 cores; the script refuses a shape whose F1
 free disk space, and says so. qwen3moe-30b-a3b-16e is the same model with 16 experts instead of 128 (8 used per
 token, as in the real one): the same attention and expert parameters per token in a 5.2B-parameter file (3.34B
 active against 3.35B: only its router is smaller), so its decode reads what the real model's reads.
+
+Measured (2026-12-01, AMD EPYC, 2 cores shared with other work, 2 threads, OPENBLAS_CORETYPE not set, llama.cpp
+llama-bench 0c1e570): medians of xN rounds, tokens/s; limit = read bandwidth / bytes per decode step (tok/s), %limit
+= ggufrun / llama.cpp decode as a share of it; load = 1-minute load average when the row began. Read bandwidth
+(1 GiB) 26.9 GB/s (first four rows), 19.2 GB/s (gemma3-1b, 3B, 4B), 26.8 GB/s (7B).
+
+    python benchmarks/shapes.py --shapes qwen2.5-0.5b,llama3.2-1b,qwen2.5-1.5b,gemma3-1b --types Q4_K_M --repeat 3
+    python benchmarks/shapes.py --shapes llama3.2-3b,gemma3-4b --types Q4_K_M --repeat 1 --pp 128 --tg 32
+    python benchmarks/shapes.py --shapes qwen2.5-7b --types Q4_K_M --repeat 1 --pp 64 --tg 16
+
+  shape         type     GB  pp/tg  xN | pp: ggufrun llama.cpp ratio | tg: ggufrun llama.cpp ratio | limit %limit | load
+  qwen2.5-0.5b  Q4_K_M 0.39 512/128 x3 |        61.6      48.8 1.26x |        15.1       4.0 3.72x |  68.5 22/ 6% | 2.6
+  llama3.2-1b   Q4_K_M 0.80 512/128 x3 |        32.2      26.4 1.22x |        10.2       3.9 2.63x |  33.6 30/12% | 3.7
+  qwen2.5-1.5b  Q4_K_M 0.98 512/128 x3 |        10.0      19.0 0.53x |         5.3       2.4 2.20x |  27.4 19/ 9% | 4.9
+  gemma3-1b     Q4_K_M 0.80 512/128 x1 |        23.8      28.3 0.84x |         5.0       1.1 4.55x |  24.0 21/ 5% | 5.7
+  llama3.2-3b   Q4_K_M 2.01 128/32  x1 |         7.3       8.9 0.81x |         3.8       0.7 5.47x |   9.5 39/ 7% | 4.1
+  gemma3-4b     Q4_K_M 2.48 128/32  x1 |         4.7       9.6 0.49x |         2.0       5.1 0.40x |   7.7 26/66% | 3.6
+  qwen3moe-30b-a3b Q4_K_M skipped: its F16 file and Q4_K_M need 82 GB of disk (61 GB F16), 72 GB free
+
+The load average stayed at 2.6-5.7 on 2 cores (other benchmarks and test suites ran), so every figure is far below
+a quiet machine's (issue 19: a real qwen2.5-1.5b Q4_K_M at pp128 52.8 / 97.8, tg 17.2 / 15.1 tok/s), single
+rounds swung by 2x, and llama.cpp's decode suffered most (its threads spin at each barrier): its tg reached
+5-12% of the limit on every shape but gemma3-4b, so the tg ratios above 2x say little about a quiet machine. The
+prefill ratios agree with issue 19's: ggufrun behind on qwen2.5-1.5b (0.53x; 0.54x there on the real file) and on
+the 3B/4B shapes, and on gemma3-4b its decode was behind too (0.40x, one round). Not measured for lack of time:
+Q8_0 and IQ4_XS, llama3.1-8b and qwen3moe-30b-a3b-16e; qwen3moe-30b-a3b did not fit on the disk.
 """
 
 from __future__ import annotations

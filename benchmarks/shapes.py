@@ -60,15 +60,18 @@ llama-bench 0c1e570): medians of xN rounds, tokens/s; limit = read bandwidth / b
   gemma3-1b     Q4_K_M 0.80 512/128 x1 |        23.8      28.3 0.84x |         5.0       1.1 4.55x |  24.0 21/ 5% | 5.7
   llama3.2-3b   Q4_K_M 2.01 128/32  x1 |         7.3       8.9 0.81x |         3.8       0.7 5.47x |   9.5 39/ 7% | 4.1
   gemma3-4b     Q4_K_M 2.48 128/32  x1 |         4.7       9.6 0.49x |         2.0       5.1 0.40x |   7.7 26/66% | 3.6
+  qwen2.5-7b    Q4_K_M 4.68 64/16   x1 |         5.5      11.8 0.47x |         3.1       5.9 0.52x |   6.1 50/96% | 2.2
   qwen3moe-30b-a3b Q4_K_M skipped: its F16 file and Q4_K_M need 82 GB of disk (61 GB F16), 72 GB free
 
 The load average stayed at 2.6-5.7 on 2 cores (other benchmarks and test suites ran), so every figure is far below
 a quiet machine's (issue 19: a real qwen2.5-1.5b Q4_K_M at pp128 52.8 / 97.8, tg 17.2 / 15.1 tok/s), single
 rounds swung by 2x, and llama.cpp's decode suffered most (its threads spin at each barrier): its tg reached
-5-12% of the limit on every shape but gemma3-4b, so the tg ratios above 2x say little about a quiet machine. The
+5-12% of the limit on the shapes up to 3B, so the tg ratios above 2x say little about a quiet machine. The
 prefill ratios agree with issue 19's: ggufrun behind on qwen2.5-1.5b (0.53x; 0.54x there on the real file) and on
-the 3B/4B shapes, and on gemma3-4b its decode was behind too (0.40x, one round). Not measured for lack of time:
-Q8_0 and IQ4_XS, llama3.1-8b and qwen3moe-30b-a3b-16e; qwen3moe-30b-a3b did not fit on the disk.
+the 3B/4B/7B shapes (0.47-0.81x). On the two largest, llama.cpp's decode was ahead: gemma3-4b 0.40x (one round)
+and qwen2.5-7b 0.52x, measured as the load fell (2.2): llama.cpp reached 96% of the limit there, ggufrun 50%. Not
+measured for lack of time: Q8_0 and IQ4_XS, llama3.1-8b and qwen3moe-30b-a3b-16e; qwen3moe-30b-a3b did not fit on
+the disk.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ active against 3.35B: only its router is smaller), so its decode reads what the 
 Measured (2026-12-01, AMD EPYC, 2 cores shared with other work, 2 threads, OPENBLAS_CORETYPE not set, llama.cpp
 llama-bench 0c1e570): medians of xN rounds, tokens/s; limit = read bandwidth / bytes per decode step (tok/s), %limit
 = ggufrun / llama.cpp decode as a share of it; load = 1-minute load average when the row began. Read bandwidth
-(1 GiB) 26.9 GB/s (first four rows), 19.2 GB/s (gemma3-1b, 3B, 4B), 26.8 GB/s (7B).
+(1 GiB) 26.9 GB/s (first three rows), 19.2 GB/s (gemma3-1b, 3B, 4B), 26.8 GB/s (7B).
 
     python benchmarks/shapes.py --shapes qwen2.5-0.5b,llama3.2-1b,qwen2.5-1.5b,gemma3-1b --types Q4_K_M --repeat 3
     python benchmarks/shapes.py --shapes llama3.2-3b,gemma3-4b --types Q4_K_M --repeat 1 --pp 128 --tg 32
@@ -63,15 +63,22 @@ llama-bench 0c1e570): medians of xN rounds, tokens/s; limit = read bandwidth / b
   qwen2.5-7b    Q4_K_M 4.68 64/16   x1 |         5.5      11.8 0.47x |         3.1       5.9 0.52x |   6.1 50/96% | 2.2
   qwen3moe-30b-a3b Q4_K_M skipped: its F16 file and Q4_K_M need 82 GB of disk (61 GB F16), 72 GB free
 
-The load average stayed at 2.6-5.7 on 2 cores (other benchmarks and test suites ran), so every figure is far below
-a quiet machine's (issue 19: a real qwen2.5-1.5b Q4_K_M at pp128 52.8 / 97.8, tg 17.2 / 15.1 tok/s), single
-rounds swung by 2x, and llama.cpp's decode suffered most (its threads spin at each barrier): its tg reached
-5-12% of the limit on the shapes up to 3B, so the tg ratios above 2x say little about a quiet machine. The
-prefill ratios agree with issue 19's: ggufrun behind on qwen2.5-1.5b (0.53x; 0.54x there on the real file) and on
-the 3B/4B/7B shapes (0.47-0.81x). On the two largest, llama.cpp's decode was ahead: gemma3-4b 0.40x (one round)
-and qwen2.5-7b 0.52x, measured as the load fell (2.2): llama.cpp reached 96% of the limit there, ggufrun 50%. Not
-measured for lack of time: Q8_0 and IQ4_XS, llama3.1-8b and qwen3moe-30b-a3b-16e; qwen3moe-30b-a3b did not fit on
-the disk.
+The load average stayed at 2.6-5.7 on 2 cores (other benchmarks and test suites ran) during those rows, so their
+figures are far below a quiet machine's, single rounds swung by 2x, and llama.cpp's decode suffered most (its
+threads spin at each barrier): its tg reached 5-12% of the limit on the shapes up to 3B, so those tg ratios above
+2x are an artefact of the shared cores. Measured again once the machine had quietened (load 1.0-1.8, read
+bandwidth 52.5 GB/s), same command, --repeat 2, the three smallest shapes:
+
+  shape         type     GB  pp/tg  xN | pp: ggufrun llama.cpp ratio | tg: ggufrun llama.cpp ratio | limit %limit | load
+  qwen2.5-0.5b  Q4_K_M 0.39 512/128 x2 |       118.4     118.0 1.00x |        17.6      36.4 0.48x | 133.9 13/27% | 1.0
+  llama3.2-1b   Q4_K_M 0.80 512/128 x2 |        33.1      57.7 0.57x |        11.6      22.4 0.52x |  65.6 18/34% | 1.6
+  qwen2.5-1.5b  Q4_K_M 0.98 512/128 x2 |        24.4      45.0 0.54x |         9.2      20.5 0.45x |  53.5 17/38% | 1.8
+
+On the quieter machine ggufrun's decode is about half of llama.cpp's (0.45-0.52x; 13-18% of the bandwidth limit
+against 27-38%), as on qwen2.5-7b (0.52x; 96% / 50% of a limit from 26.8 GB/s) and gemma3-4b (0.40x), and
+its prefill is even on qwen2.5-0.5b (1.00x) and behind from 1B up (0.47-0.84x; qwen2.5-1.5b 0.54x, as issue 19's
+0.54x on the real file). Not measured for lack of time: Q8_0 and IQ4_XS, llama3.1-8b and qwen3moe-30b-a3b-16e;
+qwen3moe-30b-a3b did not fit on the disk.
 """
 
 from __future__ import annotations

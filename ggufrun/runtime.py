@@ -102,8 +102,9 @@ class ThreadGovernor:
     faster sample replaces it, as a step cannot run faster than it costs; a slower one, maybe descheduled, moves it
     up by an eighth). A step at the full count that takes longer than `stall_ratio` times its key's 1-thread time
     stalled (a thread was descheduled and the others waited for it at a region's barrier); after two stalled steps
-    in a row, steps run on 1 thread (a lone stall is this process's own other threads waking once per token: on a
-    quiet machine, reacting to those cost SmolLM2 decode 7%). After `backoff` seconds one step probes the full
+    in a row (or one, within RECENT_LOAD_S of a probe that brought the full count back), steps run on 1 thread (a
+    lone stall is this process's own other threads waking once per token: on a quiet machine, reacting to those
+    cost SmolLM2 decode 7%). After `backoff` seconds one step probes the full
     count again; if it does not stall the full count is back and the backoff halves (down to probe_min_s), else it
     doubles (up to probe_max_s), and the next probe waits at least 50x the time the failed one lost (PROBE_BUDGET:
     a busy machine's stalls can last tens of milliseconds). Counters: steps, steps_one (steps run on 1 thread),
@@ -116,6 +117,7 @@ class ThreadGovernor:
     MAX_KEYS = 1024  # step kinds remembered (a server sees a new row count per prompt length); then forgotten
     PROBE_BUDGET = 0.02  # under a lasting load, failed probes cost at most this share of the time...
     PROBE_WAIT_MAX_S = 10.0  # ...unless that would mean waiting longer than this for the next one
+    RECENT_LOAD_S = 2.0  # this soon after a probe brought the full count back, one stall is taken for the load
 
     def __init__(
         self,
@@ -150,6 +152,7 @@ class ThreadGovernor:
         self._backoff = self.probe_min_s
         self._probe_at = 0.0
         self._last_stall = -2  # self.steps when the last step at the full count stalled
+        self._restored_at = -_INF  # when a probe last brought the full count back
         self._active = False
         self._n_full = self._n_now = 1
         self._key = None
@@ -230,9 +233,11 @@ class ThreadGovernor:
             return
         if dt > self._limit.get(key, _INF):
             self.stalls += 1
-            if not self._probing and not self._reduced and self._last_stall != self.steps - 1:
+            lone = self._last_stall != self.steps - 1 and now - self._restored_at > self.RECENT_LOAD_S
+            if not self._probing and not self._reduced and lone:
                 # a lone stall: this process's other threads (a server's event loop, a stream's reader) wake up
-                # once per token and take a core for a moment; a load that lasts stalls the next step too
+                # once per token and take a core for a moment; a load that lasts stalls the next step too. Soon
+                # after a load (a probe just brought the full count back) one stall is enough.
                 self._last_stall = self.steps
                 return
             wait = self._backoff
@@ -244,6 +249,7 @@ class ThreadGovernor:
             self._probe_at = now + wait
         elif self._probing:
             self._reduced = False
+            self._restored_at = now
             self._backoff = max(self.probe_min_s, self._backoff / 2)
         self._probing = False
 

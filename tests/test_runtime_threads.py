@@ -93,6 +93,25 @@ def test_two_stalls_in_a_row_drop_to_one_thread():
     assert m.n == 2  # restored for the caller at the end of the pass
 
 
+def test_soon_after_a_load_one_stall_is_enough():
+    """Within RECENT_LOAD_S of a probe that brought the full count back, the next stall drops to 1 thread at once."""
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    m.busy = True
+    m.run_pass(gov, keys=(3,) * 4)  # two stalls: down to 1 thread
+    m.busy = False
+    while gov.reduced:
+        m.run_pass(gov)  # a probe brings the full count back
+    m.busy = True
+    counts = m.run_pass(gov, keys=(3,) * 5)
+    assert counts == [2, 1, 1, 1, 1] and gov.reduced
+    m.busy = False
+    m.run_for(gov, gov.RECENT_LOAD_S + 3.0)  # long quiet: a lone stall is ignored again
+    m.busy = True
+    assert m.run_pass(gov, keys=(3,))[0] == 2 and not gov.reduced
+
+
 def test_a_lone_stall_keeps_the_full_count():
     """A single slow step (this process's own reader thread waking for a token) is not a load."""
     m = Machine()

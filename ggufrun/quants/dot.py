@@ -27,7 +27,7 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   f (fzero, fma_v, fscale)
     3. Activation quantizers      quantize_q8_1, quantize_q8_k, round_f16_rows, round_bf16_rows
     4. Row dots                   per weight family, the dot of weight rows with activation rows:
-                                  32-value blocks (_block32, row32, rows8x1, _rows32's tiles), K-quants (_scales_k,
+                                  32-value blocks (_block32, row32, rows8x1, _tiles32), K-quants (_scales_k,
                                   _group_k, rowk, rowkx4), grid types (_group_iq, rowiq, rowiqx4), ternary
                                   codes (IQ1_S, IQ1_M, TQ1_0, TQ2_0: _codes_t, rowt, rowtx4), float weights
                                   (row_float, row_floatx4)
@@ -464,14 +464,27 @@ def izero(typingctx):
     return I32x8(), codegen
 
 
+_v16i16 = ir.VectorType(_i16, 16)
+
+
+def _pmaddubsw(builder, u, s):
+    """AVX2 vpmaddubsw: int16 lanes u[2k] s[2k] + u[2k+1] s[2k+1] (u unsigned, s signed bytes; saturating)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v16i16, [_v32i8, _v32i8]),
+                                        "llvm.x86.avx2.pmadd.ub.sw")  # fmt: skip
+    return builder.call(fn, [u, s])
+
+
+def _pmaddwd(builder, a, b):
+    """AVX2 vpmaddwd: int32 lanes a[2k] b[2k] + a[2k+1] b[2k+1] of int16 vectors."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [_v16i16, _v16i16]),
+                                        "llvm.x86.avx2.pmadd.wd")  # fmt: skip
+    return builder.call(fn, [a, b])
+
+
 def _pmaddubsw_wd(builder, u, s):
     """AVX2 without VNNI: int32 lanes of u . s over 4 bytes each, as vpmaddubsw (pairs, saturated to int16) then
     vpmaddwd with ones (pairs of pairs); exact when no pair u[2k]s[2k] + u[2k+1]s[2k+1] leaves the int16 range."""
-    v16 = ir.VectorType(_i16, 16)
-    ubsw = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]),
-                                          "llvm.x86.avx2.pmadd.ub.sw")  # fmt: skip
-    wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
-    return builder.call(wd, [builder.call(ubsw, [u, s]), _splat(v16, 1)])
+    return _pmaddwd(builder, _pmaddubsw(builder, u, s), _splat(_v16i16, 1))
 
 
 def _dpbusd(builder, acc, u, s, narrow=False):
@@ -514,28 +527,6 @@ def dpbusd_n(typingctx, acc, u, s):
         return _dpbusd(builder, *args, narrow=True)
 
     return I32x8(I32x8, I8x32, I8x32), codegen
-
-
-@intrinsic
-def dpbusd_sc(typingctx, acc, u, s, sc):
-    """acc + (dpbusd lanes of u . s) * sc for narrow operands (dpbusd_n's) and sc holding an int16 in the low half
-    of each lane (high half 0), as imadd16(acc, dpbusd_n(0, u, s), sc). Without VNNI: vpmaddubsw, then one
-    vpmaddwd by sc in both halves of every lane, (p0 + p1) * sc = p0 * sc + p1 * sc (one vpmaddwd fewer than
-    dpbusd_n then imadd16; the same integers)."""
-
-    def codegen(context, builder, sig, args):
-        acc, u, s, sc = args
-        if SIGNED_PAIRS:
-            v16 = ir.VectorType(_i16, 16)
-            ubsw = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]),
-                                                  "llvm.x86.avx2.pmadd.ub.sw")  # fmt: skip
-            wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [v16, v16]),
-                                                "llvm.x86.avx2.pmadd.wd")  # fmt: skip
-            both = builder.bitcast(builder.or_(sc, builder.shl(sc, _splat(_v8i32, 16))), v16)
-            return builder.add(acc, builder.call(wd, [builder.call(ubsw, [u, s]), both]))
-        return _imadd16_ir(builder, acc, _dpbusd(builder, _splat(_v8i32, 0), u, s, narrow=True), sc)
-
-    return I32x8(I32x8, I8x32, I8x32, I32x8), codegen
 
 
 @intrinsic
@@ -902,10 +893,7 @@ def _imadd16_ir(builder, acc, p, s):
         )
         return builder.call(fn, [acc, p, s])
     if HAS_AVX2:  # vpmaddwd: p.lo * s.lo + p.hi * s.hi, p.hi * 0 = 0
-        v16 = ir.VectorType(_i16, 16)
-        wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [v16, v16]),
-                                            "llvm.x86.avx2.pmadd.wd")  # fmt: skip
-        return builder.add(acc, builder.call(wd, [builder.bitcast(p, v16), builder.bitcast(s, v16)]))
+        return builder.add(acc, _pmaddwd(builder, builder.bitcast(p, _v16i16), builder.bitcast(s, _v16i16)))
     lo = builder.ashr(builder.shl(s, _splat(_v8i32, 16)), _splat(_v8i32, 16))  # s.lo as signed
     return builder.add(acc, builder.mul(p, lo))
 
@@ -1522,13 +1510,7 @@ def dpbusd_scaled(typingctx, acc, u, s, a, b):
                 _bsplat(builder, v16, sb),
                 ir.Constant(ir.VectorType(_i32, 16), [0] * 8 + [16] * 8),
             )
-            ubs = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
-            )
-            wd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_v8i32, [v16, v16]), "llvm.x86.avx2.pmadd.wd"
-            )
-            return builder.add(acc, builder.call(wd, [builder.call(ubs, [u, s]), scale]))
+            return builder.add(acc, _pmaddwd(builder, _pmaddubsw(builder, u, s), scale))
         va, vb = (_bsplat(builder, _v8i32, _int_arg(context, builder, t, x)) for t, x in zip(sig.args[3:], args[3:]))
         scale = builder.shuffle_vector(va, vb, ir.Constant(_v8i32, [0, 1, 2, 3, 12, 13, 14, 15]))
         return builder.add(acc, builder.mul(_dpbusd(builder, _splat(_v8i32, 0), u, s), scale))
@@ -1692,8 +1674,9 @@ def iq1m_scales(typingctx, a, off):
 
 @intrinsic
 def imadd_small(typingctx, acc, u, s, sc):
-    """acc + sc * (dpbusd lane sums of u * s), for unsigned bytes u <= 129 and sc holding an int16 in its low half
-    (high half 0), as imadd16(acc, dpbusd(izero(), u, s), sc) computes it, exactly.
+    """acc + sc * (dpbusd lane sums of u * s), for operands whose byte pairs u[2k] s[2k] + u[2k+1] s[2k+1] stay
+    within int16 (unsigned bytes u <= 129 against any s; K-quant codes within +-32 against quants + 128) and sc
+    holding an int16 in its low half (high half 0), as imadd16(acc, dpbusd(izero(), u, s), sc) computes it, exactly.
 
     Without VNNI, AVX2's vpmaddubsw (pairs of u * s, saturated to int16: never reached while 2 * 129 * 128 <
     32768) and vpmaddwd (pairs times sc) do it in two instructions where the dpbusd emulation needs a dozen:
@@ -1704,19 +1687,9 @@ def imadd_small(typingctx, acc, u, s, sc):
     def codegen(context, builder, sig, args):
         acc, u, s, sc = args
         if HAS_VNNI or not HAS_AVX2:
-            p = _dpbusd(builder, _splat(_v8i32, 0), u, s)
-            lo = builder.ashr(builder.shl(sc, _splat(_v8i32, 16)), _splat(_v8i32, 16))
-            return builder.add(acc, builder.mul(p, lo))
-        v16 = ir.VectorType(_i16, 16)
-        madd_ub = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v16, [_v32i8, _v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
-        )
-        madd_wd = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_v8i32, [v16, v16]), "llvm.x86.avx2.pmadd.wd"
-        )
-        pairs = builder.call(madd_ub, [u, s])
-        sc2 = builder.bitcast(builder.or_(sc, builder.shl(sc, _splat(_v8i32, 16))), v16)  # the scale in both halves
-        return builder.add(acc, builder.call(madd_wd, [pairs, sc2]))
+            return _imadd16_ir(builder, acc, _dpbusd(builder, _splat(_v8i32, 0), u, s), sc)
+        sc2 = builder.bitcast(builder.or_(sc, builder.shl(sc, _splat(_v8i32, 16))), _v16i16)  # the scale twice
+        return builder.add(acc, _pmaddwd(builder, _pmaddubsw(builder, u, s), sc2))
 
     return I32x8(I32x8, I8x32, I8x32, I32x8), codegen
 
@@ -1831,7 +1804,7 @@ def round_bf16_rows(x, out):
 #   32-value types (row32, rows8x1, _rows32): 8 weight rows at a time, lane r = output row r. Per block, the 8
 #     rows' exact integer dots (unsigned codes . signed quants, minus offset x the block's quant sum) are folded
 #     into one vector (isum8), then acc = fma(float(isum), d_w * d_x, acc) for 8 outputs at once; rows outside
-#     a group of 8 take the same steps one at a time (row32). With 4 or more activation rows, _rows32 decodes
+#     a group of 8 take the same steps one at a time (row32). With 4 or more activation rows, _tiles32 decodes
 #     each block of the 8 weight rows once for a whole tile of rows, whose accumulators wait in L1 (on AVX2 the
 #     codes, rows8x1's two accumulators and four rows' worth of them do not fit the 16 vector registers: tiles of
 #     4 rows held in registers spilled, and ran 12% slower at 16 rows, SmolLM2's ffn_up Q4_1 1536x576).
@@ -1916,7 +1889,7 @@ def row32(kind, bsize, w, wo, m, d, s, qs, sums):
     """Weight row at byte wo . activation row m, for a 32-value block type of `bsize` bytes.
 
     Per block: the exact integer dot (unsigned codes . signed quants, minus offset x the block's quant sum),
-    then acc = fma(float(isum), d_w * d_x, acc); rows8x1 and _rows32's tiles compute each lane the same way."""
+    then acc = fma(float(isum), d_w * d_x, acc); rows8x1 and _tiles32 compute each lane the same way."""
     K = qs.shape[1]
     off = _offset32(kind)
     acc = np.float32(0.0)
@@ -2065,19 +2038,27 @@ def _signed_k(kind):
 
 
 @njit(inline="always", **DOT)
+def _corr_sc(kind, c, sc):
+    """corr128's correction c times the scales sc, for _gstep's narrow signed codes (Q3_K, Q6_K); else zeros."""
+    if _signed_k(kind) and kind != IQ4_XS:
+        return imadd16(izero(), c, sc)
+    return izero()
+
+
+@njit(inline="always", **DOT)
 def _gstep(kind, acc, wq, c, csc, qu, qs, xo, sc):
     """acc + (int32 lanes of one group's codes wq . the activation quants at byte xo) * its scales sc (_sc16).
 
     IQ4_XS: code book values up to 127 against quants + 128 up to 255, dpbusd seeded with c = corr128(wq), then
     a 32-bit multiply by the scales. Q3_K / Q6_K: codes within +-32 against quants + 128; Q2_K / Q4_K / Q5_K:
     codes >= 0 of at most 5 bits against the quants as they are. Both narrow: every pair stays in int16, so the
-    scale folds into the dot (dpbusd_sc), the signed codes' correction coming in as csc = imadd16(0, c, sc),
+    scale folds into the dot (imadd_small), the signed codes' correction coming in as csc = _corr_sc(kind, c, sc),
     computed once per group for all activation rows. A group's scaled lanes stay far inside int32."""
     if kind == IQ4_XS:
         return imadd_v(acc, dpbusd(c, ld_i8x32(qu, xo), wq), sc)
     if _signed_k(kind):
-        return dpbusd_sc(iadd(acc, csc), ld_i8x32(qu, xo), wq, sc)
-    return dpbusd_sc(acc, wq, ld_i8x32(qs, xo), sc)
+        return imadd_small(iadd(acc, csc), ld_i8x32(qu, xo), wq, sc)
+    return imadd_small(acc, wq, ld_i8x32(qs, xo), sc)
 
 
 @njit(inline="always", **DOT)
@@ -2102,7 +2083,7 @@ def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
             wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
             c = corr128(wq) if _signed_k(kind) else izero()
             sc = _sc16(kind, sc)
-            csc = imadd16(izero(), c, sc) if _signed_k(kind) and kind != IQ4_XS else izero()
+            csc = _corr_sc(kind, c, sc)
             i0 = _gstep(kind, i0, wq, c, csc, qu, qs, m * K + 256 * b + 32 * g, sc)
         acc = fma_i(acc, i0, _d_k(kind, w, o) * d[m, b])
         if kind == Q4_K or kind == Q5_K or kind == Q2_K:
@@ -2125,7 +2106,7 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
             wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
             c = corr128(wq) if _signed_k(kind) else izero()
             sc = _sc16(kind, sc)
-            csc = imadd16(izero(), c, sc) if _signed_k(kind) and kind != IQ4_XS else izero()
+            csc = _corr_sc(kind, c, sc)
             xo = m * K + 256 * b + 32 * g
             i0 = _gstep(kind, i0, wq, c, csc, qu, qs, xo, sc)
             i1 = _gstep(kind, i1, wq, c, csc, qu, qs, xo + K, sc)
@@ -2596,20 +2577,17 @@ def _launcher(worker, worker_args: tuple[int, ...] | None = None):
 
 
 @njit(inline="always", **DOT)
-def _rows32(kind, bsize, w, d, s, qs, sums, out, n0, n1):
-    """out[:, n0:n1] for a 32-value block type: groups of 8 weight rows (lanes) x tiles of up to _m_tile activation
-    rows, each block decoded once per tile (M >= 4; fewer rows go one at a time, rows8x1), weight rows outside a
-    group of 8 one at a time (row32)."""
+def _tiles32(kind, bsize, w, d, s, qs, sums, out, n0, n8):
+    """out[:, n0:n8] (whole groups of 8 weight rows) for M >= 4 activation rows: each block of 8 weight rows is
+    decoded once for a tile of up to _m_tile rows, whose rows8x1 accumulators wait in L1."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
-    M4 = 0 if M < 4 else M  # tiles for 4 rows or more; fewer go one at a time
     MT = _m_tile(K)
-    n8 = n0 + (n1 - n0) // 8 * 8
     off = _offset32(kind)
-    acc = np.empty((MT, 8), np.float32)  # rows8x1's two accumulators for every activation row of a tile (L1)
+    acc = np.empty((MT, 8), np.float32)
     accm = np.empty((MT, 8), np.float32)
-    for t in range(0, M4, MT):
-        t1 = min(M4, t + MT)
+    for t in range(0, M, MT):
+        t1 = min(M, t + MT)
         for n in range(n0, n8, 8):
             _prefetch_ahead(w, n * rb, 8 * rb)
             for m in range(t1 - t):
@@ -2629,10 +2607,23 @@ def _rows32(kind, bsize, w, d, s, qs, sums, out, n0, n1):
             for m in range(t, t1):
                 a = 32 * (m - t)
                 st_f32x8(out, 4 * (m * N + n), fadd_v(ld_f32x8(acc, a), ld_f32x8(accm, a)))
-    for n in range(n0, n8, 8):
-        _prefetch_ahead(w, n * rb, 8 * rb)
-        for m in range(M4, M):
-            st_f32x8(out, 4 * (m * N + n), rows8x1(kind, bsize, w, n * rb, rb, m, d, s, qs, sums))
+
+
+@njit(inline="always", **DOT)
+def _rows32(kind, bsize, w, d, s, qs, sums, out, n0, n1):
+    """out[:, n0:n1] for a 32-value block type: groups of 8 weight rows (lanes) x tiles of activation rows
+    (_tiles32, M >= 4; fewer rows go one at a time, rows8x1, without the tiles' scratch), weight rows outside a
+    group of 8 one at a time (row32)."""
+    rb = w.shape[1]
+    M, N = qs.shape[0], out.shape[1]
+    n8 = n0 + (n1 - n0) // 8 * 8
+    if M >= 4:
+        _tiles32(kind, bsize, w, d, s, qs, sums, out, n0, n8)
+    else:
+        for n in range(n0, n8, 8):
+            _prefetch_ahead(w, n * rb, 8 * rb)
+            for m in range(M):
+                st_f32x8(out, 4 * (m * N + n), rows8x1(kind, bsize, w, n * rb, rb, m, d, s, qs, sums))
     for n in range(n8, n1):
         for m in range(M):
             out[m, n] = row32(kind, bsize, w, n * rb, m, d, s, qs, sums)

@@ -406,18 +406,19 @@ class Transformer:
         if self._embed_scale is not None:
             kernels.scale_rows(x, self._embed_scale)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
-        groups = self._decode_groups(spans)
+        groups, grouped = self._decode_groups(spans)
         step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
             step(bucket + kinds[il], m)
-            self._attention_block(il, lw, m, spans, project, groups)
+            self._attention_block(il, lw, m, spans, project, groups, grouped)
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
             self._ffn_block(lw, m, next_norm, project)
 
-    def _decode_groups(self, spans) -> list:
+    def _decode_groups(self, spans) -> tuple[list, frozenset]:
         """The one-token spans of this pass whose caches are slots of one KVCache group (two or more per group):
         their attention runs in one kernels.attend_group call per layer instead of one attend_one per span.
-        [(group_kv, rows, slots, {window: first visible position}, end positions), ...], arrays int64 [n]."""
+        ([(group_kv, rows, slots, {window: first visible position}, end positions), ...] with arrays int64 [n],
+        the rows those groups take)."""
         by_group: dict[int, tuple] = {}
         for cache, r0, r1, pos0 in spans:
             if r1 - r0 == 1 and cache.group_kv is not None and not cache.quantized:
@@ -430,17 +431,18 @@ class Transformer:
             rows, slots, pos = (np.array(col, np.int64) for col in zip(*members))
             starts = {w: (np.maximum(0, pos - w + 1) if w else np.zeros_like(pos)) for w in set(self._window)}
             groups.append((group_kv, rows, slots, starts, pos + 1))
-        return groups
+        return groups, frozenset(int(r) for g in groups for r in g[1])
 
-    def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector, groups=()) -> None:
-        """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x). `groups`: _decode_groups(spans)."""
+    def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector, groups=(),
+                         grouped=frozenset()) -> None:  # fmt: skip
+        """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x). `groups`, `grouped`:
+        _decode_groups(spans)."""
         c, s = self.config, self.state
         h, q, k, v, att, o = s.h[:m], s.q[:m], s.k[:m], s.v[:m], s.att[:m], s.o[:m]
         project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
         cos, sin = self._rope[il]
         window = self._window[il]
         softcap = self._attn_softcap
-        grouped = {int(r) for g in groups for r in g[1]} if groups else None
         for cache, r0, r1, pos0 in spans:
             if cache.quantized:
                 self._attend_q8_0(il, lw, cache, r0, r1, pos0)
@@ -451,7 +453,7 @@ class Transformer:
                 lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
                 cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), pos0, k_cache, v_cache,
             )  # fmt: skip
-            if grouped is not None and r0 in grouped:
+            if r0 in grouped:
                 continue  # attention after the loop, with the rest of its group
             end = pos0 + r1 - r0  # keys at positions [t0, end) can be visible to some query of this span
             t0 = max(0, pos0 - window + 1) if window else 0

@@ -53,18 +53,12 @@ from .generate import (
     check_prompt_fits,
     peak_rss_mb,
 )
+from .model.kv_cache import common_prefix_length
 from .runtime import set_threads, signals_to_main_thread
 from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, token_logprobs
 
 # a waiting prompt that shares this many leading tokens with one being evaluated waits for it, then copies them
 SHARE_WAIT = 32
-
-
-def _shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """How many leading ids two prompts have in common."""
-    n = min(a.shape[0], b.shape[0])
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
 
 
 def _positive_int(value, name: str) -> int:
@@ -395,7 +389,7 @@ class BatchEngine:
                 self._finish_cancelled(request)
                 continue
             prompt, n = request.prompt, request.prompt.shape[0]
-            if any(_shared_prefix(prompt, r.prompt) >= SHARE_WAIT for r in evaluating):
+            if any(common_prefix_length(prompt, r.prompt) >= SHARE_WAIT for r in evaluating):
                 return
             self._waiting.popleft()
             shared = [min(cache.common_prefix(prompt), n - 1) for cache in self.slots]  # at least one id to evaluate

@@ -55,6 +55,13 @@ def kv_dtype_name(kv_dtype) -> str:
     raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} (or np.float16 / np.float32), got {kv_dtype!r}")
 
 
+def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids two id arrays have in common."""
+    n = min(a.shape[0], b.shape[0])
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
 def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     """A zero-filled array in its own anonymous mmap: pages cost memory only once written, 4 KB at a time.
 
@@ -145,12 +152,7 @@ class KVCache:
 
     def common_prefix(self, ids) -> int:
         """How many leading positions of the cache hold exactly `ids[:n]` (the longest such n)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        n = min(self.n_past, ids.shape[0])
-        if n == 0:
-            return 0
-        diff = np.flatnonzero(self._ids[:n] != ids[:n])
-        return int(diff[0]) if diff.size else n
+        return common_prefix_length(self._ids[: self.n_past], np.asarray(ids, dtype=np.int64))
 
     def truncate(self, n: int) -> None:
         """Keep only the first n cached positions (0 <= n <= n_past)."""

@@ -199,13 +199,17 @@ class ChatTemplate:
         """
         variables = self._variables(messages, add_generation_prompt, tools, extra)
         marked, strings = _spans.mark(variables)
-        tries = [] if marked is None or not strings else [(marked, strings), _spans.mark(variables, True)]
-        texts, errors = self._run([variables] + [m for m, _ in tries])
+        runs = [variables] if marked is None or not strings else [variables, marked]
+        texts, errors = self._run(runs)
         if errors[0] is not None:
             raise ChatTemplateError(errors[0])
         text = texts[0]
-        for (_, marked_strings), marked_text, error in zip(tries, texts[1:], errors[1:]):
-            found = _spans.from_markers(text, marked_text, marked_strings) if error is None else None
+        if len(runs) == 2:
+            found = _spans.from_markers(text, texts[1], strings) if errors[1] is None else None
+            if found is None:  # the template strips what a cut leaves: whole strings between the markers
+                marked, whole = _spans.mark(variables, whitespace_inside=True)
+                texts, errors = self._run([marked])
+                found = _spans.from_markers(text, texts[0], whole) if errors[0] is None else None
             if found is not None:
                 return text, found
         return text, _spans.by_search(text, strings)

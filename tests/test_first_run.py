@@ -171,6 +171,24 @@ def test_a_dot_launcher_calls_its_worker_by_name_also_when_both_come_from_the_ca
     assert hits1 == (0, 0) and hits2 == (1, 1)  # compiled, then both loaded
 
 
+def test_every_parallel_attention_kernel_is_a_launcher_of_a_registered_worker():
+    # the attention kernels call their serial workers by name (ggufrun.quants.launch), as the dot kernels do;
+    # a second worker of the same name would make call_worker ambiguous, so it is refused
+    import numba
+
+    from ggufrun.model import kernels
+    from ggufrun.quants import launch
+
+    for name in ("attend_one", "attend_group", "attend_rows", "attend_one_q8_0", "attend_rows_q8_0"):
+        kernel = getattr(kernels, name)
+        assert isinstance(kernel, launch.Launcher), name
+        assert launch.WORKERS[kernel.worker.py_func.__name__] is kernel.worker
+    impostor = numba.njit(lambda *a: None)
+    impostor.py_func.__name__ = "_attend_rows_slots"
+    with pytest.raises(ValueError, match="_attend_rows_slots"):
+        launch.launcher(impostor, {"parallel": True})
+
+
 def test_inliner_copies_a_callee_scope_once_per_copy_and_keeps_copies_independent():
     from numba.core import inline_closurecall, ir
 

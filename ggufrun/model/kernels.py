@@ -7,7 +7,10 @@ CPU's F16C instructions (LLVM `fpext`/`fptrunc` on `half`), so the loops still v
 
 All helpers a kernel calls are in this module: Numba's on-disk cache keys a kernel on its own source file, so a
 kernel that inlined a helper from another file would keep running stale machine code after that file changed. The
-one import is the F32x8 lane type of ggufrun.quants.dot, a type registration that generates no code. For the same
+imports are the F32x8 lane type of ggufrun.quants.dot, a type registration that generates no code, and
+ggufrun.quants.launch, whose call_worker emits only a call by name: each attention kernel is a parallel launcher whose
+prange body calls a serial worker of this module (`_attend_*`) by its exported name instead of compiling a copy of
+it (cold compile of attend_rows 8.1 -> 3.1 s, attend_one 3.7 -> 2.0 s, SmolLM2's shapes). For the same
 reason the few 8 x float32 intrinsics attention needs are written here rather than imported from the vector
 vocabulary of ggufrun.quants.dot; they are named after their counterparts there (_ld_f32x8 / ld_f32x8, _fma_v /
 fma_v, ...) but index arrays by element rather than by byte (a uint16 KV cache row holds IEEE halves), and their
@@ -26,12 +29,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..quants.dot import F32x8
+from ..quants.launch import call_worker, launcher
 
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says.
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 JIT = {"cache": True, "nogil": True, "fastmath": FASTMATH, "error_model": "numpy"}
 # Attention: no fast-math at all, so that decode and prefill compute each query the same way (see attend_rows).
 ATT = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
+ATT_PARALLEL = dict(ATT, parallel=True)
 
 GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.7978845608028654
@@ -446,7 +451,17 @@ def _values_one(p, values, t0, n, out, oo):
         out[oo + j] = acc
 
 
-@numba.njit(parallel=True, **ATT)
+@numba.njit(**ATT)
+def _attend_one_heads(q, k_cache, v_cache, t0, t1, softcap, scores, out, h0, h1):
+    """attend_one's query heads h0..h1-1."""
+    hd_k, hd_v = k_cache.shape[1], v_cache.shape[2]
+    group = q.shape[0] // hd_k // k_cache.shape[0]
+    for h in range(h0, h1):
+        _attend_head(q, h * hd_k, k_cache[h // group], v_cache[h // group], t0, t1 - t0, softcap, scores[h], out,
+                     h * hd_v)  # fmt: skip
+
+
+@launcher(_attend_one_heads, ATT_PARALLEL)
 def attend_one(q, k_cache, v_cache, t0, t1, softcap, scores, out):
     """Attention of one token over cached positions t0..t1-1, every head (decode), heads spread over threads.
 
@@ -455,12 +470,9 @@ def attend_one(q, k_cache, v_cache, t0, t1, softcap, scores, out):
     scores: float32 scratch [n_head, >= t1 - t0 + KV_PAD]; out [n_head*hd_v]. Query head h reads K/V head
     h // (n_head / n_kv). Probabilities are rounded to the cache's precision, as llama.cpp does.
     """
-    hd_k, hd_v = k_cache.shape[1], v_cache.shape[2]
-    n_head = q.shape[0] // hd_k
-    group = n_head // k_cache.shape[0]
+    n_head = q.shape[0] // k_cache.shape[1]
     for h in numba.prange(n_head):
-        _attend_head(q, h * hd_k, k_cache[h // group], v_cache[h // group], t0, t1 - t0, softcap, scores[h], out,
-                     h * hd_v)  # fmt: skip
+        call_worker("_attend_one_heads", (q, k_cache, v_cache, t0, t1, softcap, scores, out, h, h + 1))
 
 
 @numba.njit(inline="always", **ATT)
@@ -477,7 +489,24 @@ def _attend_head(q, qo, keys, values, t0, n, softcap, s, out, oo):
     _values_one(p, values, t0, n, out, oo)
 
 
-@numba.njit(parallel=True, **ATT)
+@numba.njit(**ATT)
+def _attend_group_tasks(q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, out, task0, task1):
+    """attend_group's tasks task0..task1-1."""
+    hd_k, hd_v = k_group.shape[2], v_group.shape[3]
+    n_head = q.shape[1] // hd_k
+    group = n_head // k_group.shape[1]
+    n_items = rows.shape[0] * n_head
+    n_tasks = min(scores.shape[0], n_items)
+    for task in range(task0, task1):
+        s = scores[task, 0]
+        for item in range(task, n_items, n_tasks):
+            i, h = item // n_head, item % n_head
+            g = h // group
+            _attend_head(q[rows[i]], h * hd_k, k_group[slots[i], g], v_group[slots[i], g], t0s[i], t1s[i] - t0s[i],
+                         softcap, s, out[rows[i]], h * hd_v)  # fmt: skip
+
+
+@launcher(_attend_group_tasks, ATT_PARALLEL)
 def attend_group(q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, out):
     """attend_one for several decoding sequences whose caches are slots of one group (KVCache.group), in one call:
     row rows[i] of q / out is sequence i's token, attending positions t0s[i]..t1s[i]-1 of slot slots[i].
@@ -487,18 +516,10 @@ def attend_group(q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, ou
     round-robin to the tasks. Each head is computed by the same code as attend_one's (_attend_head), so every
     sequence gets attend_one's bits.
     """
-    hd_k, hd_v = k_group.shape[2], v_group.shape[3]
-    n_head = q.shape[1] // hd_k
-    group = n_head // k_group.shape[1]
-    n_items = rows.shape[0] * n_head
-    n_tasks = min(scores.shape[0], n_items)
+    n_tasks = min(scores.shape[0], rows.shape[0] * (q.shape[1] // k_group.shape[2]))
     for task in numba.prange(n_tasks):
-        s = scores[task, 0]
-        for item in range(task, n_items, n_tasks):
-            i, h = item // n_head, item % n_head
-            g = h // group
-            _attend_head(q[rows[i]], h * hd_k, k_group[slots[i], g], v_group[slots[i], g], t0s[i], t1s[i] - t0s[i],
-                         softcap, s, out[rows[i]], h * hd_v)  # fmt: skip
+        call_worker("_attend_group_tasks", (q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, out, task,
+                                            task + 1))  # fmt: skip
 
 
 QUERY_BLOCK = 4  # queries of one head processed together, sharing each loaded key and value
@@ -574,24 +595,15 @@ def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo):
             out[r0 + r, oo + j] = acc
 
 
-@numba.njit(parallel=True, **ATT)
-def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out):
-    """Causal attention of M queries (positions pos0..pos0+M-1) over cached keys t0..t0+n-1 (prefill).
-
-    q [M, n_head*hd_k] (scaled); k_cache [n_kv, hd_k, n_ctx + KV_PAD], v_cache [n_kv, n_ctx, hd_v]; softcap as
-    in attend_one (applied to the scores a query can see, so the masked ones never reach tanh); scores:
-    float32 scratch [n_slots, QUERY_BLOCK, >= n + KV_PAD], one slot per concurrent task; out [M, n_head*hd_v].
-    A query at position p sees keys at p - window < key <= p (window 0: all keys <= p).
-    Work items are (head, block of 4 queries), dealt round-robin to the slots so causal rows balance out. Each
-    query gets what attend_one computes for it, bit for bit: its scores over the block's columns are the same
-    lane-wise FMA chains, columns it cannot see get probability 0, and adding 0 * v leaves a sum unchanged.
-    """
+@numba.njit(**ATT)
+def _attend_rows_slots(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out, slot0, slot1):
+    """attend_rows' slots slot0..slot1-1."""
     m_rows, n_kv, hd_k, hd_v = q.shape[0], k_cache.shape[0], k_cache.shape[1], v_cache.shape[2]
     n_head = q.shape[1] // hd_k
     group = n_head // n_kv
     n_blocks = (m_rows + QUERY_BLOCK - 1) // QUERY_BLOCK
     n_slots = scores.shape[0]
-    for slot in numba.prange(n_slots):
+    for slot in range(slot0, slot1):
         sc = scores[slot]
         for item in range(slot, n_head * n_blocks, n_slots):
             h, m0 = item // n_blocks, item % n_blocks * QUERY_BLOCK
@@ -618,6 +630,23 @@ def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out):
                 row[lo:rlo] = 0.0
                 row[rhi:hi] = 0.0
             _values_block(sc, lo, hi, v_cache[g], t0, out, m0, nr, h * hd_v)
+
+
+@launcher(_attend_rows_slots, ATT_PARALLEL)
+def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out):
+    """Causal attention of M queries (positions pos0..pos0+M-1) over cached keys t0..t0+n-1 (prefill).
+
+    q [M, n_head*hd_k] (scaled); k_cache [n_kv, hd_k, n_ctx + KV_PAD], v_cache [n_kv, n_ctx, hd_v]; softcap as
+    in attend_one (applied to the scores a query can see, so the masked ones never reach tanh); scores:
+    float32 scratch [n_slots, QUERY_BLOCK, >= n + KV_PAD], one slot per concurrent task; out [M, n_head*hd_v].
+    A query at position p sees keys at p - window < key <= p (window 0: all keys <= p).
+    Work items are (head, block of 4 queries), dealt round-robin to the slots so causal rows balance out. Each
+    query gets what attend_one computes for it, bit for bit: its scores over the block's columns are the same
+    lane-wise FMA chains, columns it cannot see get probability 0, and adding 0 * v leaves a sum unchanged.
+    """
+    for slot in numba.prange(scores.shape[0]):
+        call_worker("_attend_rows_slots", (q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out, slot,
+                                           slot + 1))  # fmt: skip
 
 
 # ---- q8_0 KV cache ----------------------------------------------------------------------------------------------
@@ -765,33 +794,38 @@ def _attend_head_q8_0(qq, qd, k_qs, k_d, v_qs, v_d, t0, n, scale, softcap, s, ou
                 out[j] = _fma(pt, np.float32(vq[j]) * d, out[j])
 
 
-@numba.njit(parallel=True, **ATT)
-def attend_one_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out):
-    """attend_one on a q8_0 cache: one token's quantized query (q_qs int8 [n_head*hd_k], q_d uint16
-    [n_head*hd_k/32]) over positions t0..t1-1, heads spread over threads; scale: the attention scale applied to
-    every score; scores: float32 scratch [n_head, >= t1 - t0]; out [n_head*hd_v]."""
+@numba.njit(**ATT)
+def _attend_one_q8_0_heads(q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out, h0, h1):
+    """attend_one_q8_0's query heads h0..h1-1."""
     hd_k, hd_v = k_qs.shape[2], v_qs.shape[2]
     nb = hd_k // QK8_0
     n_head = q_qs.shape[0] // hd_k
     group = n_head // k_qs.shape[0]
-    for h in numba.prange(n_head):
+    for h in range(h0, h1):
         g = h // group
         _attend_head_q8_0(q_qs[h * hd_k : (h + 1) * hd_k], q_d[h * nb : (h + 1) * nb], k_qs[g], k_d[g], v_qs[g],
                           v_d[g], t0, t1 - t0, scale, softcap, scores[h], out[h * hd_v : (h + 1) * hd_v])  # fmt: skip
 
 
-@numba.njit(parallel=True, **ATT)
-def attend_rows_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out):
-    """attend_rows on a q8_0 cache: M queries (positions pos0..pos0+M-1, quantized: q_qs [M, n_head*hd_k],
-    q_d [M, n_head*hd_k/32]), causal, a query at p seeing keys p - window < key <= p (window 0: all <= p);
-    scores: float32 scratch [n_slots, QUERY_BLOCK, >= pos0 + M]; out [M, n_head*hd_v]. Each (head, query) runs
-    what attend_one_q8_0 runs for that query alone."""
+@launcher(_attend_one_q8_0_heads, ATT_PARALLEL)
+def attend_one_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out):
+    """attend_one on a q8_0 cache: one token's quantized query (q_qs int8 [n_head*hd_k], q_d uint16
+    [n_head*hd_k/32]) over positions t0..t1-1, heads spread over threads; scale: the attention scale applied to
+    every score; scores: float32 scratch [n_head, >= t1 - t0]; out [n_head*hd_v]."""
+    for h in numba.prange(q_qs.shape[0] // k_qs.shape[2]):
+        call_worker("_attend_one_q8_0_heads", (q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out,
+                                               h, h + 1))  # fmt: skip
+
+
+@numba.njit(**ATT)
+def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out, slot0, slot1):
+    """attend_rows_q8_0's slots slot0..slot1-1."""
     m_rows, hd_k, hd_v = q_qs.shape[0], k_qs.shape[2], v_qs.shape[2]
     nb = hd_k // QK8_0
     n_head = q_qs.shape[1] // hd_k
     group = n_head // k_qs.shape[0]
     n_slots = scores.shape[0]
-    for slot in numba.prange(n_slots):
+    for slot in range(slot0, slot1):
         sc = scores[slot, 0]
         for item in range(slot, n_head * m_rows, n_slots):
             h, m = item // m_rows, item % m_rows
@@ -800,6 +834,17 @@ def attend_rows_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softc
             _attend_head_q8_0(q_qs[m, h * hd_k : (h + 1) * hd_k], q_d[m, h * nb : (h + 1) * nb], k_qs[g], k_d[g],
                               v_qs[g], v_d[g], lo, p + 1 - lo, scale, softcap, sc,
                               out[m, h * hd_v : (h + 1) * hd_v])  # fmt: skip
+
+
+@launcher(_attend_rows_q8_0_slots, ATT_PARALLEL)
+def attend_rows_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out):
+    """attend_rows on a q8_0 cache: M queries (positions pos0..pos0+M-1, quantized: q_qs [M, n_head*hd_k],
+    q_d [M, n_head*hd_k/32]), causal, a query at p seeing keys p - window < key <= p (window 0: all <= p);
+    scores: float32 scratch [n_slots, QUERY_BLOCK, >= pos0 + M]; out [M, n_head*hd_v]. Each (head, query) runs
+    what attend_one_q8_0 runs for that query alone."""
+    for slot in numba.prange(scores.shape[0]):
+        call_worker("_attend_rows_q8_0_slots", (q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores,
+                                                out, slot, slot + 1))  # fmt: skip
 
 
 # ---- feed-forward -----------------------------------------------------------------------------------------------

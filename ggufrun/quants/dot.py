@@ -33,7 +33,7 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   (row_float, row_floatx4)
     5. Kernels                    dot_<type>(w, *activation arrays, out): a prange over chunks of weight rows,
                                   each calling a serial _rows_<type> worker, compiled once and called by name
-                                  (_launcher, _call_rows)
+                                  (ggufrun.quants.launch)
 
 A weight type's knowledge is its layout comment in registry.py, its dequant kernel, and here: its branch in
 _block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_k, _mins_k, _min_term, _signed_k (K-quants),
@@ -57,18 +57,17 @@ code book values are unsigned; their sign bits go onto the quants qs (apply_sign
 from __future__ import annotations
 
 import base64
-import hashlib
 
 import llvmlite.binding as llb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils, config, sigutils
-from numba.core.registry import CPUDispatcher
+from numba.core import cgutils, config
 from numba.extending import intrinsic, models, register_model
 
 from .jit import DOT, DOT_PARALLEL, EXACT
+from .launch import call_worker, launcher
 
 # ---------------------------------------------------------------------------------------------------------
 # 1. Target features: x86 intrinsics only where the CPU Numba compiles for has them.
@@ -2465,20 +2464,7 @@ def rowtx4(kind, bsize, w, wo, m, d, bsums16, bsums32, qs):
 # ---------------------------------------------------------------------------------------------------------
 # 5. Kernels: out[m, n] = row n of W . activation row m, parallel over chunks of weight rows.
 # w: [N, row_bytes] uint8 (or [N, K] float32 / uint16 for the float types), read-only; out float32 [M, N].
-# The parallel loop only calls a serial worker: Numba's parfor passes are slow on large loop bodies, and
-# the inlined row functions are large (this keeps a kernel's cold compile at ~1-2 s instead of ~5 s).
-# The call goes to the worker's own compiled code, not a copy. Numba links a called function's code into the
-# caller's module and optimises and compiles it there again; a parallel kernel is two modules (the gufunc holding
-# the prange body, then the function that starts it), so the worker's machine code was built up to three times, and the
-# two extra builds were most of a launcher's compile time (Q4_1: 2.0 -> 0.7 s CPU without them). So the launcher
-# (a _Launcher) first compiles or loads its worker and registers the worker's code address under a name derived
-# from the worker and its argument types (_export_worker, llvmlite's add_symbol); the prange body calls that name
-# (_call_rows), an external function that the JIT linker resolves. Numba's on-disk cache keeps the launcher's
-# machine code with the reference unresolved: loading it needs the name registered first, which _Launcher.compile
-# (the path of every compilation and cache load) does before anything else. So launchers are called from Python
-# only: a cached Numba function that called one would be loaded without that step. The worker's code is the same
-# either way; the call per chunk of CHUNK rows costs nothing measurable (matvec and 128-row matmul on 5 types x 2
-# shapes: -2% to +4% per case, +0.6% on average, within this shared machine's noise).
+# The parallel loop only calls a serial worker (ggufrun.quants.launch: the worker's own compiled code, not a copy).
 
 CHUNK = 16  # weight rows per parallel work item
 # Software prefetch distance. A decode step streams every weight once, mostly from L3 or DRAM, in many small
@@ -2499,81 +2485,6 @@ def _m_tile(row_bytes):
     """Activation rows per tile: the 4-row kernels sweep a tile (<= 32 KB of activations, L1-resident) over the
     chunk's weight rows, so each weight row is decoded once per tile and the activations come from L1."""
     return max(4, (32768 // row_bytes) // 4 * 4)
-
-
-def _worker_symbol(worker, argtypes) -> str:
-    """The name a worker's compiled version for `argtypes` is exported under (the same in every process)."""
-    key = f"{worker.py_func.__qualname__}{tuple(argtypes)}"
-    return f"ggufrun.dot.{worker.py_func.__name__}.{hashlib.sha1(key.encode()).hexdigest()[:16]}"
-
-
-def _export_worker(worker, argtypes: tuple) -> str:
-    """Compile (or load) `worker` for `argtypes` and make its code resolvable by _worker_symbol's name."""
-    name = _worker_symbol(worker, argtypes)
-    if name not in _EXPORTED:
-        worker.compile(argtypes)
-        cres = worker.overloads[argtypes]
-        address = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
-        if not address:
-            raise RuntimeError(f"no compiled code for {worker.py_func.__qualname__}{argtypes}")
-        llb.add_symbol(name, address)
-        _EXPORTED.add(name)
-    return name
-
-
-_EXPORTED: set[str] = set()
-
-
-def _worker_argtypes(argtypes) -> tuple:
-    """A launcher's argument types plus the worker's row range (n0, n1)."""
-    return tuple(argtypes) + (types.intp, types.intp)
-
-
-@intrinsic
-def _call_rows(typingctx, worker_name, args):
-    """globals()[worker_name](*args), args = (launcher's arrays..., n0, n1), as a call to the worker's own compiled
-    code (exported by _Launcher.compile) instead of a copy of it in the caller's module."""
-    if not isinstance(worker_name, types.StringLiteral) or not isinstance(args, types.BaseTuple):
-        return None
-    worker = globals()[worker_name.literal_value]
-    argtypes = _worker_argtypes(args.types[:-2])
-    name = _worker_symbol(worker, argtypes)
-    if name not in _EXPORTED:  # a cached launcher would reference a name its _Launcher.compile does not export
-        raise TypeError(f"_call_rows: {worker_name.literal_value}{argtypes} is not what the launcher exported")
-
-    def codegen(context, builder, sig, llargs):
-        values = [builder.extract_value(llargs[1], i) for i in range(len(args))]
-        values[-2:] = [context.cast(builder, v, t, types.intp) for v, t in zip(values[-2:], args.types[-2:])]
-        fnty = context.call_conv.get_function_type(types.none, argtypes)
-        fn = cgutils.get_or_insert_function(builder.module, fnty, name)
-        context.call_conv.call_function(builder, fn, types.none, argtypes, values)
-        return context.get_dummy_value()
-
-    return types.none(worker_name, args), codegen
-
-
-class _Launcher(CPUDispatcher):
-    """A parallel kernel that calls its serial worker through _call_rows: before compiling or loading a version
-    of the kernel, the worker's version for the same arrays is compiled or loaded and exported."""
-
-    def compile(self, sig):
-        args, _ = sigutils.normalize_signature(sig)
-        used = range(len(args)) if self.worker_args is None else self.worker_args
-        _export_worker(self.worker, _worker_argtypes(args[i] for i in used))
-        return super().compile(sig)
-
-
-def _launcher(worker, worker_args: tuple[int, ...] | None = None):
-    """Decorator: a _Launcher of `worker`, which takes the launcher's arguments worker_args (indices; None: all of
-    them) and the row range n0, n1."""
-
-    def wrap(py_func):
-        dispatcher = njit(**DOT_PARALLEL)(py_func)
-        dispatcher.__class__ = _Launcher
-        dispatcher.worker, dispatcher.worker_args = worker, worker_args
-        return dispatcher
-
-    return wrap
 
 
 @njit(inline="always", **DOT)
@@ -2634,11 +2545,11 @@ def _rows_q4_0(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q4_0, 18, w, d, s, qs, sums, out, n0, n1)
 
 
-@_launcher(_rows_q4_0)
+@launcher(_rows_q4_0, DOT_PARALLEL)
 def dot_q4_0(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q4_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q4_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2646,11 +2557,11 @@ def _rows_q4_1(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q4_1, 20, w, d, s, qs, sums, out, n0, n1)
 
 
-@_launcher(_rows_q4_1)
+@launcher(_rows_q4_1, DOT_PARALLEL)
 def dot_q4_1(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q4_1", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q4_1", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2658,11 +2569,11 @@ def _rows_q5_0(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q5_0, 22, w, d, s, qs, sums, out, n0, n1)
 
 
-@_launcher(_rows_q5_0)
+@launcher(_rows_q5_0, DOT_PARALLEL)
 def dot_q5_0(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q5_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q5_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2670,11 +2581,11 @@ def _rows_q5_1(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q5_1, 24, w, d, s, qs, sums, out, n0, n1)
 
 
-@_launcher(_rows_q5_1)
+@launcher(_rows_q5_1, DOT_PARALLEL)
 def dot_q5_1(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q5_1", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q5_1", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2682,11 +2593,11 @@ def _rows_q8_0(w, d, s, qs, sums, out, n0, n1):
     _rows32(Q8_0, 34, w, d, s, qs, sums, out, n0, n1)
 
 
-@_launcher(_rows_q8_0)
+@launcher(_rows_q8_0, DOT_PARALLEL)
 def dot_q8_0(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q8_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q8_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2694,11 +2605,11 @@ def _rows_iq4_nl(w, d, s, qs, sums, out, n0, n1):
     _rows32(IQ4_NL, 18, w, d, s, qs, sums, out, n0, n1)
 
 
-@_launcher(_rows_iq4_nl)
+@launcher(_rows_iq4_nl, DOT_PARALLEL)
 def dot_iq4_nl(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_iq4_nl", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_iq4_nl", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(inline="always", **DOT)
@@ -2727,11 +2638,11 @@ def _rows_q2_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q2_K, 84, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_q2_k)
+@launcher(_rows_q2_k, DOT_PARALLEL)
 def dot_q2_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q2_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q2_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2739,11 +2650,11 @@ def _rows_q3_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q3_K, 110, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_q3_k)
+@launcher(_rows_q3_k, DOT_PARALLEL)
 def dot_q3_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q3_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q3_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2751,11 +2662,11 @@ def _rows_q4_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q4_K, 144, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_q4_k)
+@launcher(_rows_q4_k, DOT_PARALLEL)
 def dot_q4_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q4_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q4_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2763,11 +2674,11 @@ def _rows_q5_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q5_K, 176, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_q5_k)
+@launcher(_rows_q5_k, DOT_PARALLEL)
 def dot_q5_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q5_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q5_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2775,11 +2686,11 @@ def _rows_q6_k(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(Q6_K, 210, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_q6_k)
+@launcher(_rows_q6_k, DOT_PARALLEL)
 def dot_q6_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_q6_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_q6_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2787,11 +2698,11 @@ def _rows_iq4_xs(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowsk(IQ4_XS, 136, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_iq4_xs)
+@launcher(_rows_iq4_xs, DOT_PARALLEL)
 def dot_iq4_xs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_iq4_xs", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_iq4_xs", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(inline="always", **DOT)
@@ -2818,11 +2729,11 @@ def _rows_iq2_xxs(w, d, qs, out, n0, n1):
     _rowsiq(IQ2_XXS, 66, w, d, qs, out, n0, n1)
 
 
-@_launcher(_rows_iq2_xxs, (0, 2, 5, 6))
+@launcher(_rows_iq2_xxs, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq2_xxs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_iq2_xxs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_iq2_xxs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2830,11 +2741,11 @@ def _rows_iq2_xs(w, d, qs, out, n0, n1):
     _rowsiq(IQ2_XS, 74, w, d, qs, out, n0, n1)
 
 
-@_launcher(_rows_iq2_xs, (0, 2, 5, 6))
+@launcher(_rows_iq2_xs, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq2_xs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_iq2_xs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_iq2_xs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2842,11 +2753,11 @@ def _rows_iq2_s(w, d, qs, out, n0, n1):
     _rowsiq(IQ2_S, 82, w, d, qs, out, n0, n1)
 
 
-@_launcher(_rows_iq2_s, (0, 2, 5, 6))
+@launcher(_rows_iq2_s, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq2_s(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_iq2_s", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_iq2_s", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2854,11 +2765,11 @@ def _rows_iq3_xxs(w, d, qs, out, n0, n1):
     _rowsiq(IQ3_XXS, 98, w, d, qs, out, n0, n1)
 
 
-@_launcher(_rows_iq3_xxs, (0, 2, 5, 6))
+@launcher(_rows_iq3_xxs, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq3_xxs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_iq3_xxs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_iq3_xxs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2866,11 +2777,11 @@ def _rows_iq3_s(w, d, qs, out, n0, n1):
     _rowsiq(IQ3_S, 110, w, d, qs, out, n0, n1)
 
 
-@_launcher(_rows_iq3_s, (0, 2, 5, 6))
+@launcher(_rows_iq3_s, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq3_s(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_iq3_s", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_iq3_s", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(inline="always", **DOT)
@@ -2895,11 +2806,11 @@ def _rows_f32(w, x, out, n0, n1):
     _rows_float(F32, 4, w, x, out, n0, n1)
 
 
-@_launcher(_rows_f32)
+@launcher(_rows_f32, DOT_PARALLEL)
 def dot_f32(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_f32", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_f32", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2907,11 +2818,11 @@ def _rows_f16(w, x, out, n0, n1):
     _rows_float(F16, 2, w, x, out, n0, n1)
 
 
-@_launcher(_rows_f16)
+@launcher(_rows_f16, DOT_PARALLEL)
 def dot_f16(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_f16", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_f16", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2919,11 +2830,11 @@ def _rows_bf16(w, x, out, n0, n1):
     _rows_float(BF16, 2, w, x, out, n0, n1)
 
 
-@_launcher(_rows_bf16)
+@launcher(_rows_bf16, DOT_PARALLEL)
 def dot_bf16(w, x, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_bf16", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_bf16", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 # ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0 (ternary codes, Q8_K activations) and MXFP4 (32-value blocks, Q8_1) -----------
@@ -2954,11 +2865,11 @@ def _rows_iq1_s(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowst(IQ1_S, 50, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_iq1_s)
+@launcher(_rows_iq1_s, DOT_PARALLEL)
 def dot_iq1_s(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_iq1_s", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_iq1_s", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2966,11 +2877,11 @@ def _rows_iq1_m(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowst(IQ1_M, 56, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_iq1_m)
+@launcher(_rows_iq1_m, DOT_PARALLEL)
 def dot_iq1_m(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_iq1_m", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_iq1_m", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2978,11 +2889,11 @@ def _rows_tq1_0(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowst(TQ1_0, 54, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_tq1_0)
+@launcher(_rows_tq1_0, DOT_PARALLEL)
 def dot_tq1_0(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_tq1_0", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_tq1_0", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -2990,11 +2901,11 @@ def _rows_tq2_0(w, qu, d, b16, b32, qs, out, n0, n1):
     _rowst(TQ2_0, 66, w, qu, d, b16, b32, qs, out, n0, n1)
 
 
-@_launcher(_rows_tq2_0)
+@launcher(_rows_tq2_0, DOT_PARALLEL)
 def dot_tq2_0(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_tq2_0", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_tq2_0", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
 
 
 @njit(**DOT)
@@ -3002,8 +2913,8 @@ def _rows_mxfp4(w, d, s, qs, sums, out, n0, n1):
     _rows32(MXFP4, 17, w, d, s, qs, sums, out, n0, n1)
 
 
-@_launcher(_rows_mxfp4)
+@launcher(_rows_mxfp4, DOT_PARALLEL)
 def dot_mxfp4(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
-        _call_rows("_rows_mxfp4", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+        call_worker("_rows_mxfp4", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))

@@ -156,12 +156,55 @@ class Stream:
             self._request.cancelled.set()
 
 
+class PromptCost:
+    """The estimated cost of evaluating prompt rows, by position, in units of one row at position 0.
+
+    A row's matrix products cost the same at every position; its attention grows with the positions it attends to
+    (capped by a sliding window on the layers that have one). Estimated by multiply-adds: the layers' matrices
+    (a mixture-of-experts block counts its n_expert_used experts) against n_head x (head_dim_k + head_dim_v) per
+    attended position and layer (the scores and the weighted sum of the values). The batch engine fills each step
+    with prompt rows whose cost stays within that of prefill_chunk rows at positions 0.., so the steps that carry
+    the last chunks of a long prompt (each attending to thousands of positions) take no longer than its first
+    step, and the streams decoding beside it wait no longer between tokens (the chunked-prefill token budget of
+    Sarathi-Serve, arXiv:2403.02310, with the attention term added).
+    """
+
+    def __init__(self, transformer):
+        c = transformer.config
+        macs = 0.0
+        for layer in transformer.weights.layers:
+            experts = {id(m) for m in (*layer.ffn_gate_exps, *layer.ffn_up_exps, *layer.ffn_down_exps)}
+            for m in layer.matrices:
+                share = c.n_expert_used / max(1, c.n_expert) if id(m) in experts else 1.0
+                macs += share * m.n_out * m.n_in
+        per_position = c.n_head * (c.head_dim_k + c.head_dim_v)  # per layer and attended position
+        n = transformer.n_ctx
+        attended = np.zeros(n, np.float64)  # positions attended by a row at position p, summed over layers
+        p = np.arange(1, n + 1, dtype=np.float64)
+        for swa in c.swa_layers:
+            attended += np.minimum(p, c.sliding_window) if swa and c.sliding_window > 0 else p
+        cost = 1.0 + attended * per_position / max(macs, 1.0)
+        self.cumulative = np.concatenate(([0.0], np.cumsum(cost)))  # [n_ctx + 1]: cost of rows at positions < p
+
+    def of(self, start: int, n: int) -> float:
+        """Cost of n rows at positions start..start+n-1."""
+        return float(self.cumulative[start + n] - self.cumulative[start])
+
+    def rows(self, start: int, budget: float, limit: int) -> int:
+        """How many rows from position `start` on fit in `budget` (at least 1, at most `limit`)."""
+        limit = min(limit, self.cumulative.shape[0] - 1 - start)
+        fit = int(np.searchsorted(self.cumulative, self.cumulative[start] + budget, side="right")) - 1 - start
+        return max(1, min(limit, fit))
+
+
 class BatchEngine:
     """Continuous batching over one transformer and tokenizer (see the module docstring).
 
     n_slots: sequences generated at once (each slot owns a KVCache of n_ctx positions; requests beyond wait).
     prefill_chunk: prompt tokens evaluated per step (default: the transformer's n_batch), fewer when decode
-    rows fill the pass. n_threads: Numba threads for the steps (default: leave the setting alone).
+    rows fill the pass or when the prompt rows attend to many positions (PromptCost: a step's prompt rows cost at
+    most what prefill_chunk rows at positions 0.. cost). n_threads: Numba threads for the steps (default: leave the
+    setting alone).
     skip_special: hide control tokens in the streamed text.
 
     Counters for tests and benchmarks: steps, rows (token rows through the model), prefill_rows, decode_rows,
@@ -186,6 +229,8 @@ class BatchEngine:
         self.skip_special = skip_special
         self.n_vocab = transformer.config.n_vocab
         self.slots = transformer.new_caches(self.n_slots)  # one group: decode attention in one call per layer
+        self.cost = PromptCost(transformer)
+        self.step_budget = self.cost.of(0, min(self.prefill_chunk, transformer.n_ctx))  # a first chunk's cost
         self._owner: list[_Request | None] = [None] * self.n_slots
         self._last_used = [0] * self.n_slots  # step at which each slot was last released
         self._waiting: deque[_Request] = deque()  # submitted, no slot yet, in arrival order
@@ -319,7 +364,8 @@ class BatchEngine:
     def _step(self) -> None:
         """Drop cancelled requests, start waiting prompts while this step has prompt rows to spare, then run one
         forward pass: one token for every generating request plus up to prefill_chunk prompt rows, taken from the
-        prompts being evaluated in admission order."""
+        prompts being evaluated in admission order while their cost (PromptCost) stays within step_budget, that of
+        prefill_chunk rows at the start of a prompt."""
         with self._cond:
             for request in [r for r in (*self._active, *self._waiting) if r.is_cancelled()]:
                 self._finish_cancelled(request)
@@ -330,12 +376,15 @@ class BatchEngine:
         decoding = [r for r in active if r.token is not None]
         seqs = [(self.slots[r.slot], r.history[r.n_hist - 1 : r.n_hist]) for r in decoding]
         chunks: list[tuple[_Request, np.ndarray]] = []
+        cost_left = self.step_budget
         for r in active:
-            if budget > 0 and r.n_eval < r.prompt.shape[0]:
-                chunk = r.prompt[r.n_eval : r.n_eval + budget]
+            if budget > 0 and cost_left > 0 and r.n_eval < r.prompt.shape[0]:
+                n = self.cost.rows(r.n_eval, cost_left, min(budget, r.prompt.shape[0] - r.n_eval))
+                chunk = r.prompt[r.n_eval : r.n_eval + n]
                 chunks.append((r, chunk))
                 seqs.append((self.slots[r.slot], chunk))
-                budget -= chunk.shape[0]
+                budget -= n
+                cost_left -= self.cost.of(r.n_eval, n)
         if not seqs:
             return
         sampled: list[tuple[_Request, int, float, list | None]] = []

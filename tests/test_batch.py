@@ -347,8 +347,9 @@ def test_a_prompt_budget_splits_between_prompts_in_arrival_order(tiny, monkeypat
 
 
 def test_chunked_prefill_interleaves_with_decode(tiny, monkeypatch):
-    """A 45-token prompt arriving while another request generates is evaluated 8 tokens per step, each step also
-    advancing the other request, which keeps streaming meanwhile."""
+    """A 45-token prompt arriving while another request generates is evaluated at most 8 tokens per step, each step
+    also advancing the other request, which keeps streaming meanwhile. Later chunks attend to more positions, so
+    they hold fewer rows: each step's prompt rows cost at most what 8 rows at positions 0..7 cost (PromptCost)."""
     a_ids = _prompts(1, seed=5)[0]
     b_ids = np.random.default_rng(6).integers(0, 256, 45).tolist()
     with BatchEngine.from_model(tiny, n_slots=2, prefill_chunk=8) as engine:
@@ -361,11 +362,38 @@ def test_chunked_prefill_interleaves_with_decode(tiny, monkeypatch):
         a_chunks, b_chunks = first + list(a), list(b)
     a_cache = steps.calls[0][0][0]
     b_steps = [dict(call) for call in steps.calls if any(cache is not a_cache for cache, _ in call)]
-    prefill = [next(rows for cache, rows in call.items() if cache is not a_cache) for call in b_steps[:6]]
-    assert prefill == [8, 8, 8, 8, 8, 5]
-    assert all(call.get(a_cache) == 1 for call in b_steps[:6])  # A decoded in every one of them
+    expected, start = [], 0
+    while start < len(b_ids):
+        expected.append(engine.cost.rows(start, engine.step_budget, min(8, len(b_ids) - start)))
+        start += expected[-1]
+    assert expected[0] == 8 and max(expected[1:]) < 8  # this tiny model's attention is a large part of a row
+    assert all(engine.cost.of(s, n) <= engine.step_budget for s, n in zip(np.cumsum([0, *expected]), expected))
+    prefill = [next(rows for cache, rows in call.items() if cache is not a_cache) for call in b_steps[: len(expected)]]
+    assert prefill == expected
+    assert all(call.get(a_cache) == 1 for call in b_steps[: len(expected)])  # A decoded in every one of them
     assert _key(a_chunks) == _solo(tiny, a_ids, 30)
     assert _key(b_chunks) == _solo(tiny, b_ids, 5)
+
+
+def test_prompt_cost_grows_with_the_attended_positions_and_stops_at_the_window(model_dir):
+    from ggufrun.batch import PromptCost
+
+    def costs(name):
+        tf = _transformer(model_dir, name, n_ctx=64)
+        pc = PromptCost(tf)
+        return tf, pc, [pc.of(p, 1) for p in range(64)]
+
+    tf, pc, full = costs("llama")
+    assert full[0] > 1.0 and all(b > a for a, b in zip(full, full[1:]))  # every position attends to one more
+    assert pc.of(3, 5) == pytest.approx(sum(full[3:8]))
+    budget = pc.of(0, 8)
+    assert pc.rows(0, budget, 16) == 8 and pc.rows(40, budget, 16) < 8  # later rows cost more
+    assert pc.rows(40, 0.0, 16) == 1 and pc.rows(60, 1e9, 16) == 4  # at least one row; never past n_ctx
+    tf, pc, swa = costs("gemma3")  # sliding-window layers stop growing at the window
+    w = tf.config.sliding_window
+    assert 0 < w < 60 and any(tf.config.swa_layers) and not all(tf.config.swa_layers)
+    steps = np.diff(swa)
+    assert steps[w + 1 :].max() < steps[: w - 1].min()  # past the window only the global layers still grow
 
 
 def test_batch_generate_returns_results_in_order(tiny):

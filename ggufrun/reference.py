@@ -154,6 +154,8 @@ class ReferenceModel:
         self.mscale = key("rope.scaling.attn_factor", 1.0)
         if n_ctx is None:
             n_ctx = key("context_length")
+            if n_ctx is None:
+                raise ValueError(f"n_ctx not given and {arch}.context_length missing from the metadata")
         if not isinstance(n_ctx, (int, np.integer)) or isinstance(n_ctx, bool) or n_ctx < 1:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         self.n_ctx = int(n_ctx)

@@ -226,7 +226,7 @@ def score_model(name: str, path: Path, args, tokens=None, text=None, golden: boo
         tokenizer = None if golden else load_tokenizer(f.metadata)
         if not base.is_file():
             log(f"{name}: float reference -> {base}")
-            ref = ReferenceModel(f, np.float64 if golden else np.float32)
+            ref = ReferenceModel(f, np.float64 if golden else np.float32, n_ctx=ctx)
             r = perplexity(ref, text, tokens=tokens, tokenizer=tokenizer, n_ctx=ctx, n_chunks=chunks, kl_save=base,
                            label=name)  # fmt: skip
             rows.append(row(name, "float reference", r))
@@ -281,7 +281,7 @@ def agreement(name: str, path: Path, text: str, n_tokens: int, args) -> tuple[st
         if len(ids) < n_tokens:
             raise SystemExit(f"the text tokenizes to {len(ids)} tokens, fewer than --agreement {n_tokens}")
         log(f"{name}: float reference, {len(ids)} tokens")
-        ref_logits = ReferenceModel(f, np.float32).logits(ids)
+        ref_logits = ReferenceModel(f, np.float32, n_ctx=n_tokens).logits(ids)
         ref_ids = _top_k(ref_logits.astype(np.float64), min(1024, ref_logits.shape[1]))
         ref = RowDigest(ref_logits, ref_ids)
         del ref_logits

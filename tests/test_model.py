@@ -3,21 +3,24 @@ Transformer's contract: context overflow, truncate/reset, load-time errors, no a
 
 The synthetic files cover what the llama.cpp goldens do not: gemma3 (sliding window across prefill chunks, local
 and global rope bases, post-norms, GELU, embedding scale), final-logit soft-capping, linear rope scaling and a
-llama3-style `rope_freqs` tensor; for phi3 (fused Q/K/V and gate/up, LongRoPE factors chosen by context size) and
-gemma2 (soft-capped attention scores, alternating windows, defaults), which the float reference does not know,
-equivalences with the other architectures, the attention kernels against NumPy, and batch invariance.
+llama3-style `rope_freqs` tensor, phi3 (fused Q/K/V and gate/up, LongRoPE factors chosen by context size, the rope
+attention factor) and gemma2 (soft-capped attention scores, alternating windows); plus equivalences with the other
+architectures, the attention kernels against NumPy, and batch invariance. The float reference also runs on the
+llama.cpp goldens of the architectures it learnt last (phi3, gemma2, mixtral): close to the runtime and to
+llama.cpp's saved logits.
 """
 
 from __future__ import annotations
 
 import tracemalloc
 import warnings
+from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 from reference import ARCHS as REFERENCE_ARCHS
-from reference import reference_logits
+from reference import ReferenceModel, reference_logits
 from synthetic import write_model
 
 from ggufrun.errors import GGUFError
@@ -61,8 +64,8 @@ def test_matches_reference(model_dir, name):
     tokens = np.random.default_rng(1).integers(0, 96, 23)
     ref = reference_logits(f, tokens)
     # float32 KV cache, prefill in chunks of 8 (so the window and the causal mask cross chunk borders)
-    # (gemma3's GELU goes through a half-precision table, as in llama.cpp: ~1e-3 relative)
-    tol = 4e-3 if name == "gemma3" else 1e-3
+    # (gemma2's and gemma3's GELU goes through a half-precision table, as in llama.cpp: ~1e-3 relative)
+    tol = 4e-3 if name in ("gemma2", "gemma3") else 1e-3
     tf = Transformer(f, n_batch=8, kv_dtype=np.float32)
     assert rel_diff(tf.logits(tokens), ref) < tol
     tf.cache.reset()
@@ -70,6 +73,57 @@ def test_matches_reference(model_dir, name):
     assert rel_diff(steps, ref) < tol
     # default float16 KV cache: rounding K/V to half costs a little
     assert rel_diff(Transformer(f).logits(tokens), ref) < 0.01
+
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+# the golden files of the architectures the reference learnt last, and small-llama-q8_0, the control that shows the
+# bounds below are what an architecture long known to match meets
+REFERENCE_GOLDENS = ["small-phi3-q8_0", "small-phi3-longrope-q8_0", "small-gemma2-q8_0", "small-mixtral-q8_0"]
+
+
+def closeness(mine: np.ndarray, base: np.ndarray) -> tuple[float, float, float]:
+    """mean|diff| / std(base), max|diff| / std(base), the fraction of rows with the same argmax."""
+    diff = np.abs(mine - base)
+    return diff.mean() / base.std(), diff.max() / base.std(), np.mean(mine.argmax(1) == base.argmax(1))
+
+
+@pytest.mark.parametrize("stem", ["small-llama-q8_0", *REFERENCE_GOLDENS])
+def test_reference_matches_golden(stem):
+    """The float reference on the q8_0 golden files against the runtime (float32 KV cache) and llama.cpp's saved
+    logits. Both engines round every activation to 8 bits before their integer dot products with the Q8_0 weights;
+    the reference does not, so both land about 0.01-0.02 std (mean) and 0.04-0.13 std (max) away from it on these
+    files, small-llama-q8_0 included. The bounds are tests/data/golden/README.md's for an exact float pass against
+    llama.cpp: mean|diff| <= 0.03 std, max|diff| <= 0.2 std, argmax equal on >= 90% of rows (a wrong rope layout,
+    missing soft-capping or the wrong LongRoPE factors land near 0.1-0.35 std mean)."""
+    golden = np.load(GOLDEN / f"{stem}.logits.npz")
+    f = GGUFFile(GOLDEN / f"{stem}.gguf")
+    tokens = golden["tokens"][:-1]
+    ref = reference_logits(f, tokens)  # at the trained context (2048), as the runtime's default n_ctx
+    tf = Transformer(f, kv_dtype=np.float32)
+    for engine, logits in (("ggufrun", tf.logits(tokens)), ("llama.cpp", golden["logits"])):
+        mean_rel, max_rel, agree = closeness(logits, ref)
+        where = f"{stem}, {engine}: mean|diff| {mean_rel:.4f} std, max {max_rel:.4f} std, argmax {agree:.3f}"
+        assert mean_rel <= 0.03 and max_rel <= 0.2 and agree >= 0.9, where
+
+
+def test_reference_longrope_factors_by_context():
+    """small-phi3-q8_0's original context is 2048: llama.cpp's n_ctx 256 took the short LongRoPE factors, and so does
+    the reference at n_ctx 256; at n_ctx 4096 it takes the long ones, far from the golden (so the match above is
+    not by chance). small-phi3-longrope-q8_0 (original context 128) takes the long ones at any n_ctx, padded to
+    256 as llama.cpp pads it."""
+    golden = np.load(GOLDEN / "small-phi3-q8_0.logits.npz")
+    f = GGUFFile(GOLDEN / "small-phi3-q8_0.gguf")
+    tokens = golden["tokens"][:-1]
+    short = ReferenceModel(f, n_ctx=256)
+    assert short.rope_factors_name == "rope_factors_short.weight"
+    assert closeness(golden["logits"], short.logits(tokens))[0] <= 0.03
+    long = ReferenceModel(f, n_ctx=4096)
+    assert long.rope_factors_name == "rope_factors_long.weight"
+    assert closeness(golden["logits"], long.logits(tokens))[0] > 0.1
+    longrope = GGUFFile(GOLDEN / "small-phi3-longrope-q8_0.gguf")
+    assert ReferenceModel(longrope, n_ctx=100).rope_factors_name == "rope_factors_long.weight"
+    with pytest.raises(ValueError, match="n_ctx"):
+        ReferenceModel(f, n_ctx=0)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

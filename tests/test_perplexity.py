@@ -7,6 +7,7 @@ and the command runs end to end with clear errors for bad arguments and bad base
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -163,9 +164,17 @@ def test_kl_rows_tail():
     assert kl_rows(np.log(p), np.log(p))[0] == 0
 
 
-def test_reference_float32_matches_float64(tmp_path):
+@pytest.mark.parametrize(
+    "arch, options",
+    [
+        ("gemma3", {"n_layer": 6, "n_kv": 1, "window": 5, "softcap": 5.0}),
+        ("gemma2", {"n_layer": 4, "window": 5, "attn_softcap": 2.0, "softcap": 3.0}),
+        ("phi3", {"ctx": 1024, "longrope": (512, 1.2)}),
+    ],
+)
+def test_reference_float32_matches_float64(arch, options, tmp_path):
     path = tmp_path / "g.gguf"
-    write_model(path, "gemma3", n_layer=6, n_kv=1, window=5, softcap=5.0)
+    write_model(path, arch, **options)
     f = GGUFFile(path)
     tokens = np.random.default_rng(2).integers(0, 96, 20)
     ref64 = reference_logits(f, tokens)
@@ -190,10 +199,31 @@ def test_cli_end_to_end(tiny_path, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "mean KLD (top 8 + tail)" in out and "same top token" in out
     assert main([*args, "-t", "1", "--kl-base", str(base), "--json"]) == 0  # the same text: accepted
-    import json
-
     result = json.loads(capsys.readouterr().out)
     assert result["n_ctx"] == CTX and 0 <= result["kl"]["mean"] < 0.1 and result["kl"]["top1"] > 0.5
+
+
+def test_cli_reference_at_the_window_size(tmp_path, capsys):
+    """`ggufrun perplexity --reference --ctx N` runs the reference at context N, as the runtime: a phi3 model whose
+    LongRoPE original context (512) lies between the window (16, padded to 256) and the trained context (1024)
+    gets the short factors, not the long ones the reference would take at its default (trained) context."""
+    path = tmp_path / "phi3.gguf"
+    write_model(path, "phi3", tokenizer="bytes", ctx=1024, longrope=(512, 1.2))
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    assert main(["perplexity", str(path), "-f", str(text), "--ctx", str(CTX), "--reference", "--json"]) == 0
+    cli_ppl = json.loads(capsys.readouterr().out)["ppl"]
+    with GGUFFile(path) as f:
+        tokenizer = load_tokenizer(f.metadata)
+        at_window = ReferenceModel(f, np.float32, n_ctx=CTX)
+        at_trained = ReferenceModel(f, np.float32)
+        assert at_window.rope_factors_name == "rope_factors_short.weight"
+        assert at_trained.rope_factors_name == "rope_factors_long.weight"
+        want = perplexity(at_window, TEXT, tokenizer=tokenizer, n_ctx=CTX).ppl
+        other = perplexity(at_trained, TEXT, tokenizer=tokenizer, n_ctx=CTX).ppl
+    assert cli_ppl == pytest.approx(want, rel=1e-12) and abs(other / want - 1) > 1e-3
+    with ggufrun.load(path, n_ctx=CTX, n_threads=1) as model:  # the runtime at the same context: close to it
+        assert perplexity(model, TEXT, n_ctx=CTX).ppl == pytest.approx(want, rel=0.01)
 
 
 def test_cli_bad_arguments(tiny_path, tmp_path, capsys):

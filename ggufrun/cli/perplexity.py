@@ -95,7 +95,7 @@ def run(args) -> int:
         path = resolve(args.model)
         gguf = GGUFFile(path)
         try:
-            model = ReferenceModel(gguf, dtype="float32")
+            model = ReferenceModel(gguf, dtype="float32", n_ctx=n_ctx)
             tokenizer = load_tokenizer(gguf.metadata)
         except BaseException:
             gguf.close()

@@ -502,6 +502,22 @@ class _Shard:
             if s1 < e0:
                 raise c.fail(f"tensors {n0!r} and {n1!r} overlap (file bytes {s1}..{e0})", at1)
 
+    def release_pages(self, view: np.ndarray) -> bool:
+        """Tell the OS this process no longer needs the whole pages under `view` (a view into this shard's map);
+        they stay in the page cache and are read again on a later access. Whether the view lies in this map."""
+        if self.mm is None or view.size == 0:
+            return False
+        base = np.frombuffer(self.mm, dtype=np.uint8).ctypes.data
+        start = view.ctypes.data - base
+        end = start + view.nbytes
+        if not (0 <= start and end <= self.size and view.flags.c_contiguous):
+            return False
+        page = mmap.PAGESIZE
+        first, last = -(-start // page) * page, end // page * page
+        if last > first and hasattr(self.mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            self.mm.madvise(mmap.MADV_DONTNEED, first, last - first)
+        return True
+
     def close(self) -> None:
         if self.mm is not None:
             self.tensors = {}
@@ -601,6 +617,13 @@ class GGUFFile:
     def paths(self) -> list[Path]:
         """The file of each shard (one path for an unsplit model)."""
         return [s.path for s in self.shards]
+
+    def release_pages(self, view: np.ndarray) -> None:
+        """Let the OS drop this process's pages under `view`, a tensor's data (or a part of it) that the caller has
+        copied and will not read again soon (see _Shard.release_pages); a view of no shard is left alone."""
+        for shard in self.shards:
+            if shard.release_pages(view):
+                return
 
     def close(self) -> None:
         for s in getattr(self, "shards", []):

@@ -9,12 +9,13 @@ This saves the ~6 us of checks per product that `quants.matvec` spends, about 20
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from .. import quants
+from ..quants.repack import repack
 from ..reader import TensorInfo
 
 
@@ -45,6 +46,12 @@ class Linear:
             w, shape = w.reshape(1, -1), rows
         assert w.ndim == 2 and w.flags.c_contiguous and len(shape) == 2, t.name
         return cls(t.name, w, t.type, e.act, e.dot, shape[0], shape[1])
+
+    def repacked(self) -> Linear:
+        """This matrix copied into the interleaved layout of ggufrun.quants.repack, with that layout's kernel
+        (the same output bits, faster), when its type has one; else itself."""
+        r = repack(self.w, self.qtype)
+        return self if r is None else replace(self, w=r[0], dot=r[1])
 
 
 class Projector:

@@ -1,9 +1,10 @@
 """The model's tensors, looked up by their GGUF names and checked against the config.
 
-Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear); only 1-D vectors
-(norm weights, biases) become small float32 arrays. Attribute names are the GGUF names without `blk.N.` and
-`.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the kernels read as
-"not there".
+Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear), except those of a type
+with an interleaved layout (Q4_0, Q4_1: repack_matrices copies them into it once, and the file pages are released);
+only 1-D vectors (norm weights, biases) become small float32 arrays. Attribute names are the GGUF names without
+`blk.N.` and `.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the kernels read
+as "not there".
 
 Fused matrices are split by rows into zero-copy views, as llama.cpp's graph splits their product
 (src/llama-graph.cpp build_qkv, ggml_swiglu): `attn_qkv` ([Q; K; V] rows, accepted wherever a file has it instead of
@@ -273,4 +274,24 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
             f"{gguf.path}: tensors {', '.join(unused[:5])}{more} are not used by ggufrun's {c.arch} model; "
             f"running without them would give wrong results"
         )
-    return weights
+    return repack_matrices(weights, gguf)
+
+
+def repack_matrices(weights: Weights, gguf) -> Weights:
+    """`weights` with every matrix whose type has an interleaved layout (ggufrun.quants.repack: Q4_0, Q4_1)
+    copied into it, the file pages each came from released (GGUFFile.release_pages), so the process holds one copy.
+    token_embd keeps the file's layout (the embedding lookup reads its rows), and so does an output tied to it."""
+
+    def pack(lin):
+        if isinstance(lin, tuple):
+            return tuple(pack(x) for x in lin)
+        if not isinstance(lin, Linear) or lin is weights.token_embd:
+            return lin
+        new = lin.repacked()
+        if new is not lin:
+            gguf.release_pages(lin.w)
+        return new
+
+    layers = tuple(replace(layer, **{f.name: pack(getattr(layer, f.name)) for f in fields(layer)})
+                   for layer in weights.layers)  # fmt: skip
+    return replace(weights, layers=layers, output=pack(weights.output))

@@ -1949,6 +1949,99 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     return fadd_v(acc, accm)
 
 
+# ---- 32-value 4-bit blocks of 8 weight rows interleaved (Q4_0, Q4_1; the layout of ggufrun.quants.repack) -------
+# A group of 8 weight rows holds, per block of 32 values: the 8 rows' d (8 halves), for Q4_1 their m (8 halves),
+# then 4 chunks of 32 bytes, chunk c holding bytes 4c..4c+3 of each row's 16 nibble bytes (row r at 4r): its low
+# nibbles are values 4c..4c+3, its high nibbles values 16+4c..16+4c+3. Each of the 8 code vectors then meets 4
+# activation quants broadcast to all 8 rows, so one int32 lane per weight row comes out without the transpose
+# (isum8) that rows8x1 needs; on AVX2 without VNNI the 8 vpmaddubsw results are summed in int16 (8 x 2 x 15 x 127
+# = 30480 < 2^15: exact) and widened by one vpmaddwd. Every lane is the same exact integer as rows8x1's and the
+# float steps are rows8x1's, so the results are the same bits (llama.cpp's repacked ggml_gemm_q4_0_8x8_q8_0 in
+# ggml-cpu/repack.cpp interleaves the same way).
+
+X8_CODES = 32  # byte offset of the code chunks in an interleaved block: Q4_1 (d, m); Q4_0 uses 16 (d)
+Codes8 = types.UniTuple(I8x32, 8)
+
+
+@intrinsic
+def codes_x8(typingctx, a, off):
+    """The 4 chunks of 32 bytes at byte `off` -> 8 code vectors: chunk c's low nibbles, then its high nibbles."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        out = []
+        for c in range(4):
+            v = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 32 * c)]), _v32i8.as_pointer()),
+                             align=1)  # fmt: skip
+            out.append(builder.and_(v, _splat(_v32i8, 15)))
+            out.append(builder.lshr(v, _splat(_v32i8, 4)))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Codes8(a, off), codegen
+
+
+@intrinsic
+def dot_x8(typingctx, codes, a, off):
+    """int32 lane r = weight row r's codes (codes_x8) . the 32 activation quants at byte `off`, exactly."""
+    if codes != Codes8 or not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        acc16 = acc = None
+        for c in range(4):
+            for h in range(2):  # low nibbles: values 4c.., high: 16 + 4c..
+                x4 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 16 * h + 4 * c)]),
+                                                  _i32.as_pointer()), align=1)  # fmt: skip
+                x = builder.bitcast(_bsplat(builder, _v8i32, x4), _v32i8)
+                u = builder.extract_value(args[0], 2 * c + h)
+                if HAS_AVX2 and not HAS_VNNI:
+                    m = _pmaddubsw(builder, u, x)
+                    acc16 = m if acc16 is None else builder.add(acc16, m)
+                else:
+                    acc = _dpbusd(builder, _splat(_v8i32, 0) if acc is None else acc, u, x, narrow=True)
+        return _pmaddwd(builder, acc16, _splat(_v16i16, 1)) if acc is None else acc
+
+    return I32x8(Codes8, a, off), codegen
+
+
+@njit(inline="always", **DOT)
+def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
+    """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows of a 4-bit type (Q4_0, Q4_1): each
+    block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
+    in L1; lane r of a tile row is rows8x1's lane r."""
+    rb = w.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    MT = _m_tile(K)
+    off = _offset32(kind)
+    cx = X8_CODES if kind == Q4_1 else 16
+    acc = np.empty((MT, 8), np.float32)
+    accm = np.empty((MT, 8), np.float32)
+    for t in range(0, M, MT):
+        t1 = min(M, t + MT)
+        for g in range(g0, g1):
+            _prefetch_ahead(w, g * rb, rb)
+            for m in range(t1 - t):
+                st_f32x8(acc, 32 * m, fzero())
+                st_f32x8(accm, 32 * m, fzero())
+            for b in range(K // 32):
+                o = g * rb + b * bsize
+                u = codes_x8(w, o + cx)
+                dw = ld_f16x8(w, o)
+                mw = ld_f16x8(w, o + 16) if kind == Q4_1 else fzero()
+                for m in range(t, t1):
+                    p = isubs(dot_x8(u, qs, m * K + 32 * b), off * sums[m, b])
+                    a = 32 * (m - t)
+                    st_f32x8(acc, a, fma_v(ld_f32x8(acc, a), fcvt(p), fscale(dw, d[m, b])))
+                    if kind == Q4_1:
+                        st_f32x8(accm, a, fma_v(ld_f32x8(accm, a), mw, fbcast(s[m, b])))
+            for m in range(t, t1):
+                a = 32 * (m - t)
+                st_f32x8(out, 4 * (m * N + 8 * g), fadd_v(ld_f32x8(acc, a), ld_f32x8(accm, a)))
+
+
 # ---- K-quants and IQ4_XS: 256-value super-blocks of 8 groups of 32 values, each group with two integer scales
 # (values 0-15, 16-31) -----------------------------------------------------------------------------------------
 
@@ -2562,6 +2655,35 @@ def dot_q4_1(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         call_worker("_rows_q4_1", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+
+
+X8_GROUPS = 2  # groups of 8 interleaved weight rows per parallel work item (CHUNK rows)
+
+
+@njit(**DOT)
+def _rows_q4_0_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_rows_q4_0_x8, DOT_PARALLEL)
+def dot_q4_0_x8(w, d, s, qs, sums, out):
+    """dot_q4_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 144]."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_rows_q4_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
+def _rows_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_rows_q4_1_x8, DOT_PARALLEL)
+def dot_q4_1_x8(w, d, s, qs, sums, out):
+    """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
 
 
 @njit(**DOT)

@@ -1,0 +1,94 @@
+"""Q4_0 / Q4_1 weights in the interleaved layout of ggufrun.quants.repack give the same bits as in the file's."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+import ggufrun.quants as Q
+from ggufrun.model import Transformer
+from ggufrun.quants.repack import REPACKED_TYPES, repack
+from ggufrun.reader import GGUFFile
+
+
+def _random_blocks(qtype: T, n: int, k: int, rng) -> np.ndarray:
+    """n rows of k values quantized by gguf-py (real scales and codes, not random bytes)."""
+    from gguf.quants import quantize
+
+    return quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+
+
+@pytest.mark.parametrize("qtype", sorted(REPACKED_TYPES))
+@pytest.mark.parametrize(("n", "k"), [(8, 32), (64, 96), (40, 2048)])
+def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
+    rng = np.random.default_rng(n + k)
+    w = _random_blocks(qtype, n, k, rng)
+    w8, kernel = repack(w, qtype)
+    assert w8.shape == (n // 8, w.shape[1] * 8) and w8.nbytes == w.nbytes
+    for m in (1, 3, 4, 5, 8, 70):  # decode, the rows8x1 / tile split of the file layout, several tiles
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[0, :32] = 0.0  # a block of zeros (d = 0)
+        qx = Q.quantize_activations(x, qtype)
+        want, got = np.zeros((m, n), np.float32), np.full((m, n), np.nan, np.float32)
+        Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
+        kernel(w8, *qx.arrays, got)
+        assert np.array_equal(want.view(np.int32), got.view(np.int32)), (m, np.abs(want - got).max())
+
+
+def test_repack_layout_holds_every_byte_once():
+    w = np.arange(16 * 2 * 20, dtype=np.int64).astype(np.uint8).reshape(16, 40)  # Q4_1: 16 rows x 2 blocks
+    w8, _ = repack(w, T.Q4_1)
+    assert sorted(w8.ravel().tolist()) == sorted(w.ravel().tolist())
+    block = w8[1, 160:320]  # group 1 (rows 8..15), block 1
+    rows = w[8:16, 20:40]
+    assert block[:16].tolist() == rows[:, 0:2].ravel().tolist()  # d of the 8 rows
+    assert block[16:32].tolist() == rows[:, 2:4].ravel().tolist()  # m
+    assert block[32 + 32 * 2 : 32 + 32 * 3].tolist() == rows[:, 4 + 8 : 4 + 12].ravel().tolist()  # chunk 2
+
+
+def test_repack_leaves_other_types_and_shapes_alone():
+    assert repack(np.zeros((12, 20), np.uint8), T.Q4_1) is None  # 12 rows: not groups of 8
+    assert repack(np.zeros((16, 34), np.uint8), T.Q8_0) is None  # no interleaved layout
+    assert repack(np.zeros((16, 21), np.uint8), T.Q4_1) is None  # not whole blocks
+
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+
+
+@pytest.mark.parametrize("name", ["small-llama-q4_0", "small-llama-q4_1"])
+def test_model_matrices_are_repacked_and_their_file_pages_released(name, monkeypatch):
+    path = GOLDEN / f"{name}.gguf"
+    kernel = Q.dot.dot_q4_0_x8 if name.endswith("q4_0") else Q.dot.dot_q4_1_x8
+    released = []
+    original = GGUFFile.release_pages
+    monkeypatch.setattr(GGUFFile, "release_pages", lambda self, v: (released.append(v.nbytes), original(self, v)))
+    tf = Transformer(GGUFFile(path))
+    layer = tf.weights.layers[0]
+    assert layer.ffn_up.dot is kernel and layer.ffn_up.w.base is not None
+    assert tf.weights.token_embd.dot is not kernel  # the embedding lookup reads the file layout
+    assert len(released) == sum(1 for L in tf.weights.layers for lin in L.matrices if lin.dot is kernel) + (
+        tf.weights.output.dot is kernel
+    )
+    logits = tf.logits([1, 2, 3, 4, 5])
+    plain = Transformer(GGUFFile(path))
+    for L in plain.weights.layers:  # the same model with the file's layout everywhere
+        for f in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            lin = getattr(L, f)
+            t = plain.gguf.tensors[lin.name]
+            object.__setattr__(L, f, type(lin).of(t))
+    if plain.weights.output is not plain.weights.token_embd:
+        object.__setattr__(plain.weights, "output", type(lin).of(plain.gguf.tensors["output.weight"]))
+    assert np.array_equal(plain.logits([1, 2, 3, 4, 5]).view(np.int32), logits.view(np.int32))
+
+
+def test_release_pages_only_touches_its_own_map():
+    with GGUFFile(GOLDEN / "small-llama-q4_1.gguf") as f:
+        t = next(t for t in f.tensors.values() if t.data.nbytes >= 2 * mmap.PAGESIZE)
+        before = t.data.copy()
+        f.release_pages(t.data)
+        assert np.array_equal(t.data, before)  # read again from the file
+        f.release_pages(np.zeros(4 * mmap.PAGESIZE, np.uint8))  # not a view of the file: nothing happens

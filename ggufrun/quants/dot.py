@@ -1949,17 +1949,17 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     return fadd_v(acc, accm)
 
 
-# ---- 32-value 4-bit blocks of 8 weight rows interleaved (Q4_0, Q4_1; the layout of ggufrun.quants.repack) -------
-# A group of 8 weight rows holds, per block of 32 values: the 8 rows' d (8 halves), for Q4_1 their m (8 halves),
-# then 4 chunks of 32 bytes, chunk c holding bytes 4c..4c+3 of each row's 16 nibble bytes (row r at 4r): its low
-# nibbles are values 4c..4c+3, its high nibbles values 16+4c..16+4c+3. Each of the 8 code vectors then meets 4
-# activation quants broadcast to all 8 rows, so one int32 lane per weight row comes out without the transpose
-# (isum8) that rows8x1 needs; on AVX2 without VNNI the 8 vpmaddubsw results are summed in int16 (8 x 2 x 15 x 127
-# = 30480 < 2^15: exact) and widened by one vpmaddwd. Every lane is the same exact integer as rows8x1's and the
-# float steps are rows8x1's, so the results are the same bits (llama.cpp's repacked ggml_gemm_q4_0_8x8_q8_0 in
+# ---- 32-value 4- and 5-bit blocks of 8 weight rows interleaved (Q4_0, Q4_1, Q5_0; see ggufrun.quants.repack) -----
+# A group of 8 weight rows holds, per block of 32 values: the 8 rows' d (8 halves), for Q4_1 their m (8 halves), then 4
+# chunks of 32 bytes, chunk c holding bytes 4c..4c+3 of each row's 16 nibble bytes (row r at 4r): its low nibbles are
+# values 4c..4c+3, its high nibbles values 16+4c..16+4c+3. Each of the 8 code vectors then meets 4 activation quants
+# broadcast to all 8 rows, so one int32 lane per weight row comes out without the transpose (isum8) that rows8x1 needs;
+# on AVX2 without VNNI the 8 vpmaddubsw results are summed in int16 (8 x 2 x 15 x 127 = 30480 < 2^15: exact) and widened
+# by one vpmaddwd (5-bit codes: 4 at a time). Q5_0's fifth bits sit in a 32-byte plane after d, bit j of byte i for code
+# vector j's byte i, so each code vector takes 3 more operations. Every lane is the same exact integer as rows8x1's and
+# the float steps are rows8x1's, so the results are the same bits (llama.cpp's repacked ggml_gemm_q4_0_8x8_q8_0 in
 # ggml-cpu/repack.cpp interleaves the same way).
 
-X8_CODES = 32  # byte offset of the code chunks in an interleaved block: Q4_1 (d, m); Q4_0 uses 16 (d)
 Codes8 = types.UniTuple(I8x32, 8)
 
 
@@ -1983,28 +1983,69 @@ def codes_x8(typingctx, a, off):
 
 
 @intrinsic
-def dot_x8(typingctx, codes, a, off):
-    """int32 lane r = weight row r's codes (codes_x8) . the 32 activation quants at byte `off`, exactly."""
-    if codes != Codes8 or not _is_ptr_args(a, off):
+def codes5_x8(typingctx, a, off):
+    """Q5_0's interleaved codes at byte `off`: a 32-byte plane of fifth bits (bit j of byte i: code vector j's
+    byte i), then 4 chunks of nibble bytes as codes_x8's -> 8 code vectors of 5 bits."""
+    if not _is_ptr_args(a, off):
         return None
 
     def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-        acc16 = acc = None
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+
+        def load(at):
+            return builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _v32i8.as_pointer()), align=1)
+
+        plane = builder.bitcast(load(0), _v16i16)  # 16-bit shifts: x86 has no byte shifts; bit 4 of each byte
+        out = []  # comes from the same byte for shifts of at most 4 either way
         for c in range(4):
-            for h in range(2):  # low nibbles: values 4c.., high: 16 + 4c..
-                x4 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 16 * h + 4 * c)]),
-                                                  _i32.as_pointer()), align=1)  # fmt: skip
+            v = load(32 + 32 * c)
+            for j, nib in (
+                (2 * c, builder.and_(v, _splat(_v32i8, 15))),
+                (2 * c + 1, builder.lshr(v, _splat(_v32i8, 4))),
+            ):
+                moved = (builder.shl(plane, _splat(_v16i16, 4 - j)) if j < 4
+                         else builder.lshr(plane, _splat(_v16i16, j - 4)))  # fmt: skip
+                out.append(builder.or_(nib, builder.and_(builder.bitcast(moved, _v32i8), _splat(_v32i8, 0x10))))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Codes8(a, off), codegen
+
+
+def _dot_x8(run: int):
+    """dot_x8 for codes whose vpmaddubsw pairs may be summed `run` at a time in int16 (4-bit: 8, 5-bit: 4)."""
+
+    @intrinsic
+    def dot(typingctx, codes, a, off):
+        if codes != Codes8 or not _is_ptr_args(a, off):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+            acc16 = acc = None
+            for j in range(8):  # code vector j: chunk c = j // 2, values 4c.. (low nibbles) or 16 + 4c.. (high)
+                at = 16 * (j % 2) + 4 * (j // 2)
+                x4 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _i32.as_pointer()), align=1)
                 x = builder.bitcast(_bsplat(builder, _v8i32, x4), _v32i8)
-                u = builder.extract_value(args[0], 2 * c + h)
+                u = builder.extract_value(args[0], j)
                 if HAS_AVX2 and not HAS_VNNI:
                     m = _pmaddubsw(builder, u, x)
                     acc16 = m if acc16 is None else builder.add(acc16, m)
+                    if (j + 1) % run == 0:
+                        part = _pmaddwd(builder, acc16, _splat(_v16i16, 1))
+                        acc, acc16 = (part if acc is None else builder.add(acc, part)), None
                 else:
                     acc = _dpbusd(builder, _splat(_v8i32, 0) if acc is None else acc, u, x, narrow=True)
-        return _pmaddwd(builder, acc16, _splat(_v16i16, 1)) if acc is None else acc
+            return acc
 
-    return I32x8(Codes8, a, off), codegen
+        return I32x8(Codes8, a, off), codegen
+
+    return dot
+
+
+# int32 lane r = weight row r's codes (codes_x8 / codes5_x8) . the 32 activation quants at byte `off`, exactly:
+# 4-bit codes sum 8 vpmaddubsw in int16 (8 x 2 x 15 x 127 = 30480), 5-bit ones 4 (4 x 2 x 31 x 127 = 31496)
+dot_x8 = _dot_x8(8)
+dot5_x8 = _dot_x8(4)
 
 
 @njit(inline="always", **DOT)
@@ -2016,7 +2057,7 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     MT = _m_tile(K)
     off = _offset32(kind)
-    cx = X8_CODES if kind == Q4_1 else 16
+    cx = 32 if kind == Q4_1 or kind == Q5_0 else 16  # after d and m (Q4_1), d and the fifth-bit plane... (Q5_0)
     acc = np.empty((MT, 8), np.float32)
     accm = np.empty((MT, 8), np.float32)
     for t in range(0, M, MT):
@@ -2028,11 +2069,12 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
                 st_f32x8(accm, 32 * m, fzero())
             for b in range(K // 32):
                 o = g * rb + b * bsize
-                u = codes_x8(w, o + cx)
+                u = codes5_x8(w, o + 16) if kind == Q5_0 else codes_x8(w, o + cx)
                 dw = ld_f16x8(w, o)
                 mw = ld_f16x8(w, o + 16) if kind == Q4_1 else fzero()
                 for m in range(t, t1):
-                    p = isubs(dot_x8(u, qs, m * K + 32 * b), off * sums[m, b])
+                    p = dot5_x8(u, qs, m * K + 32 * b) if kind == Q5_0 else dot_x8(u, qs, m * K + 32 * b)
+                    p = isubs(p, off * sums[m, b])
                     a = 32 * (m - t)
                     st_f32x8(acc, a, fma_v(ld_f32x8(acc, a), fcvt(p), fscale(dw, d[m, b])))
                     if kind == Q4_1:
@@ -2684,6 +2726,19 @@ def dot_q4_1_x8(w, d, s, qs, sums, out):
     G = w.shape[0]
     for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
         call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
+def _rows_q5_0_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_rows_q5_0_x8, DOT_PARALLEL)
+def dot_q5_0_x8(w, d, s, qs, sums, out):
+    """dot_q5_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 176]."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_rows_q5_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
 
 
 @njit(**DOT)

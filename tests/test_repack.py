@@ -11,7 +11,8 @@ from gguf import GGMLQuantizationType as T
 
 import ggufrun.quants as Q
 from ggufrun.model import Transformer
-from ggufrun.quants.repack import REPACKED_TYPES, repack
+from ggufrun.model.linear import Linear
+from ggufrun.quants.repack import REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
 from ggufrun.reader import GGUFFile
 
 
@@ -52,37 +53,54 @@ def test_repack_layout_holds_every_byte_once():
 
 def test_repack_leaves_other_types_and_shapes_alone():
     assert repack(np.zeros((12, 20), np.uint8), T.Q4_1) is None  # 12 rows: not groups of 8
-    assert repack(np.zeros((16, 34), np.uint8), T.Q8_0) is None  # no interleaved layout
+    assert repack(np.zeros((16, 210), np.uint8), T.Q6_K) is None  # no interleaved layout
     assert repack(np.zeros((16, 21), np.uint8), T.Q4_1) is None  # not whole blocks
 
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 
 
-@pytest.mark.parametrize("name", ["small-llama-q4_0", "small-llama-q4_1"])
+@pytest.mark.parametrize("qtype", sorted(ROW_LOOKUP_TYPES))
+def test_rows_read_back_from_the_interleaved_layout(qtype):
+    rng = np.random.default_rng(3)
+    w = _random_blocks(qtype, 48, 64, rng)
+    w8, _ = repack(w, qtype)
+    ids = np.array([0, 47, 8, 7, 7, 33])
+    assert np.array_equal(get_rows(w8, qtype, ids), Q.get_rows(w, qtype, ids))
+    with pytest.raises(IndexError):
+        get_rows(w8, qtype, [48])
+    with pytest.raises(ValueError, match="Q5_0"):
+        get_rows(repack(_random_blocks(T.Q5_0, 8, 32, rng), T.Q5_0)[0], T.Q5_0, [0])
+
+
+@pytest.mark.parametrize("name", ["small-llama-q4_0", "small-llama-q4_1", "small-llama-q5_0", "small-llama-tied-q8_0"])
 def test_model_matrices_are_repacked_and_their_file_pages_released(name, monkeypatch):
     path = GOLDEN / f"{name}.gguf"
-    kernel = Q.dot.dot_q4_0_x8 if name.endswith("q4_0") else Q.dot.dot_q4_1_x8
     released = []
     original = GGUFFile.release_pages
     monkeypatch.setattr(GGUFFile, "release_pages", lambda self, v: (released.append(v.nbytes), original(self, v)))
     tf = Transformer(GGUFFile(path))
-    layer = tf.weights.layers[0]
-    assert layer.ffn_up.dot is kernel and layer.ffn_up.w.base is not None
-    assert tf.weights.token_embd.dot is not kernel  # the embedding lookup reads the file layout
-    assert len(released) == sum(1 for L in tf.weights.layers for lin in L.matrices if lin.dot is kernel) + (
-        tf.weights.output.dot is kernel
-    )
-    logits = tf.logits([1, 2, 3, 4, 5])
-    plain = Transformer(GGUFFile(path))
-    for L in plain.weights.layers:  # the same model with the file's layout everywhere
+    w = tf.weights
+    matrices = {id(lin): lin for L in w.layers for lin in L.matrices} | {id(w.token_embd): w.token_embd}
+    matrices[id(w.output)] = w.output
+    packed = [lin for lin in matrices.values() if lin.packed]
+    assert len(released) == len(packed) > 0
+    for lin in matrices.values():
+        assert lin.packed == (
+            lin.qtype in REPACKED_TYPES and (lin is not w.token_embd or lin.qtype in ROW_LOOKUP_TYPES)
+        )
+    ids = [1, 2, 3, 4, 5]
+    logits = tf.logits(ids)
+    plain = Transformer(GGUFFile(path))  # the same model with the file's layout everywhere
+    file_layout = {f: Linear.of(plain.gguf.tensors[lin.name]) for f, lin in vars(plain.weights).items()
+                   if isinstance(lin, Linear)}  # fmt: skip
+    for L in plain.weights.layers:
         for f in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
-            lin = getattr(L, f)
-            t = plain.gguf.tensors[lin.name]
-            object.__setattr__(L, f, type(lin).of(t))
-    if plain.weights.output is not plain.weights.token_embd:
-        object.__setattr__(plain.weights, "output", type(lin).of(plain.gguf.tensors["output.weight"]))
-    assert np.array_equal(plain.logits([1, 2, 3, 4, 5]).view(np.int32), logits.view(np.int32))
+            object.__setattr__(L, f, Linear.of(plain.gguf.tensors[getattr(L, f).name]))
+    for f, lin in file_layout.items():
+        object.__setattr__(plain.weights, f, lin)
+    assert not any(lin.packed for L in plain.weights.layers for lin in L.matrices) and not plain.weights.output.packed
+    assert np.array_equal(plain.logits(ids).view(np.int32), logits.view(np.int32))
 
 
 def test_release_pages_only_touches_its_own_map():

@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from .. import quants
-from ..quants.repack import repack
+from ..quants import repack
 from ..reader import TensorInfo
 
 
@@ -30,6 +30,7 @@ class Linear:
     dot: Callable  # njit dot(w, *activation arrays, out float32 [M, n_out])
     n_out: int
     n_in: int
+    packed: bool = False  # w is in ggufrun.quants.repack's interleaved layout [n_out / 8, 8 x row_bytes]
 
     @classmethod
     def of(cls, t: TensorInfo, expert: int | None = None, rows: tuple[int, int] | None = None) -> Linear:
@@ -47,11 +48,20 @@ class Linear:
         assert w.ndim == 2 and w.flags.c_contiguous and len(shape) == 2, t.name
         return cls(t.name, w, t.type, e.act, e.dot, shape[0], shape[1])
 
-    def repacked(self) -> Linear:
+    def repacked(self, rows_too: bool = False) -> Linear:
         """This matrix copied into the interleaved layout of ggufrun.quants.repack, with that layout's kernel
-        (the same output bits, faster), when its type has one; else itself."""
-        r = repack(self.w, self.qtype)
-        return self if r is None else replace(self, w=r[0], dot=r[1])
+        (the same output bits, faster), when its type has one (and, with rows_too, its rows can still be read
+        back by `rows`: an embedding table); else itself."""
+        if rows_too and self.qtype not in repack.ROW_LOOKUP_TYPES:
+            return self
+        r = repack.repack(self.w, self.qtype)
+        return self if r is None else replace(self, w=r[0], dot=r[1], packed=True)
+
+    def rows(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Rows `ids` of the matrix as float32 (the token-embedding lookup), whatever its layout."""
+        if self.packed:
+            return repack.get_rows(self.w, self.qtype, ids, out=out)
+        return quants.get_rows(self.w, self.qtype, ids, out=out)
 
 
 class Projector:

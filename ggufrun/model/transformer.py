@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from .. import quants
 from ..errors import ContextOverflowError
 from ..runtime import ThreadGovernor, on_compute_thread
 from . import kernels
@@ -402,7 +401,7 @@ class Transformer:
         c, w, s = self.config, self.weights, self.state
         m = ids.shape[0]
         x, h = s.x[:m], s.h[:m]
-        quants.get_rows(w.token_embd.w, w.token_embd.qtype, ids, out=x)
+        w.token_embd.rows(ids, out=x)
         if self._embed_scale is not None:
             kernels.scale_rows(x, self._embed_scale)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)

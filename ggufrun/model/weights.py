@@ -1,10 +1,10 @@
 """The model's tensors, looked up by their GGUF names and checked against the config.
 
 Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear), except those of a type
-with an interleaved layout (Q4_0, Q4_1: repack_matrices copies them into it once, and the file pages are released);
-only 1-D vectors (norm weights, biases) become small float32 arrays. Attribute names are the GGUF names without
-`blk.N.` and `.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the kernels read
-as "not there".
+with an interleaved layout (Q4_0, Q4_1, Q5_0, Q8_0: repack_matrices copies them into it once and releases the file
+pages); only 1-D vectors (norm weights, biases) become small float32 arrays. Attribute names are the GGUF names
+without `blk.N.` and `.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length array, which the
+kernels read as "not there".
 
 Fused matrices are split by rows into zero-copy views, as llama.cpp's graph splits their product
 (src/llama-graph.cpp build_qkv, ggml_swiglu): `attn_qkv` ([Q; K; V] rows, accepted wherever a file has it instead of
@@ -278,20 +278,23 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
 
 
 def repack_matrices(weights: Weights, gguf) -> Weights:
-    """`weights` with every matrix whose type has an interleaved layout (ggufrun.quants.repack: Q4_0, Q4_1)
-    copied into it, the file pages each came from released (GGUFFile.release_pages), so the process holds one copy.
-    token_embd keeps the file's layout (the embedding lookup reads its rows), and so does an output tied to it."""
+    """`weights` with every matrix whose type has an interleaved layout (ggufrun.quants.repack: Q4_0, Q4_1, Q5_0,
+    Q8_0) copied into it, the file pages each came from released (GGUFFile.release_pages), so the process holds one
+    copy. token_embd (and an output tied to it) only where its rows can be read back from that layout (Q4_0, Q4_1,
+    Q8_0: the embedding lookup reads them)."""
 
-    def pack(lin):
+    def pack(lin, rows_too=False):
         if isinstance(lin, tuple):
             return tuple(pack(x) for x in lin)
-        if not isinstance(lin, Linear) or lin is weights.token_embd:
+        if not isinstance(lin, Linear):
             return lin
-        new = lin.repacked()
+        new = lin.repacked(rows_too)
         if new is not lin:
             gguf.release_pages(lin.w)
         return new
 
     layers = tuple(replace(layer, **{f.name: pack(getattr(layer, f.name)) for f in fields(layer)})
                    for layer in weights.layers)  # fmt: skip
-    return replace(weights, layers=layers, output=pack(weights.output))
+    token_embd = pack(weights.token_embd, rows_too=True)
+    output = token_embd if weights.output is weights.token_embd else pack(weights.output)
+    return replace(weights, layers=layers, token_embd=token_embd, output=output)

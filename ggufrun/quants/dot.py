@@ -1949,14 +1949,15 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
     return fadd_v(acc, accm)
 
 
-# ---- 32-value 4- and 5-bit blocks of 8 weight rows interleaved (Q4_0, Q4_1, Q5_0; see ggufrun.quants.repack) -----
+# ---- 32-value blocks of 8 weight rows interleaved (Q4_0, Q4_1, Q5_0, Q8_0; see ggufrun.quants.repack) ------------
 # A group of 8 weight rows holds, per block of 32 values: the 8 rows' d (8 halves), for Q4_1 their m (8 halves), then 4
 # chunks of 32 bytes, chunk c holding bytes 4c..4c+3 of each row's 16 nibble bytes (row r at 4r): its low nibbles are
 # values 4c..4c+3, its high nibbles values 16+4c..16+4c+3. Each of the 8 code vectors then meets 4 activation quants
 # broadcast to all 8 rows, so one int32 lane per weight row comes out without the transpose (isum8) that rows8x1 needs;
 # on AVX2 without VNNI the 8 vpmaddubsw results are summed in int16 (8 x 2 x 15 x 127 = 30480 < 2^15: exact) and widened
 # by one vpmaddwd (5-bit codes: 4 at a time). Q5_0's fifth bits sit in a 32-byte plane after d, bit j of byte i for code
-# vector j's byte i, so each code vector takes 3 more operations. Every lane is the same exact integer as rows8x1's and
+# vector j's byte i, so each code vector takes 3 more operations; Q8_0's 8 chunks hold 4 code bytes per row each, met
+# as dpbssd / dpbusd meet them (one vpmaddwd per chunk). Every lane is the same exact integer as rows8x1's and
 # the float steps are rows8x1's, so the results are the same bits (llama.cpp's repacked ggml_gemm_q4_0_8x8_q8_0 in
 # ggml-cpu/repack.cpp interleaves the same way).
 
@@ -2048,6 +2049,53 @@ dot_x8 = _dot_x8(8)
 dot5_x8 = _dot_x8(4)
 
 
+@intrinsic
+def codes8_x8(typingctx, a, off):
+    """Q8_0's interleaved codes at byte `off`: 8 chunks of 32 bytes (chunk j: values 4j..4j+3 of each row), as the
+    row dots use them: signed on SIGNED_PAIRS CPUs, else + 128 (unsigned)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        out = []
+        for j in range(8):
+            v = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 32 * j)]), _v32i8.as_pointer()), align=1)
+            out.append(v if SIGNED_PAIRS else builder.xor(v, _splat(_v32i8, 0x80)))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Codes8(a, off), codegen
+
+
+@intrinsic
+def dot8_x8(typingctx, codes, a, off):
+    """dot_x8 for Q8_0's codes (codes8_x8): chunk j meets quants 4j..4j+3; signed x signed on SIGNED_PAIRS CPUs
+    (dpbssd's vpsignb route), else the unsigned codes' dpbusd (the caller subtracts 128 x the quant sum)."""
+    if codes != Codes8 or not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        acc = _splat(_v8i32, 0)
+        sign = None
+        if SIGNED_PAIRS:
+            sign = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.psign.b"
+            )
+        for j in range(8):
+            x4 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 4 * j)]), _i32.as_pointer()), align=1)
+            x = builder.bitcast(_bsplat(builder, _v8i32, x4), _v32i8)
+            u = builder.extract_value(args[0], j)
+            if SIGNED_PAIRS:
+                part = _pmaddubsw_wd(builder, builder.call(sign, [u, u]), builder.call(sign, [x, u]))
+                acc = builder.add(acc, part)
+            else:
+                acc = _dpbusd(builder, acc, u, x)
+        return acc
+
+    return I32x8(Codes8, a, off), codegen
+
+
 @njit(inline="always", **DOT)
 def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows of a 4-bit type (Q4_0, Q4_1): each
@@ -2069,11 +2117,21 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
                 st_f32x8(accm, 32 * m, fzero())
             for b in range(K // 32):
                 o = g * rb + b * bsize
-                u = codes5_x8(w, o + 16) if kind == Q5_0 else codes_x8(w, o + cx)
+                if kind == Q8_0:
+                    u = codes8_x8(w, o + 16)
+                elif kind == Q5_0:
+                    u = codes5_x8(w, o + 16)
+                else:
+                    u = codes_x8(w, o + cx)
                 dw = ld_f16x8(w, o)
                 mw = ld_f16x8(w, o + 16) if kind == Q4_1 else fzero()
                 for m in range(t, t1):
-                    p = dot5_x8(u, qs, m * K + 32 * b) if kind == Q5_0 else dot_x8(u, qs, m * K + 32 * b)
+                    if kind == Q8_0:
+                        p = dot8_x8(u, qs, m * K + 32 * b)
+                    elif kind == Q5_0:
+                        p = dot5_x8(u, qs, m * K + 32 * b)
+                    else:
+                        p = dot_x8(u, qs, m * K + 32 * b)
                     p = isubs(p, off * sums[m, b])
                     a = 32 * (m - t)
                     st_f32x8(acc, a, fma_v(ld_f32x8(acc, a), fcvt(p), fscale(dw, d[m, b])))
@@ -2739,6 +2797,19 @@ def dot_q5_0_x8(w, d, s, qs, sums, out):
     G = w.shape[0]
     for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
         call_worker("_rows_q5_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
+def _rows_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_rows_q8_0_x8, DOT_PARALLEL)
+def dot_q8_0_x8(w, d, s, qs, sums, out):
+    """dot_q8_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 272]."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_rows_q8_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
 
 
 @njit(**DOT)

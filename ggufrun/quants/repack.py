@@ -18,7 +18,9 @@ longer needed by the kernels (GGUFFile.release_pages lets the OS drop them from 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -30,32 +32,86 @@ _LAYOUTS: dict[T, tuple[int, int, Callable]] = {
     T.Q4_0: (2, 18, dot.dot_q4_0_x8),
     T.Q4_1: (4, 20, dot.dot_q4_1_x8),
     T.Q5_0: (2, 22, dot.dot_q5_0_x8),  # d only among the 8-row fields; qh becomes the fifth-bit plane
+    T.Q8_0: (2, 34, dot.dot_q8_0_x8),
 }
 REPACKED_TYPES = frozenset(_LAYOUTS)
+# layouts that only move bytes (not Q5_0's bit plane): rows can be read back from them (get_rows)
+ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0})
 
 
 def repack(w: np.ndarray, qtype: T) -> tuple[np.ndarray, Callable] | None:
     """(w in the interleaved layout, its dot kernel), or None if `qtype` has none or w has not 8k rows."""
     if qtype not in _LAYOUTS or w.ndim != 2 or w.dtype != np.uint8 or w.shape[0] % 8:
         return None
-    scales, bsize, kernel = _LAYOUTS[qtype]
-    n, row_bytes = w.shape
-    if row_bytes % bsize:
+    bsize = _LAYOUTS[qtype][1]
+    if w.shape[1] % bsize:
         return None
-    nb, g = row_bytes // bsize, n // 8
-    blocks = w.reshape(g, 8, nb, bsize)
-    out = np.empty((g, nb, 8 * bsize), np.uint8)
+    blocks = w.reshape(w.shape[0] // 8, 8, -1, bsize)
+    g = blocks.shape[0]
+    out = np.empty((g, w.shape[1] * 8), np.uint8)
+    # large matrices (a 262,144-row embedding table) in parts on several threads: np.copyto releases the GIL, and
+    # most of the time goes to first touches of the file's pages and of the new ones
+    parts = min(PARALLEL_PARTS, max(1, w.nbytes // PARALLEL_BYTES), g)
+    if parts == 1:
+        _interleave(blocks, qtype, out)
+    else:
+        cut = [g * i // parts for i in range(parts + 1)]
+        with ThreadPoolExecutor(parts) as pool:
+            list(pool.map(lambda i: _interleave(blocks[cut[i] : cut[i + 1]], qtype, out[cut[i] : cut[i + 1]]),
+                          range(parts)))  # fmt: skip
+    return out, _LAYOUTS[qtype][2]
+
+
+PARALLEL_BYTES = 1 << 24  # matrices from 16 MB on are repacked in parts on threads
+PARALLEL_PARTS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _interleave(blocks: np.ndarray, qtype: T, out: np.ndarray | None = None) -> np.ndarray:
+    """blocks [groups, 8 rows, blocks per row, bsize] (any dtype for the byte-moving layouts) -> out [groups, row
+    bytes x 8] in the interleaved layout."""
+    scales, bsize, _ = _LAYOUTS[qtype]
+    g, _, nb, _ = blocks.shape
+    if out is None:
+        out = np.empty((g, nb * 8 * bsize), blocks.dtype)
+    out = out.reshape(g, nb, 8 * bsize)  # each field copied in one strided pass (np.copyto of views)
     for f in range(0, scales, 2):  # d (and m): field f of the 8 rows, contiguous
-        out[:, :, 8 * f : 8 * f + 16] = blocks[:, :, :, f : f + 2].transpose(0, 2, 1, 3).reshape(g, nb, 16)
+        np.copyto(out[:, :, 8 * f : 8 * f + 16].reshape(g, nb, 8, 2), blocks[:, :, :, f : f + 2].transpose(0, 2, 1, 3))
     at = 8 * scales
     if qtype == T.Q5_0:  # the fifth bits: plane byte 4r + k, bit j = bit 16 (j % 2) + 4 (j // 2) + k of row r's qh
-        qh = blocks[:, :, :, 2:6].copy().view("<u4")[..., 0]  # [group, row, block]
-        bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1  # [group, row, block, value]
-        j = np.arange(8)
-        value = 16 * (j % 2)[:, None] + 4 * (j // 2)[:, None] + np.arange(4)[None, :]  # [j, k]
-        plane = (bits[..., value] << j[:, None].astype(np.uint32)).sum(axis=3)  # [group, row, block, k]
-        out[:, :, at : at + 32] = plane.transpose(0, 2, 1, 3).reshape(g, nb, 32).astype(np.uint8)
+        qh = blocks[:, :, :, 2:6].copy().view("<u4")[..., 0].transpose(0, 2, 1)  # [group, block, row]
+        plane = np.zeros((g, nb, 8, 4), np.uint8)
+        for j in range(8):
+            for k in range(4):
+                plane[:, :, :, k] |= (((qh >> (16 * (j % 2) + 4 * (j // 2) + k)) & 1) << j).astype(np.uint8)
+        out[:, :, at : at + 32] = plane.reshape(g, nb, 32)
         at, scales = at + 32, 6
-    qs = blocks[:, :, :, scales:].reshape(g, 8, nb, 4, 4)  # [group, row, block, chunk, byte]
-    out[:, :, at:] = qs.transpose(0, 2, 3, 1, 4).reshape(g, nb, 128)
-    return out.reshape(g, nb * bsize * 8), kernel
+    chunks = (bsize - scales) // 4
+    qs = blocks[:, :, :, scales:].reshape(g, 8, nb, chunks, 4)  # [group, row, block, chunk, byte]
+    np.copyto(out[:, :, at:].reshape(g, nb, chunks, 8, 4), qs.transpose(0, 2, 3, 1, 4))
+    return out.reshape(g, nb * bsize * 8)
+
+
+def _row_positions(qtype: T) -> np.ndarray:
+    """[8, bsize]: where byte j of row r's block sits within the 8 rows' interleaved block (ROW_LOOKUP_TYPES)."""
+    bsize = _LAYOUTS[qtype][1]
+    moved = _interleave(np.arange(8 * bsize, dtype=np.int32).reshape(1, 8, 1, bsize), qtype)[0]
+    return np.argsort(moved).reshape(8, bsize)
+
+
+def get_rows(w8: np.ndarray, qtype: T, ids, out: np.ndarray | None = None) -> np.ndarray:
+    """quants.get_rows for a matrix in the interleaved layout: rows `ids` as float32 [len(ids), K], the same values
+    (each row's blocks are gathered back into the file's byte order, then dequantized by the type's kernel)."""
+    from . import get_rows as file_rows
+
+    if qtype not in ROW_LOOKUP_TYPES:
+        raise ValueError(f"rows cannot be read back from the interleaved {qtype.name} layout")
+    bsize = _LAYOUTS[qtype][1]
+    rows = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    n = w8.shape[0] * 8
+    if rows.size and (rows.min() < 0 or rows.max() >= n):
+        raise IndexError(f"row ids must be in [0, {n}), got {rows.min()}..{rows.max()}")
+    nb = w8.shape[1] // (8 * bsize)
+    blocks = w8[rows // 8].reshape(rows.size, nb, 8 * bsize)
+    where = _row_positions(qtype)[rows % 8][:, None, :]  # [n, 1, bsize]
+    file_layout = np.take_along_axis(blocks, np.broadcast_to(where, (rows.size, nb, bsize)), axis=2)
+    return file_rows(file_layout.reshape(rows.size, nb * bsize), qtype, np.arange(rows.size), out)

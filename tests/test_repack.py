@@ -110,3 +110,36 @@ def test_release_pages_only_touches_its_own_map():
         f.release_pages(t.data)
         assert np.array_equal(t.data, before)  # read again from the file
         f.release_pages(np.zeros(4 * mmap.PAGESIZE, np.uint8))  # not a view of the file: nothing happens
+
+
+PORTABLE = """
+import numpy as np
+import ggufrun.quants as Q
+from ggufrun.quants import dot
+from ggufrun.quants.repack import REPACKED_TYPES, repack
+from gguf.quants import quantize
+assert not dot.HAS_AVX2 and not dot.SIGNED_PAIRS
+rng = np.random.default_rng(0)
+for qtype in sorted(REPACKED_TYPES):
+    w = quantize(rng.standard_normal((64, 96)).astype(np.float32), qtype)
+    w8, kernel = repack(w, qtype)
+    for m in (1, 5):
+        qx = Q.quantize_activations(rng.standard_normal((m, 96)).astype(np.float32), qtype)
+        want, got = np.zeros((m, 64), np.float32), np.zeros((m, 64), np.float32)
+        Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
+        kernel(w8, *qx.arrays, got)
+        assert np.array_equal(want.view(np.int32), got.view(np.int32)), (qtype, m)
+print("ok")
+"""
+
+
+def test_interleaved_kernels_on_a_cpu_without_avx2(tmp_path):
+    # the portable LLVM IR paths (no vpmaddubsw; Q8_0's codes + 128 against dpbusd, as on VNNI CPUs), compiled for a
+    # generic x86-64 target in a subprocess with its own Numba cache
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", PORTABLE], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

@@ -2103,19 +2103,19 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     in L1; lane r of a tile row is rows8x1's lane r."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nb = K // 32
     MT = _m_tile(K)
     off = _offset32(kind)
     cx = 32 if kind == Q4_1 or kind == Q5_0 else 16  # after d and m (Q4_1), d and the fifth-bit plane... (Q5_0)
-    acc = np.empty((MT, 8), np.float32)
-    accm = np.empty((MT, 8), np.float32)
+    acc = np.empty((MT, 16), np.float32)  # per tile row: the 8 lanes of d terms, then the 8 of m terms (Q4_1)
+    d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)  # flat: the row loop steps one index
     for t in range(0, M, MT):
         t1 = min(M, t + MT)
         for g in range(g0, g1):
             _prefetch_ahead(w, g * rb, rb)
-            for m in range(t1 - t):
-                st_f32x8(acc, 32 * m, fzero())
-                st_f32x8(accm, 32 * m, fzero())
-            for b in range(K // 32):
+            for a in range(0, 64 * (t1 - t), 32):
+                st_f32x8(acc, a, fzero())
+            for b in range(nb):
                 o = g * rb + b * bsize
                 if kind == Q8_0:
                     u = codes8_x8(w, o + 16)
@@ -2125,21 +2125,23 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
                     u = codes_x8(w, o + cx)
                 dw = ld_f16x8(w, o)
                 mw = ld_f16x8(w, o + 16) if kind == Q4_1 else fzero()
-                for m in range(t, t1):
+                i, xo = t * nb + b, t * K + 32 * b
+                for a in range(0, 64 * (t1 - t), 64):
                     if kind == Q8_0:
-                        p = dot8_x8(u, qs, m * K + 32 * b)
+                        p = dot8_x8(u, qs, xo)
                     elif kind == Q5_0:
-                        p = dot5_x8(u, qs, m * K + 32 * b)
+                        p = dot5_x8(u, qs, xo)
                     else:
-                        p = dot_x8(u, qs, m * K + 32 * b)
-                    p = isubs(p, off * sums[m, b])
-                    a = 32 * (m - t)
-                    st_f32x8(acc, a, fma_v(ld_f32x8(acc, a), fcvt(p), fscale(dw, d[m, b])))
+                        p = dot_x8(u, qs, xo)
+                    p = isubs(p, off * sums1[i])
+                    st_f32x8(acc, a, fma_v(ld_f32x8(acc, a), fcvt(p), fscale(dw, d1[i])))
                     if kind == Q4_1:
-                        st_f32x8(accm, a, fma_v(ld_f32x8(accm, a), mw, fbcast(s[m, b])))
+                        st_f32x8(acc, a + 32, fma_v(ld_f32x8(acc, a + 32), mw, fbcast(s1[i])))
+                    i += nb
+                    xo += K
             for m in range(t, t1):
-                a = 32 * (m - t)
-                st_f32x8(out, 4 * (m * N + 8 * g), fadd_v(ld_f32x8(acc, a), ld_f32x8(accm, a)))
+                a = 64 * (m - t)
+                st_f32x8(out, 4 * (m * N + 8 * g), fadd_v(ld_f32x8(acc, a), ld_f32x8(acc, a + 32)))
 
 
 # ---- K-quants and IQ4_XS: 256-value super-blocks of 8 groups of 32 values, each group with two integer scales

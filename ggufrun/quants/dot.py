@@ -91,6 +91,8 @@ HAS_BMI2 = "bmi2" in _FEATS
 # AVX2 without VNNI multiplies bytes pairwise into int16 (vpmaddubsw): 8-bit weight codes (Q8_0, IQ4_NL) then meet
 # the quants as signed x signed (|w| . sign(x, w), as llama.cpp's mul_sum_i8_pairs) instead of as w + 128
 SIGNED_PAIRS = HAS_AVX2 and not HAS_VNNI
+# the inline assembly of _pshufb and opaque is parsed by LLVM's assembler for the host target
+llb.initialize_native_asmparser()
 
 # Kinds: the row dots and workers take the weight's GGML type number as a compile-time constant and branch on it.
 F32, F16, BF16 = T.F32.value, T.F16.value, T.BF16.value
@@ -683,6 +685,19 @@ def st_f32x8(typingctx, a, off, v):
     return types.none(a, off, F32x8), codegen
 
 
+@intrinsic
+def st_i32x8(typingctx, a, off, v):
+    """Store 8 int32 at byte `off` of `a`."""
+    if not _is_ptr_args(a, off) or v != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _v8i32), align=4)
+        return context.get_dummy_value()
+
+    return types.none(a, off, I32x8), codegen
+
+
 def _k4_bytes(context, builder, sig, args):
     """The 12 packed bytes of Q4_K / Q5_K scales at byte args[1] -> 16 bytes: the 8 scales, then the 8 mins.
 
@@ -906,11 +921,30 @@ def ibcast(typingctx, v, k):
 
 
 def _pshufb(builder, v, idx):
-    """AVX2 vpshufb on int32 vectors: byte j of each 128-bit half = byte idx[j] of that half of v."""
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.pshuf.b"
-    )
-    return builder.bitcast(builder.call(fn, [builder.bitcast(v, _v32i8), builder.bitcast(idx, _v32i8)]), _v8i32)
+    """AVX2 vpshufb on int32 vectors: byte j of each 128-bit half = byte idx[j] of that half of v.
+
+    As inline assembly: LLVM rewrites the intrinsic with a constant idx as a broadcast, a shift and a
+    vpbroadcastw (two instructions where one does)."""
+    ty = ir.FunctionType(_v32i8, [_v32i8, _v32i8])
+    args = [builder.bitcast(v, _v32i8), builder.bitcast(idx, _v32i8)]
+    out = builder.asm(ty, "vpshufb $2, $1, $0", "=x,x,x", args, False)
+    return builder.bitcast(out, _v8i32)
+
+
+@intrinsic
+def opaque(typingctx, x):
+    """x, through an empty inline assembly statement: the optimiser cannot tell it equals x, so loads at offsets
+    derived from it are not merged with loads at offsets derived from x (rowk8: each weight row reloads the
+    activation quants, as a memory operand of vpmaddubsw, instead of the 8 rows sharing 8 registers that then
+    spill). Costs no instruction."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.intp)
+        return builder.asm(ir.FunctionType(_i64, [_i64]), "", "=r,0", [v], True)
+
+    return types.intp(x), codegen
 
 
 @intrinsic
@@ -2261,38 +2295,27 @@ def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
 
 
 @njit(inline="always", **DOT)
-def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs):
+def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs, lanes):
     """Weight rows at bytes wo, wo + rb, ..., wo + 7 rb . activation row m: lane r is row r, computed as rowk, the
-    8 rows' integer sums folded into one vector (isum8) so that the float steps are one vector operation each."""
+    8 rows' integer sums folded into one vector (isum8) so that the float steps are one vector operation each.
+    `lanes`: int32 scratch [16, 8] for the rows' integer lanes (one row at a time keeps the registers free)."""
     K = qs.shape[1]
     acc = fzero()
     for b in range(K // 256):
         o = wo + b * bsize
-        xo = m * K + 256 * b
-        i0, s0 = _kdot(kind, w, o, qu, qs, xo)
-        i1, s1 = _kdot(kind, w, o + rb, qu, qs, xo)
-        i2, s2 = _kdot(kind, w, o + 2 * rb, qu, qs, xo)
-        i3, s3 = _kdot(kind, w, o + 3 * rb, qu, qs, xo)
-        i4, s4 = _kdot(kind, w, o + 4 * rb, qu, qs, xo)
-        i5, s5 = _kdot(kind, w, o + 5 * rb, qu, qs, xo)
-        i6, s6 = _kdot(kind, w, o + 6 * rb, qu, qs, xo)
-        i7, s7 = _kdot(kind, w, o + 7 * rb, qu, qs, xo)
+        for r in range(8):
+            i, sc1 = _kdot(kind, w, o + r * rb, qu, qs, opaque(m * K + 256 * b))
+            st_i32x8(lanes, 32 * r, _koffset(kind, i, w, o + r * rb, m, b, bsums16))
+            st_i32x8(lanes, 32 * (8 + r), _kmin(kind, w, o + r * rb, sc1, m, b, bsums16, bsums32))
         p = isum8(
-            _koffset(kind, i0, w, o, m, b, bsums16), _koffset(kind, i1, w, o + rb, m, b, bsums16),
-            _koffset(kind, i2, w, o + 2 * rb, m, b, bsums16), _koffset(kind, i3, w, o + 3 * rb, m, b, bsums16),
-            _koffset(kind, i4, w, o + 4 * rb, m, b, bsums16), _koffset(kind, i5, w, o + 5 * rb, m, b, bsums16),
-            _koffset(kind, i6, w, o + 6 * rb, m, b, bsums16), _koffset(kind, i7, w, o + 7 * rb, m, b, bsums16),
+            ld_i32x8(lanes, 0), ld_i32x8(lanes, 32), ld_i32x8(lanes, 64), ld_i32x8(lanes, 96),
+            ld_i32x8(lanes, 128), ld_i32x8(lanes, 160), ld_i32x8(lanes, 192), ld_i32x8(lanes, 224),
         )  # fmt: skip
         acc = fma_v(acc, fcvt(p), fscale(ld_f16_rows(w, o + _d_off(kind), rb), d[m, b]))
         if _has_min(kind):
             mn = isum8(
-                _kmin(kind, w, o, s0, m, b, bsums16, bsums32), _kmin(kind, w, o + rb, s1, m, b, bsums16, bsums32),
-                _kmin(kind, w, o + 2 * rb, s2, m, b, bsums16, bsums32),
-                _kmin(kind, w, o + 3 * rb, s3, m, b, bsums16, bsums32),
-                _kmin(kind, w, o + 4 * rb, s4, m, b, bsums16, bsums32),
-                _kmin(kind, w, o + 5 * rb, s5, m, b, bsums16, bsums32),
-                _kmin(kind, w, o + 6 * rb, s6, m, b, bsums16, bsums32),
-                _kmin(kind, w, o + 7 * rb, s7, m, b, bsums16, bsums32),
+                ld_i32x8(lanes, 256), ld_i32x8(lanes, 288), ld_i32x8(lanes, 320), ld_i32x8(lanes, 352),
+                ld_i32x8(lanes, 384), ld_i32x8(lanes, 416), ld_i32x8(lanes, 448), ld_i32x8(lanes, 480),
             )  # fmt: skip
             acc = fma_v(acc, fcvt(mn), fscale(ld_f16_rows(w, o + _dmin_off(kind), rb), -d[m, b]))
     return acc
@@ -2917,10 +2940,11 @@ def _rowsk(kind, bsize, w, qu, d, b16, b32, qs, out, n0, n1):
                 )
     if M4 < M:
         n8 = n0 + (n1 - n0) // 8 * 8
+        lanes = np.empty((16, 8), np.int32)
         for n in range(n0, n8, 8):
             _prefetch_ahead(w, n * rb, 8 * rb)
             for m in range(M4, M):
-                st_f32x8(out, 4 * (m * N + n), rowk8(kind, bsize, w, n * rb, rb, qu, m, d, b16, b32, qs))
+                st_f32x8(out, 4 * (m * N + n), rowk8(kind, bsize, w, n * rb, rb, qu, m, d, b16, b32, qs, lanes))
         for n in range(n8, n1):
             _prefetch_ahead(w, n * rb, rb)
             for m in range(M4, M):

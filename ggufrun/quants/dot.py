@@ -701,24 +701,18 @@ def st_i32x8(typingctx, a, off, v):
 def _k4_bytes(context, builder, sig, args):
     """The 12 packed bytes of Q4_K / Q5_K scales at byte args[1] -> 16 bytes: the 8 scales, then the 8 mins.
 
-    llama.cpp's kmask trick (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_q4_K_q8_K): a dozen 32-bit operations
-    instead of sixteen scalar get_scale_min_k4 calls."""
-    p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
-    u = [
-        builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 4 * k)]), _i32.as_pointer()), align=1)
-        for k in range(3)
-    ]
-    c = lambda v: ir.Constant(_i32, v)  # noqa: E731
-    m1, m2, m3 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
-    u3 = builder.or_(
-        builder.and_(builder.lshr(u[2], c(4)), m2), builder.shl(builder.and_(builder.lshr(u[1], c(6)), m3), c(4))
-    )
-    u2 = builder.and_(u[1], m1)
-    u1 = builder.or_(builder.and_(u[2], m2), builder.shl(builder.and_(builder.lshr(u[0], c(6)), m3), c(4)))
-    u0 = builder.and_(u[0], m1)
-    v = ir.Constant(ir.VectorType(_i32, 4), [0, 0, 0, 0])
-    for i, x in enumerate((u0, u1, u2, u3)):
-        v = builder.insert_element(v, x, c(i))
+    llama.cpp's kmask trick (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_q4_K_q8_K) on the three 32-bit words
+    x0, x1, x2, in 4 lanes at once: (x0 & m1, (x2 & m2) | ((x0 >> 6) & m3) << 4, x1 & m1,
+    ((x2 >> 4) & m2) | ((x1 >> 6) & m3) << 4), m1 = 0x3F.., m2 = 0x0F.., m3 = 0x03.. (reads 16 bytes: the 12, then
+    4 of the super-block's quants, unused)."""
+    v4 = ir.VectorType(_i32, 4)
+    x = builder.load(_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], v4), align=1)
+    m1, m2, m3 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
+    p = builder.shuffle_vector(x, x, ir.Constant(v4, [0, 2, 1, 2]))
+    lo = builder.and_(builder.lshr(p, ir.Constant(v4, [0, 0, 0, 4])), ir.Constant(v4, [m1, m2, m1, m2]))
+    q = builder.shuffle_vector(x, x, ir.Constant(v4, [0, 0, 1, 1]))
+    hi = builder.and_(builder.lshr(q, ir.Constant(v4, [6] * 4)), ir.Constant(v4, [0, m3, 0, m3]))
+    v = builder.or_(lo, builder.shl(hi, ir.Constant(v4, [4] * 4)))
     return builder.bitcast(v, ir.VectorType(_i8, 16))
 
 
@@ -2268,14 +2262,14 @@ def _kdot(kind, w, o, qu, qs, xo):
 
 
 @njit(inline="always", **DOT)
-def _kfold(kind, acc, i, w, o, sc1, m, b, d, bsums16, bsums32):
-    """rowk's float steps for one super-block of one activation row: acc + S d_w d_x - Mn dmin d_x."""
+def _kfold(kind, acc, accm, i, w, o, sc1, m, b, d, bsums16, bsums32):
+    """rowk's float steps for one super-block of one activation row: (acc + S d_w d_x, accm - Mn dmin d_x)."""
     i = _koffset(kind, i, w, o, m, b, bsums16)
     acc = sfma(np.float32(isum1(i)), ld_f16(w, o + _d_off(kind)) * d[m, b], acc)
     if _has_min(kind):
         mn = _kmin(kind, w, o, sc1, m, b, bsums16, bsums32)
-        acc = sfma(np.float32(isum1(mn)), ld_f16(w, o + _dmin_off(kind)) * -d[m, b], acc)
-    return acc
+        accm = sfma(np.float32(isum1(mn)), ld_f16(w, o + _dmin_off(kind)) * -d[m, b], accm)
+    return acc, accm
 
 
 @njit(inline="always", **DOT)
@@ -2283,15 +2277,16 @@ def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes.
 
     Per super-block b, with the exact integer sums S (codes . quants times scales) and, for the types with mins,
-    Mn (mins . quant sums): acc = fma(float(S), d_w * d_x, acc), then acc = fma(float(Mn), dmin * -d_x, acc).
+    Mn (mins . quant sums): acc = fma(float(S), d_w * d_x, acc), accm = fma(float(Mn), dmin * -d_x, accm); the
+    result is acc + accm (llama.cpp's ggml_vec_dot_q4_K_q8_K keeps the min term in its own accumulator too).
     rowk8 and rowkx4 take the same steps per row."""
     K = qs.shape[1]
-    acc = np.float32(0.0)
+    acc = accm = np.float32(0.0)
     for b in range(K // 256):
         o = wo + b * bsize
         i, sc1 = _kdot(kind, w, o, qu, qs, m * K + 256 * b)
-        acc = _kfold(kind, acc, i, w, o, sc1, m, b, d, bsums16, bsums32)
-    return acc
+        acc, accm = _kfold(kind, acc, accm, i, w, o, sc1, m, b, d, bsums16, bsums32)
+    return acc + accm
 
 
 @njit(inline="always", **DOT)
@@ -2300,7 +2295,7 @@ def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs, lanes):
     8 rows' integer sums folded into one vector (isum8) so that the float steps are one vector operation each.
     `lanes`: int32 scratch [16, 8] for the rows' integer lanes (one row at a time keeps the registers free)."""
     K = qs.shape[1]
-    acc = fzero()
+    acc, accm = fzero(), fzero()
     for b in range(K // 256):
         o = wo + b * bsize
         for r in range(8):
@@ -2317,15 +2312,15 @@ def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs, lanes):
                 ld_i32x8(lanes, 256), ld_i32x8(lanes, 288), ld_i32x8(lanes, 320), ld_i32x8(lanes, 352),
                 ld_i32x8(lanes, 384), ld_i32x8(lanes, 416), ld_i32x8(lanes, 448), ld_i32x8(lanes, 480),
             )  # fmt: skip
-            acc = fma_v(acc, fcvt(mn), fscale(ld_f16_rows(w, o + _dmin_off(kind), rb), -d[m, b]))
-    return acc
+            accm = fma_v(accm, fcvt(mn), fscale(ld_f16_rows(w, o + _dmin_off(kind), rb), -d[m, b]))
+    return fadd_v(acc, accm)
 
 
 @njit(inline="always", **DOT)
 def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     """rowk for activation rows m .. m+3, decoding each weight group once."""
     K = qs.shape[1]
-    a0 = a1 = a2 = a3 = np.float32(0.0)
+    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = np.float32(0.0)
     for b in range(K // 256):
         o = wo + b * bsize
         i0, i1, i2, i3 = izero(), izero(), izero(), izero()
@@ -2340,11 +2335,11 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
             i1 = _gstep(kind, i1, wq, c, csc, qu, qs, xo + K, sc)
             i2 = _gstep(kind, i2, wq, c, csc, qu, qs, xo + 2 * K, sc)
             i3 = _gstep(kind, i3, wq, c, csc, qu, qs, xo + 3 * K, sc)
-        a0 = _kfold(kind, a0, i0, w, o, sc1, m, b, d, bsums16, bsums32)
-        a1 = _kfold(kind, a1, i1, w, o, sc1, m + 1, b, d, bsums16, bsums32)
-        a2 = _kfold(kind, a2, i2, w, o, sc1, m + 2, b, d, bsums16, bsums32)
-        a3 = _kfold(kind, a3, i3, w, o, sc1, m + 3, b, d, bsums16, bsums32)
-    return a0, a1, a2, a3
+        a0, m0 = _kfold(kind, a0, m0, i0, w, o, sc1, m, b, d, bsums16, bsums32)
+        a1, m1 = _kfold(kind, a1, m1, i1, w, o, sc1, m + 1, b, d, bsums16, bsums32)
+        a2, m2 = _kfold(kind, a2, m2, i2, w, o, sc1, m + 2, b, d, bsums16, bsums32)
+        a3, m3 = _kfold(kind, a3, m3, i3, w, o, sc1, m + 3, b, d, bsums16, bsums32)
+    return a0 + m0, a1 + m1, a2 + m2, a3 + m3
 
 
 # ---- Grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256-value super-blocks of 8 groups of 32 values; a

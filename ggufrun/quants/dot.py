@@ -1167,6 +1167,33 @@ def hsum(typingctx, v):
 
 
 @intrinsic
+def f32x8_of(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+    """(a0, ..., a7): eight float32 scalars as one vector."""
+    if not all(t == types.float32 for t in (a0, a1, a2, a3, a4, a5, a6, a7)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _splat(_v8f32, 0.0)
+        for k, x in enumerate(args):
+            v = builder.insert_element(v, x, ir.Constant(_i32, k))
+        return v
+
+    return F32x8(*([types.float32] * 8)), codegen
+
+
+@intrinsic
+def flane(typingctx, v, k):
+    """Lane k of v."""
+    if v != F32x8 or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], _int_arg(context, builder, sig.args[1], args[1]))
+
+    return types.float32(F32x8, k), codegen
+
+
+@intrinsic
 def ld_f32x8(typingctx, a, off):
     """8 float32 at byte `off`."""
     if not _is_ptr_args(a, off):
@@ -2318,9 +2345,11 @@ def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs, lanes):
 
 @njit(inline="always", **DOT)
 def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
-    """rowk for activation rows m .. m+3, decoding each weight group once."""
+    """rowk for activation rows m .. m+3, decoding each weight group once. Per super-block the 4 rows' S and Mn are
+    folded into one vector (isum8: lanes 0-3 S, lanes 4-7 Mn), so that rowk's acc and accm of the 4 rows are the
+    lanes of one accumulator and their float steps one vector fma."""
     K = qs.shape[1]
-    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = np.float32(0.0)
+    acc = fzero()
     for b in range(K // 256):
         o = wo + b * bsize
         i0, i1, i2, i3 = izero(), izero(), izero(), izero()
@@ -2335,11 +2364,21 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
             i1 = _gstep(kind, i1, wq, c, csc, qu, qs, xo + K, sc)
             i2 = _gstep(kind, i2, wq, c, csc, qu, qs, xo + 2 * K, sc)
             i3 = _gstep(kind, i3, wq, c, csc, qu, qs, xo + 3 * K, sc)
-        a0, m0 = _kfold(kind, a0, m0, i0, w, o, sc1, m, b, d, bsums16, bsums32)
-        a1, m1 = _kfold(kind, a1, m1, i1, w, o, sc1, m + 1, b, d, bsums16, bsums32)
-        a2, m2 = _kfold(kind, a2, m2, i2, w, o, sc1, m + 2, b, d, bsums16, bsums32)
-        a3, m3 = _kfold(kind, a3, m3, i3, w, o, sc1, m + 3, b, d, bsums16, bsums32)
-    return a0 + m0, a1 + m1, a2 + m2, a3 + m3
+        p = isum8(
+            _koffset(kind, i0, w, o, m, b, bsums16), _koffset(kind, i1, w, o, m + 1, b, bsums16),
+            _koffset(kind, i2, w, o, m + 2, b, bsums16), _koffset(kind, i3, w, o, m + 3, b, bsums16),
+            _kmin(kind, w, o, sc1, m, b, bsums16, bsums32), _kmin(kind, w, o, sc1, m + 1, b, bsums16, bsums32),
+            _kmin(kind, w, o, sc1, m + 2, b, bsums16, bsums32), _kmin(kind, w, o, sc1, m + 3, b, bsums16, bsums32),
+        )  # fmt: skip
+        dw = ld_f16(w, o + _d_off(kind))
+        dmin = ld_f16(w, o + _dmin_off(kind)) if _has_min(kind) else np.float32(0.0)
+        d0, d1, d2, d3 = d[m, b], d[m + 1, b], d[m + 2, b], d[m + 3, b]
+        sx = f32x8_of(dw * d0, dw * d1, dw * d2, dw * d3, dmin * -d0, dmin * -d1, dmin * -d2, dmin * -d3)
+        acc = fma_v(acc, fcvt(p), sx)
+    return (
+        flane(acc, 0) + flane(acc, 4), flane(acc, 1) + flane(acc, 5),
+        flane(acc, 2) + flane(acc, 6), flane(acc, 3) + flane(acc, 7),
+    )  # fmt: skip
 
 
 # ---- Grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256-value super-blocks of 8 groups of 32 values; a

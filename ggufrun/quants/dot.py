@@ -36,9 +36,9 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   (_launcher, _call_rows)
 
 A weight type's knowledge is its layout comment in registry.py, its dequant kernel, and here: its branch in
-_block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_k, _mins_k, _min_term, _signed_k (K-quants),
-or in _group_iq, _d_iq (IQ2 / IQ3 grid types), plus one `_rows_<type>` / `dot_<type>` pair. `kind` is the weight's
-GGML type number, a compile-time constant in every kernel, so the branches on it fold away.
+_block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_off, _dmin_off, _has_min, _kmin, _koffset,
+_signed_k (K-quants), or in _group_iq, _d_iq (IQ2 / IQ3 grid types), plus one `_rows_<type>` / `dot_<type>` pair.
+`kind` is the weight's GGML type number, a compile-time constant in every kernel, so the branches on it fold away.
 
 Activation layouts (structure of arrays, leading dimension M = number of activation rows):
     Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4): d float32 [M, K/32] (fp16-rounded scale), s float32
@@ -63,7 +63,7 @@ import llvmlite.binding as llb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
 from numba.core import cgutils, config, sigutils
 from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic, models, register_model
@@ -696,6 +696,17 @@ def st_i32x8(typingctx, a, off, v):
         return context.get_dummy_value()
 
     return types.none(a, off, I32x8), codegen
+
+
+@intrinsic
+def k_scratch(typingctx):
+    """Pointer to rowk8's int32 scratch, 128 of them, on the stack of the kernel that inlines the call: no heap
+    allocation per call (numba.carray makes an array of it)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(_i32, 128)), _i32.as_pointer())
+
+    return types.CPointer(types.int32)(), codegen
 
 
 def _k4_bytes(context, builder, sig, args):
@@ -1984,9 +1995,12 @@ def round_bf16_rows(x, out):
 #     each block of the 8 weight rows once for a whole tile of rows, whose accumulators wait in L1 (on AVX2 the
 #     codes, rows8x1's two accumulators and four rows' worth of them do not fit the 16 vector registers: tiles of
 #     4 rows held in registers spilled, and ran 12% slower at 16 rows, SmolLM2's ffn_up Q4_1 1536x576).
-#   K-quants (rowk, rowkx4): per super-block, int32 lanes of sum over groups of dpbusd(codes, x) * sub-block
-#     scale (codes with an offset, Q3_K / Q6_K / IQ4_XS, stay signed and meet x + 128, corrected by corr128),
-#     then acc = fma(float(lanes), d_w * d_x, acc) and an 8-lane hsum at the end.
+#   K-quants (rowk, rowk8, rowkx4): per super-block, the exact integer S = sum over groups of dpbusd(codes, x) *
+#     sub-block scale (codes with an offset that stays in them, Q3_K / IQ4_XS, are signed and meet x + 128,
+#     corrected by corr128; Q6_K's offset comes off through the quant sums, _koffset) and, for the types with mins,
+#     Mn = mins . quant sums; then acc = fma(float(S), d_w * d_x, acc), accm = fma(float(Mn), dmin * -d_x, accm),
+#     and acc + accm at the end. Decode takes 8 weight rows at a time in lanes as the 32-value types do (rowk8,
+#     isum8), prefill 4 activation rows per weight row with their S and Mn in the lanes of one vector (rowkx4).
 # The multi-row variants (prefill) decode a weight block once and then do for each activation row exactly what
 # the 1-row variant (decode) does, in the same order: integers are exact and the float steps are the same
 # sequence, so a row's result never depends on the rows processed with it (tests/test_quants.py checks bit
@@ -2325,7 +2339,11 @@ def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs, lanes):
     acc, accm = fzero(), fzero()
     for b in range(K // 256):
         o = wo + b * bsize
+        pf = b * bsize + ROW_PREFETCH_BYTES  # each row's stream, continued in row r + 8 past the row's end
+        pf = pf + 7 * rb if pf >= rb else pf
         for r in range(8):
+            for q in range(0, bsize, 64):
+                prefetch(w, wo + r * rb + pf + q)
             i, sc1 = _kdot(kind, w, o + r * rb, qu, qs, opaque(m * K + 256 * b))
             st_i32x8(lanes, 32 * r, _koffset(kind, i, w, o + r * rb, m, b, bsums16))
             st_i32x8(lanes, 32 * (8 + r), _kmin(kind, w, o + r * rb, sc1, m, b, bsums16, bsums32))
@@ -2740,6 +2758,10 @@ CHUNK = 16  # weight rows per parallel work item
 # matrices; the hardware prefetchers ramp up too slowly for those, and prefetching each row's lines this many
 # bytes ahead made decode ~1.7x faster (SmolLM2 Q4_1 FFN matvec 93 -> 40 us inside the forward pass).
 PREFETCH_BYTES = 2048
+# rowk8 reads 8 rows, a super-block of each in turn: 8 streams, each prefetched this many bytes ahead a super-block
+# at a time (_prefetch_ahead's bursts of 8 rows' worth filled the miss queue: Q4_K matvecs streaming from DRAM ran
+# ~25% slower than one row at a time)
+ROW_PREFETCH_BYTES = 1024
 
 
 @njit(inline="always", **DOT)
@@ -2974,9 +2996,8 @@ def _rowsk(kind, bsize, w, qu, d, b16, b32, qs, out, n0, n1):
                 )
     if M4 < M:
         n8 = n0 + (n1 - n0) // 8 * 8
-        lanes = np.empty((16, 8), np.int32)
+        lanes = carray(k_scratch(), (16, 8))  # not np.empty: up to ~0.7 us per chunk while weights stream
         for n in range(n0, n8, 8):
-            _prefetch_ahead(w, n * rb, 8 * rb)
             for m in range(M4, M):
                 st_f32x8(out, 4 * (m * N + n), rowk8(kind, bsize, w, n * rb, rb, qu, m, d, b16, b32, qs, lanes))
         for n in range(n8, n1):

@@ -2339,11 +2339,12 @@ def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs, lanes):
     acc, accm = fzero(), fzero()
     for b in range(K // 256):
         o = wo + b * bsize
-        pf = b * bsize + ROW_PREFETCH_BYTES  # each row's stream, continued in row r + 8 past the row's end
-        pf = pf + 7 * rb if pf >= rb else pf
         for r in range(8):
-            for q in range(0, bsize, 64):
-                prefetch(w, wo + r * rb + pf + q)
+            for q in range(0, bsize, 64):  # row r's stream, continued in rows r + 8, r + 16, ... past its end
+                t, skip = b * bsize + q + ROW_PREFETCH_BYTES, r
+                while t >= rb:
+                    t, skip = t - rb, skip + 8
+                prefetch(w, wo + skip * rb + t)
             i, sc1 = _kdot(kind, w, o + r * rb, qu, qs, opaque(m * K + 256 * b))
             st_i32x8(lanes, 32 * r, _koffset(kind, i, w, o + r * rb, m, b, bsums16))
             st_i32x8(lanes, 32 * (8 + r), _kmin(kind, w, o + r * rb, sc1, m, b, bsums16, bsums32))
@@ -2762,6 +2763,10 @@ PREFETCH_BYTES = 2048
 # at a time (_prefetch_ahead's bursts of 8 rows' worth filled the miss queue: Q4_K matvecs streaming from DRAM ran
 # ~25% slower than one row at a time)
 ROW_PREFETCH_BYTES = 1024
+# rowk8 only for rows of at least this many values: on shorter ones (K = 1536, 864-byte Q4_K rows) its 8 streams read
+# from DRAM more slowly than rowk's one (Qwen2.5-1.5B's Q4_K 8960x1536 matvecs in a decode step: 36 -> 42-45 ms at 1
+# thread), while on long ones they are faster (Q4_K 1536x8960: 11.5 -> 7.5-9 ms, Q6_K 1536x8960: 21 -> 12-13 ms)
+ROWK8_MIN_K = 4096
 
 
 @njit(inline="always", **DOT)
@@ -2981,8 +2986,8 @@ def dot_iq4_nl(w, d, s, qs, sums, out):
 @njit(inline="always", **DOT)
 def _rowsk(kind, bsize, w, qu, d, b16, b32, qs, out, n0, n1):
     """out[:, n0:n1] for a K-quant: tiles of 4 activation rows sweep the chunk's weight rows (each weight group
-    decoded once per 4 rows), the M % 4 rest one activation row at a time, 8 weight rows at a time (rowk8; rows
-    outside a group of 8: rowk)."""
+    decoded once per 4 rows), the M % 4 rest one activation row at a time, 8 weight rows at a time for rows of
+    ROWK8_MIN_K values or more (rowk8; rows outside a group of 8, and shorter rows: rowk)."""
     rb = w.shape[1]
     M, N = qs.shape[0], out.shape[1]
     M4 = M // 4 * 4
@@ -2995,7 +3000,7 @@ def _rowsk(kind, bsize, w, qu, d, b16, b32, qs, out, n0, n1):
                     kind, bsize, w, n * rb, qu, m, d, b16, b32, qs
                 )
     if M4 < M:
-        n8 = n0 + (n1 - n0) // 8 * 8
+        n8 = n0 + (n1 - n0) // 8 * 8 if qs.shape[1] >= ROWK8_MIN_K else n0
         lanes = carray(k_scratch(), (16, 8))  # not np.empty: up to ~0.7 us per chunk while weights stream
         for n in range(n0, n8, 8):
             for m in range(M4, M):

@@ -2331,6 +2331,16 @@ def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
 
 
 @njit(inline="always", **DOT)
+def _stream_ahead(x, rb):
+    """Where rowk8 prefetches for byte x of a row: ROW_PREFETCH_BYTES further along the row's stream (the row, then
+    the row 8 below it, and so on), as a byte offset from the row's start."""
+    t, skip = x + ROW_PREFETCH_BYTES, 0
+    while t >= rb:
+        t, skip = t - rb, skip + 8 * rb
+    return skip + t
+
+
+@njit(inline="always", **DOT)
 def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs, lanes):
     """Weight rows at bytes wo, wo + rb, ..., wo + 7 rb . activation row m: lane r is row r, computed as rowk, the
     8 rows' integer sums folded into one vector (isum8) so that the float steps are one vector operation each.
@@ -2339,12 +2349,16 @@ def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs, lanes):
     acc, accm = fzero(), fzero()
     for b in range(K // 256):
         o = wo + b * bsize
+        p0 = _stream_ahead(b * bsize, rb)  # row r's stream, continued in rows r + 8, r + 16, ... past its end
+        p1 = _stream_ahead(b * bsize + 64, rb)
+        p2 = _stream_ahead(b * bsize + 128, rb)
+        p3 = _stream_ahead(b * bsize + 192, rb)
         for r in range(8):
-            for q in range(0, bsize, 64):  # row r's stream, continued in rows r + 8, r + 16, ... past its end
-                t, skip = b * bsize + q + ROW_PREFETCH_BYTES, r
-                while t >= rb:
-                    t, skip = t - rb, skip + 8
-                prefetch(w, wo + skip * rb + t)
+            prefetch(w, wo + r * rb + p0)
+            prefetch(w, wo + r * rb + p1)
+            prefetch(w, wo + r * rb + p2)
+            if bsize > 192:
+                prefetch(w, wo + r * rb + p3)
             i, sc1 = _kdot(kind, w, o + r * rb, qu, qs, opaque(m * K + 256 * b))
             st_i32x8(lanes, 32 * r, _koffset(kind, i, w, o + r * rb, m, b, bsums16))
             st_i32x8(lanes, 32 * (8 + r), _kmin(kind, w, o + r * rb, sc1, m, b, bsums16, bsums32))

@@ -613,6 +613,24 @@ def isum8(typingctx, p0, p1, p2, p3, p4, p5, p6, p7):
 
 
 @intrinsic
+def isum2(typingctx, a, b):
+    """(sum of a's lanes) in lane 0 and (sum of b's lanes) in lane 4 (the other lanes: partial sums): two
+    horizontal sums in one fold."""
+    if a != I32x8 or b != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        a, b = args
+        lo = builder.shuffle_vector(a, b, ir.Constant(_v8i32, [0, 1, 2, 3, 8, 9, 10, 11]))
+        hi = builder.shuffle_vector(a, b, ir.Constant(_v8i32, [4, 5, 6, 7, 12, 13, 14, 15]))
+        s = builder.add(lo, hi)
+        s = builder.add(s, builder.shuffle_vector(s, s, ir.Constant(_v8i32, [2, 3, 0, 1, 6, 7, 4, 5])))
+        return builder.add(s, builder.shuffle_vector(s, s, ir.Constant(_v8i32, [1, 0, 3, 2, 5, 4, 7, 6])))
+
+    return I32x8(I32x8, I32x8), codegen
+
+
+@intrinsic
 def isum1(typingctx, p):
     """Sum of the 8 int32 lanes (exact)."""
     if p != I32x8:
@@ -2303,17 +2321,6 @@ def _kdot(kind, w, o, qu, qs, xo):
 
 
 @njit(inline="always", **DOT)
-def _kfold(kind, acc, accm, i, w, o, sc1, m, b, d, bsums16, bsums32):
-    """rowk's float steps for one super-block of one activation row: (acc + S d_w d_x, accm - Mn dmin d_x)."""
-    i = _koffset(kind, i, w, o, m, b, bsums16)
-    acc = sfma(np.float32(isum1(i)), ld_f16(w, o + _d_off(kind)) * d[m, b], acc)
-    if _has_min(kind):
-        mn = _kmin(kind, w, o, sc1, m, b, bsums16, bsums32)
-        accm = sfma(np.float32(isum1(mn)), ld_f16(w, o + _dmin_off(kind)) * -d[m, b], accm)
-    return acc, accm
-
-
-@njit(inline="always", **DOT)
 def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes.
 
@@ -2322,12 +2329,19 @@ def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     result is acc + accm (llama.cpp's ggml_vec_dot_q4_K_q8_K keeps the min term in its own accumulator too).
     rowk8 and rowkx4 take the same steps per row."""
     K = qs.shape[1]
-    acc = accm = np.float32(0.0)
+    acc = fzero()  # lane 0: acc, lane 4: accm
     for b in range(K // 256):
         o = wo + b * bsize
         i, sc1 = _kdot(kind, w, o, qu, qs, m * K + 256 * b)
-        acc, accm = _kfold(kind, acc, accm, i, w, o, sc1, m, b, d, bsums16, bsums32)
-    return acc + accm
+        i = _koffset(kind, i, w, o, m, b, bsums16)
+        mn = _kmin(kind, w, o, sc1, m, b, bsums16, bsums32)
+        dw = ld_f16(w, o + _d_off(kind))
+        dmin = ld_f16(w, o + _dmin_off(kind)) if _has_min(kind) else np.float32(0.0)
+        zero = np.float32(0.0)
+        acc = fma_v(
+            acc, fcvt(isum2(i, mn)), f32x8_of(dw * d[m, b], zero, zero, zero, dmin * -d[m, b], zero, zero, zero)
+        )
+    return flane(acc, 0) + flane(acc, 4)
 
 
 @njit(inline="always", **DOT)

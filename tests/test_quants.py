@@ -428,6 +428,32 @@ def test_matmul_rows_equal_matvec_bit_for_bit(qtype):
         numba.set_num_threads(old)
 
 
+K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=_ids(K_QUANTS))
+def test_k_quant_row_in_a_group_of_8_or_alone_same_bits(qtype):
+    """Decode computes K-quant weight rows of ROWK8_MIN_K values or more 8 at a time (lane r = row r, the rows'
+    integer sums folded into one vector) and the rows outside a group of 8 one at a time: the same row gives the
+    same bits either way, whatever the activations (large and tiny magnitudes, an all-zero super-block)."""
+    rng = np.random.default_rng(11)
+    N, K = 29, max(768, -(-Q.dot.ROWK8_MIN_K // 256) * 256)
+    w = random_weights(qtype, N, K, rng)
+    x = rng.standard_normal(K).astype(np.float32)
+    x[:256] *= 1000.0
+    x[256:512] = 0.0
+    x[512:] *= 1e-3
+    qx = Q.quantize_activations(x, qtype)
+    full = Q.matvec_q(w, qtype, qx)
+    W = Q.dequantize(w, qtype).astype(np.float64)
+    xq = _dequantized_activations(qx)[0]
+    assert np.all(np.abs(full - W @ xq) <= 2e-6 * (np.abs(W) @ np.abs(xq)) + 1e-30)
+    for start in (1, 3, 5, 8, 21):  # shift rows between the groups of 8 and the per-row tail
+        assert_bit_exact(Q.matvec_q(np.ascontiguousarray(w[start:]), qtype, qx), full[start:])
+    y = Q.matmul_q(w, qtype, Q.quantize_activations(np.stack([x] * 5), qtype))  # rows 0-3 4 at a time, row 4 alone
+    assert_bit_exact(y, np.stack([full] * 5))
+
+
 def test_matmul_q_shares_activations_across_types():
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 256)).astype(np.float32)

@@ -36,9 +36,9 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   (ggufrun.quants.launch)
 
 A weight type's knowledge is its layout comment in registry.py, its dequant kernel, and here: its branch in
-_block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_k, _mins_k, _min_term, _signed_k (K-quants),
-or in _group_iq, _d_iq (IQ2 / IQ3 grid types), plus one `_rows_<type>` / `dot_<type>` pair. `kind` is the weight's
-GGML type number, a compile-time constant in every kernel, so the branches on it fold away.
+_block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_off, _dmin_off, _has_min, _kmin, _koffset,
+_signed_k (K-quants), or in _group_iq, _d_iq (IQ2 / IQ3 grid types), plus one `_rows_<type>` / `dot_<type>` pair.
+`kind` is the weight's GGML type number, a compile-time constant in every kernel, so the branches on it fold away.
 
 Activation layouts (structure of arrays, leading dimension M = number of activation rows):
     Q8_1 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4): d float32 [M, K/32] (fp16-rounded scale), s float32
@@ -62,7 +62,7 @@ import llvmlite.binding as llb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
 from numba.core import cgutils, config
 from numba.extending import intrinsic, models, register_model
 
@@ -90,6 +90,8 @@ HAS_BMI2 = "bmi2" in _FEATS
 # AVX2 without VNNI multiplies bytes pairwise into int16 (vpmaddubsw): 8-bit weight codes (Q8_0, IQ4_NL) then meet
 # the quants as signed x signed (|w| . sign(x, w), as llama.cpp's mul_sum_i8_pairs) instead of as w + 128
 SIGNED_PAIRS = HAS_AVX2 and not HAS_VNNI
+# the inline assembly of _pshufb and opaque is parsed by LLVM's assembler for the host target
+llb.initialize_native_asmparser()
 
 # Kinds: the row dots and workers take the weight's GGML type number as a compile-time constant and branch on it.
 F32, F16, BF16 = T.F32.value, T.F16.value, T.BF16.value
@@ -123,6 +125,7 @@ F32x8 = Vec("f32", 8)
 
 _i8, _i16, _i32, _i64, _f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _v32i8, _v8i32, _v8f32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8), ir.VectorType(_f32, 8)
+_v16i16 = ir.VectorType(_i16, 16)
 
 
 def _splat(ty: ir.VectorType, value) -> ir.Constant:
@@ -463,9 +466,6 @@ def izero(typingctx):
     return I32x8(), codegen
 
 
-_v16i16 = ir.VectorType(_i16, 16)
-
-
 def _pmaddubsw(builder, u, s):
     """AVX2 vpmaddubsw: int16 lanes u[2k] s[2k] + u[2k+1] s[2k+1] (u unsigned, s signed bytes; saturating)."""
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v16i16, [_v32i8, _v32i8]),
@@ -612,6 +612,24 @@ def isum8(typingctx, p0, p1, p2, p3, p4, p5, p6, p7):
 
 
 @intrinsic
+def isum2(typingctx, a, b):
+    """(sum of a's lanes) in lane 0 and (sum of b's lanes) in lane 4 (the other lanes: partial sums): two
+    horizontal sums in one fold."""
+    if a != I32x8 or b != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        a, b = args
+        lo = builder.shuffle_vector(a, b, ir.Constant(_v8i32, [0, 1, 2, 3, 8, 9, 10, 11]))
+        hi = builder.shuffle_vector(a, b, ir.Constant(_v8i32, [4, 5, 6, 7, 12, 13, 14, 15]))
+        s = builder.add(lo, hi)
+        s = builder.add(s, builder.shuffle_vector(s, s, ir.Constant(_v8i32, [2, 3, 0, 1, 6, 7, 4, 5])))
+        return builder.add(s, builder.shuffle_vector(s, s, ir.Constant(_v8i32, [1, 0, 3, 2, 5, 4, 7, 6])))
+
+    return I32x8(I32x8, I32x8), codegen
+
+
+@intrinsic
 def isum1(typingctx, p):
     """Sum of the 8 int32 lanes (exact)."""
     if p != I32x8:
@@ -685,35 +703,95 @@ def st_f32x8(typingctx, a, off, v):
 
 
 @intrinsic
-def k4_unpack(typingctx, a, off):
-    """The 12 packed bytes of Q4_K / Q5_K scales at byte `off` -> (8 scales, 8 mins) as int32 lanes.
+def st_i32x8(typingctx, a, off, v):
+    """Store 8 int32 at byte `off` of `a`."""
+    if not _is_ptr_args(a, off) or v != I32x8:
+        return None
 
-    llama.cpp's kmask trick (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_q4_K_q8_K): a dozen 32-bit operations
-    instead of sixteen scalar get_scale_min_k4 calls."""
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _v8i32), align=4)
+        return context.get_dummy_value()
+
+    return types.none(a, off, I32x8), codegen
+
+
+@intrinsic
+def k_scratch(typingctx):
+    """Pointer to rowk8's int32 scratch, 128 of them, on the stack of the kernel that inlines the call: no heap
+    allocation per call (numba.carray makes an array of it)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(_i32, 128)), _i32.as_pointer())
+
+    return types.CPointer(types.int32)(), codegen
+
+
+def _k4_bytes(context, builder, sig, args):
+    """The 12 packed bytes of Q4_K / Q5_K scales at byte args[1] -> 16 bytes: the 8 scales, then the 8 mins.
+
+    llama.cpp's kmask trick (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_q4_K_q8_K) on the three 32-bit words
+    x0, x1, x2, in 4 lanes at once: (x0 & m1, (x2 & m2) | ((x0 >> 6) & m3) << 4, x1 & m1,
+    ((x2 >> 4) & m2) | ((x1 >> 6) & m3) << 4), m1 = 0x3F.., m2 = 0x0F.., m3 = 0x03.. (reads 16 bytes: the 12, then
+    4 of the super-block's quants, unused)."""
+    v4 = ir.VectorType(_i32, 4)
+    x = builder.load(_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], v4), align=1)
+    m1, m2, m3 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
+    p = builder.shuffle_vector(x, x, ir.Constant(v4, [0, 2, 1, 2]))
+    lo = builder.and_(builder.lshr(p, ir.Constant(v4, [0, 0, 0, 4])), ir.Constant(v4, [m1, m2, m1, m2]))
+    q = builder.shuffle_vector(x, x, ir.Constant(v4, [0, 0, 1, 1]))
+    hi = builder.and_(builder.lshr(q, ir.Constant(v4, [6] * 4)), ir.Constant(v4, [0, m3, 0, m3]))
+    v = builder.or_(lo, builder.shl(hi, ir.Constant(v4, [4] * 4)))
+    return builder.bitcast(v, ir.VectorType(_i8, 16))
+
+
+@intrinsic
+def k4_unpack(typingctx, a, off):
+    """The 12 packed bytes of Q4_K / Q5_K scales at byte `off` -> (8 scales, 8 mins) as int32 lanes (_k4_bytes)."""
     if not _is_ptr_args(a, off):
         return None
 
     def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
-        u = [
-            builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 4 * k)]), _i32.as_pointer()), align=1)
-            for k in range(3)
-        ]
-        c = lambda v: ir.Constant(_i32, v)  # noqa: E731
-        m1, m2, m3 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
-        u3 = builder.or_(
-            builder.and_(builder.lshr(u[2], c(4)), m2), builder.shl(builder.and_(builder.lshr(u[1], c(6)), m3), c(4))
-        )
-        u2 = builder.and_(u[1], m1)
-        u1 = builder.or_(builder.and_(u[2], m2), builder.shl(builder.and_(builder.lshr(u[0], c(6)), m3), c(4)))
-        u0 = builder.and_(u[0], m1)
-        v = ir.Constant(ir.VectorType(_i32, 4), [0, 0, 0, 0])
-        for i, x in enumerate((u0, u1, u2, u3)):
-            v = builder.insert_element(v, x, c(i))
-        b = builder.bitcast(v, ir.VectorType(_i8, 16))
+        b = _k4_bytes(context, builder, sig, args)
         lo = builder.shuffle_vector(b, b, ir.Constant(_v8i32, list(range(8))))
         hi = builder.shuffle_vector(b, b, ir.Constant(_v8i32, list(range(8, 16))))
         return context.make_tuple(builder, sig.return_type, [builder.zext(lo, _v8i32), builder.zext(hi, _v8i32)])
+
+    return types.UniTuple(I32x8, 2)(a, off), codegen
+
+
+@intrinsic
+def k4_scales16(typingctx, a, off):
+    """The 12 packed bytes of Q4_K / Q5_K scales at byte `off` -> (the 8 scales as 16-bit lanes 0-7 of both 128-bit
+    halves, for ibcast16; the 8 mins as int32 lanes). The scales' layout is llama.cpp's for
+    get_scale_shuffle_k4 (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_q4_K_q8_K)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        b = _k4_bytes(context, builder, sig, args)
+        sc = builder.shuffle_vector(b, b, ir.Constant(ir.VectorType(_i32, 16), list(range(8)) * 2))
+        sc = builder.bitcast(builder.zext(sc, _v16i16), _v8i32)
+        mins = builder.zext(builder.shuffle_vector(b, b, ir.Constant(_v8i32, list(range(8, 16)))), _v8i32)
+        return context.make_tuple(builder, sig.return_type, [sc, mins])
+
+    return types.UniTuple(I32x8, 2)(a, off), codegen
+
+
+@intrinsic
+def k6_scales16(typingctx, a, off):
+    """The 16 int8 scales of Q6_K at byte `off` -> (scales 0-7, scales 8-15), each as sign-extended 16-bit lanes
+    0-7 of both 128-bit halves, for ipair16 (llama.cpp's ggml_vec_dot_q6_K_q8_K keeps them as 16 bytes and
+    shuffles a pair out per 32 values)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
+        out = []
+        for h in (0, 8):
+            x = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 16), list(range(h, h + 8)) * 2))
+            out.append(builder.bitcast(builder.sext(x, _v16i16), _v8i32))
+        return context.make_tuple(builder, sig.return_type, out)
 
     return types.UniTuple(I32x8, 2)(a, off), codegen
 
@@ -862,6 +940,88 @@ def ibcast(typingctx, v, k):
         return _bsplat(builder, _v8i32, builder.extract_element(args[0], k))
 
     return I32x8(I32x8, k), codegen
+
+
+def _pshufb(builder, v, idx):
+    """AVX2 vpshufb on int32 vectors: byte j of each 128-bit half = byte idx[j] of that half of v.
+
+    As inline assembly: LLVM rewrites the intrinsic with a constant idx as a broadcast, a shift and a
+    vpbroadcastw (two instructions where one does)."""
+    ty = ir.FunctionType(_v32i8, [_v32i8, _v32i8])
+    args = [builder.bitcast(v, _v32i8), builder.bitcast(idx, _v32i8)]
+    out = builder.asm(ty, "vpshufb $2, $1, $0", "=x,x,x", args, False)
+    return builder.bitcast(out, _v8i32)
+
+
+@intrinsic
+def opaque(typingctx, x):
+    """x, through an empty inline assembly statement: the optimiser cannot tell it equals x, so loads at offsets
+    derived from it are not merged with loads at offsets derived from x (rowk8: each weight row reloads the
+    activation quants, as a memory operand of vpmaddubsw, instead of the 8 rows sharing 8 registers that then
+    spill). Costs no instruction."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.intp)
+        return builder.asm(ir.FunctionType(_i64, [_i64]), "", "=r,0", [v], True)
+
+    return types.intp(x), codegen
+
+
+@intrinsic
+def ibcast16(typingctx, v, k):
+    """16-bit lane k of v (v with the same 8 16-bit values in both 128-bit halves, k4_scales16) in every 16-bit
+    lane: one group's scale twice per int32 lane, the form imadd_pair wants. One in-lane vpshufb on AVX2."""
+    if v != I32x8 or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        k = builder.trunc(_int_arg(context, builder, sig.args[1], args[1]), _i16)
+        if HAS_AVX2:  # bytes 2k, 2k + 1 of each half
+            sel = builder.add(builder.mul(k, ir.Constant(_i16, 514)), ir.Constant(_i16, 256))
+            return _pshufb(builder, args[0], builder.bitcast(_bsplat(builder, _v16i16, sel), _v8i32))
+        x = builder.extract_element(builder.bitcast(args[0], _v16i16), k)
+        return builder.bitcast(_bsplat(builder, _v16i16, x), _v8i32)
+
+    return I32x8(I32x8, k), codegen
+
+
+@intrinsic
+def ipair16(typingctx, v, k):
+    """16-bit lane 2k of v in every 16-bit lane of the low 128-bit half, lane 2k + 1 in the high half (v with the
+    same 8 16-bit values in both halves, k6_scales16): a group's two 16-value scales, each twice per int32 lane,
+    in dpbusd's lane order (ipair's lanes in imadd_pair's form). One in-lane vpshufb on AVX2."""
+    if v != I32x8 or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        k = builder.trunc(_int_arg(context, builder, sig.args[1], args[1]), _i16)
+        if HAS_AVX2:  # bytes 4k, 4k + 1 of the low half, 4k + 2, 4k + 3 of the high half
+            sel = builder.add(builder.mul(k, ir.Constant(_i16, 1028)), ir.Constant(_i16, 256))
+            sel = builder.add(_bsplat(builder, _v16i16, sel), ir.Constant(_v16i16, [0] * 8 + [514] * 8))
+            return _pshufb(builder, args[0], builder.bitcast(sel, _v8i32))
+        v16 = builder.bitcast(args[0], _v16i16)
+        k2 = builder.shl(k, ir.Constant(_i16, 1))
+        a = _bsplat(builder, _v16i16, builder.extract_element(v16, k2))
+        b = _bsplat(builder, _v16i16, builder.extract_element(v16, builder.add(k2, ir.Constant(_i16, 1))))
+        idx = ir.Constant(ir.VectorType(_i32, 16), list(range(8)) + list(range(24, 32)))
+        return builder.bitcast(builder.shuffle_vector(a, b, idx), _v8i32)
+
+    return I32x8(I32x8, k), codegen
+
+
+@intrinsic
+def iaddmul(typingctx, a, b, k):
+    """a + b * k, int32 lanes (k an integer scalar)."""
+    if a != I32x8 or b != I32x8 or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        k = _bsplat(builder, _v8i32, _int_arg(context, builder, sig.args[2], args[2]))
+        return builder.add(args[0], builder.mul(args[1], k))
+
+    return I32x8(I32x8, I32x8, k), codegen
 
 
 @intrinsic
@@ -1032,6 +1192,33 @@ def hsum(typingctx, v):
         )
 
     return types.float32(F32x8), codegen
+
+
+@intrinsic
+def f32x8_of(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+    """(a0, ..., a7): eight float32 scalars as one vector."""
+    if not all(t == types.float32 for t in (a0, a1, a2, a3, a4, a5, a6, a7)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _splat(_v8f32, 0.0)
+        for k, x in enumerate(args):
+            v = builder.insert_element(v, x, ir.Constant(_i32, k))
+        return v
+
+    return F32x8(*([types.float32] * 8)), codegen
+
+
+@intrinsic
+def flane(typingctx, v, k):
+    """Lane k of v."""
+    if v != F32x8 or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], _int_arg(context, builder, sig.args[1], args[1]))
+
+    return types.float32(F32x8, k), codegen
 
 
 @intrinsic
@@ -1694,6 +1881,24 @@ def imadd_small(typingctx, acc, u, s, sc):
 
 
 @intrinsic
+def imadd_pair(typingctx, acc, u, s, sc2):
+    """imadd_small with the scale already twice in every int32 lane (sc2 = sc | sc << 16, ibcast16 / ipair16):
+    acc + sc * (dpbusd lane sums of u * s), for the same narrow operands. AVX2 without VNNI: vpmaddubsw, then
+    vpmaddwd by sc2 as it is (llama.cpp's _mm256_madd_epi16(scale, p16) in ggml_vec_dot_q4_K_q8_K)."""
+    if not (acc == I32x8 and u == I8x32 and s == I8x32 and sc2 == I32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        acc, u, s, sc2 = args
+        if HAS_VNNI or not HAS_AVX2:  # vpdpwssd needs the high half 0
+            sc = builder.and_(sc2, _splat(_v8i32, 0xFFFF))
+            return _imadd16_ir(builder, acc, _dpbusd(builder, _splat(_v8i32, 0), u, s), sc)
+        return builder.add(acc, _pmaddwd(builder, _pmaddubsw(builder, u, s), builder.bitcast(sc2, _v16i16)))
+
+    return I32x8(I32x8, I8x32, I8x32, I32x8), codegen
+
+
+@intrinsic
 def ione(typingctx):
     """1 in every lane (a unit scale for imadd_small)."""
 
@@ -1807,9 +2012,12 @@ def round_bf16_rows(x, out):
 #     each block of the 8 weight rows once for a whole tile of rows, whose accumulators wait in L1 (on AVX2 the
 #     codes, rows8x1's two accumulators and four rows' worth of them do not fit the 16 vector registers: tiles of
 #     4 rows held in registers spilled, and ran 12% slower at 16 rows, SmolLM2's ffn_up Q4_1 1536x576).
-#   K-quants (rowk, rowkx4): per super-block, int32 lanes of sum over groups of dpbusd(codes, x) * sub-block
-#     scale (codes with an offset, Q3_K / Q6_K / IQ4_XS, stay signed and meet x + 128, corrected by corr128),
-#     then acc = fma(float(lanes), d_w * d_x, acc) and an 8-lane hsum at the end.
+#   K-quants (rowk, rowk8, rowkx4): per super-block, the exact integer S = sum over groups of dpbusd(codes, x) *
+#     sub-block scale (codes with an offset that stays in them, Q3_K / IQ4_XS, are signed and meet x + 128,
+#     corrected by corr128; Q6_K's offset comes off through the quant sums, _koffset) and, for the types with mins,
+#     Mn = mins . quant sums; then acc = fma(float(S), d_w * d_x, acc), accm = fma(float(Mn), dmin * -d_x, accm),
+#     and acc + accm at the end. Decode takes 8 weight rows at a time in lanes as the 32-value types do (rowk8,
+#     isum8), prefill 4 activation rows per weight row with their S and Mn in the lanes of one vector (rowkx4).
 # The multi-row variants (prefill) decode a weight block once and then do for each activation row exactly what
 # the 1-row variant (decode) does, in the same order: integers are exact and the float steps are the same
 # sequence, so a row's result never depends on the rows processed with it (tests/test_quants.py checks bit
@@ -2150,13 +2358,14 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 
 @njit(**DOT)
 def _scales_k(kind, w, o):
-    """The super-block's integer scales as two int32 vectors: 8 per-32-value scales in the first (Q4_K, Q5_K,
-    IQ4_XS), or 16 per-16-value scales across both (Q2_K, Q3_K, Q6_K)."""
+    """The super-block's integer scales as two int32 vectors: Q4_K, Q5_K: the 8 per-32-value scales as 16-bit lanes
+    in both 128-bit halves (k4_scales16) and the 8 mins; Q6_K: the 16 per-16-value scales as 16-bit lanes, 0-7 in
+    the first and 8-15 in the second, both halves each (k6_scales16); IQ4_XS: 8 per-32-value scales in the first;
+    Q2_K, Q3_K: 16 per-16-value scales across both."""
     if kind == Q4_K or kind == Q5_K:
-        a = k4_unpack(w, o + 4)[0]
-        return a, a
-    if kind == Q6_K:  # int8 scales
-        return ld_i8x8(w, o + 192), ld_i8x8(w, o + 200)
+        return k4_scales16(w, o + 4)
+    if kind == Q6_K:
+        return k6_scales16(w, o + 192)
     if kind == Q3_K:
         return k3_unpack(w, o + 96)
     if kind == Q2_K:  # low nibbles of the 16 scale bytes
@@ -2166,75 +2375,74 @@ def _scales_k(kind, w, o):
 
 
 @njit(**DOT)
-def _group_k(kind, w, o, g, sc0, sc1, unsigned):
+def _group_k(kind, w, o, g, sc0, sc1):
     """Group g (values 32g..32g+31) of the super-block at byte o -> (codes, scales in dpbusd lanes).
 
-    Codes are unsigned (offset `_offset_k(kind)` above the signed values) if `unsigned`, else signed.
-    Lanes 0-3 of a group's dpbusd cover values 0-15, lanes 4-7 values 16-31; the scale vector matches.
+    Codes are unsigned for Q2_K, Q4_K, Q5_K and Q6_K (Q6_K's offset 32 comes off with _koffset), signed for
+    Q3_K and IQ4_XS (_signed_k). Lanes 0-3 of a group's dpbusd cover values 0-15, lanes 4-7 values 16-31; the
+    scale vector matches (Q4_K, Q5_K, Q6_K: twice per lane, for imadd_pair).
     Written without branches on g, so it is cheap whether or not LLVM unrolls the loop over g.
     """
     if kind == Q4_K:  # low (g even) or high nibbles of qs[32*(g//2):]
-        return field(ld_i8x32(w, o + 16 + 32 * (g // 2)), 4 * (g % 2), 15, 0), ibcast(sc0, g)
+        return field(ld_i8x32(w, o + 16 + 32 * (g // 2)), 4 * (g % 2), 15, 0), ibcast16(sc0, g)
     if kind == Q5_K:  # Q4_K's nibbles plus bit g of qh[l] as bit 4
         low = field(ld_i8x32(w, o + 48 + 32 * (g // 2)), 4 * (g % 2), 15, 0)
-        return vor(low, bit_to(ld_i8x32(w, o + 16), g, 16)), ibcast(sc0, g)
-    if kind == Q6_K:  # half h = g//4, k = g%4: nibble k//2 of ql[64h + 32(k%2):], bits 2k of qh[32h:]; q - 32
+        return vor(low, bit_to(ld_i8x32(w, o + 16), g, 16)), ibcast16(sc0, g)
+    if kind == Q6_K:  # half h = g//4, k = g%4: nibble k//2 of ql[64h + 32(k%2):], bits 2k of qh[32h:]
         low = field(ld_i8x32(w, o + 64 * (g // 4) + 32 * (g % 2)), 4 * ((g % 4) // 2), 15, 0)
         q = vor(low, field(ld_i8x32(w, o + 128 + 32 * (g // 4)), 2 * (g % 4), 3, 4))
-        return (q if unsigned else isub(q, 32)), ipair(ld_i8x8(w, o + 192 + 8 * (g // 4)), g % 4)
+        return q, ipair16(sc0 if g < 4 else sc1, g % 4)
     if kind == Q3_K:  # bits 2(g%4) of qs[32*(g//4):], minus 4 unless bit g of hmask[l] is set
         q = vor(field(ld_i8x32(w, o + 32 + 32 * (g // 4)), 2 * (g % 4), 3, 0), bit_to(ld_i8x32(w, o), g, 4))
-        return (q if unsigned else isub(q, 4)), ipair(sc0 if g < 4 else sc1, g % 4)
+        return isub(q, 4), ipair(sc0 if g < 4 else sc1, g % 4)
     if kind == Q2_K:  # bits 2(g%4) of qs[32*(g//4):]
         return field(ld_i8x32(w, o + 16 + 32 * (g // 4)), 2 * (g % 4), 3, 0), ipair(sc0 if g < 4 else sc1, g % 4)
-    q = ld_nib(w, o + 8 + 16 * g)  # IQ4_XS: 16 bytes of nibbles per group at qs[16g:]
-    return (iq4_lut_u(q) if unsigned else iq4_lut(q)), ibcast(sc0, g)
-
-
-@njit(**DOT)
-def _d_k(kind, w, o):
-    """Super-block scale d."""
-    if kind == Q6_K:
-        return ld_f16(w, o + 208)
-    if kind == Q3_K:
-        return ld_f16(w, o + 108)
-    if kind == Q2_K:
-        return ld_f16(w, o + 80)
-    return ld_f16(w, o)
-
-
-@njit(**DOT)
-def _mins_k(kind, w, o):
-    """(dmin, mins of values 0-127, mins of values 128-255) for the types with mins, as int32 lanes that
-    line up with bsums32 (Q4_K, Q5_K: 8 mins of 32 values) or bsums16 (Q2_K: 16 mins of 16 values)."""
-    if kind == Q4_K or kind == Q5_K:
-        return ld_f16(w, o + 2), k4_unpack(w, o + 4)[1], izero()
-    if kind == Q2_K:
-        return ld_f16(w, o + 82), ishr(ld_u8x8(w, o), 4), ishr(ld_u8x8(w, o + 8), 4)
-    return np.float32(0.0), izero(), izero()
+    return iq4_lut(ld_nib(w, o + 8 + 16 * g)), ibcast(sc0, g)  # IQ4_XS: 16 bytes of nibbles per group at qs[16g:]
 
 
 @njit(inline="always", **DOT)
-def _min_term(kind, mins0, mins1, m, b, bsums16, bsums32):
-    """sum over sub-blocks of min * (sum of the activation quants in it), for activation row m."""
-    if kind == Q4_K or kind == Q5_K:
-        return idot(mins0, ld_i32x8(bsums32, 4 * (m * bsums32.shape[1] + 8 * b)))
+def _d_off(kind):
+    """Byte offset of the super-block scale d (fp16)."""
+    if kind == Q6_K:
+        return 208
+    if kind == Q3_K:
+        return 108
     if kind == Q2_K:
-        o = 4 * (m * bsums16.shape[1] + 16 * b)
-        return idot(mins0, ld_i32x8(bsums16, o)) + idot(mins1, ld_i32x8(bsums16, o + 32))
+        return 80
     return 0
 
 
 @njit(inline="always", **DOT)
+def _has_min(kind):
+    """Whether the type has per-sub-block mins (subtracted as dmin * sum of min * activation quant sums)."""
+    return kind == Q4_K or kind == Q5_K or kind == Q2_K
+
+
+@njit(inline="always", **DOT)
+def _dmin_off(kind):
+    """Byte offset of the super-block min scale dmin (fp16), for the types with mins."""
+    if kind == Q2_K:
+        return 82
+    return 2
+
+
+@njit(inline="always", **DOT)
 def _signed_k(kind):
-    """Whether the group codes carry an offset (then they stay signed and meet the x + 128 quants)."""
-    return kind == Q3_K or kind == Q6_K or kind == IQ4_XS
+    """Whether the group codes carry an offset that stays in them (then they are signed and meet the x + 128
+    quants): Q3_K, IQ4_XS. Q6_K's codes go unsigned (0..63) and the offset comes off through bsums (_koffset)."""
+    return kind == Q3_K or kind == IQ4_XS
+
+
+@njit(inline="always", **DOT)
+def _pair16(kind):
+    """Whether _group_k's scales are already twice per int32 lane (imadd_pair)."""
+    return kind == Q4_K or kind == Q5_K or kind == Q6_K
 
 
 @njit(inline="always", **DOT)
 def _corr_sc(kind, c, sc):
-    """corr128's correction c times the scales sc, for _gstep's narrow signed codes (Q3_K, Q6_K); else zeros."""
-    if _signed_k(kind) and kind != IQ4_XS:
+    """corr128's correction c times the scales sc, for _gstep's narrow signed codes (Q3_K); else zeros."""
+    if kind == Q3_K:
         return imadd16(izero(), c, sc)
     return izero()
 
@@ -2244,60 +2452,151 @@ def _gstep(kind, acc, wq, c, csc, qu, qs, xo, sc):
     """acc + (int32 lanes of one group's codes wq . the activation quants at byte xo) * its scales sc (_sc16).
 
     IQ4_XS: code book values up to 127 against quants + 128 up to 255, dpbusd seeded with c = corr128(wq), then
-    a 32-bit multiply by the scales. Q3_K / Q6_K: codes within +-32 against quants + 128; Q2_K / Q4_K / Q5_K:
-    codes >= 0 of at most 5 bits against the quants as they are. Both narrow: every pair stays in int16, so the
-    scale folds into the dot (imadd_small), the signed codes' correction coming in as csc = _corr_sc(kind, c, sc),
+    a 32-bit multiply by the scales. Q3_K: codes within +-4 against quants + 128; Q2_K / Q4_K / Q5_K / Q6_K: codes
+    >= 0 of at most 6 bits against the quants as they are. Both narrow: every pair stays in int16, so the scale
+    folds into the dot (imadd_small, imadd_pair), Q3_K's correction coming in as csc = _corr_sc(kind, c, sc),
     computed once per group for all activation rows. A group's scaled lanes stay far inside int32."""
     if kind == IQ4_XS:
         return imadd_v(acc, dpbusd(c, ld_i8x32(qu, xo), wq), sc)
     if _signed_k(kind):
         return imadd_small(iadd(acc, csc), ld_i8x32(qu, xo), wq, sc)
+    if _pair16(kind):
+        return imadd_pair(acc, wq, ld_i8x32(qs, xo), sc)
     return imadd_small(acc, wq, ld_i8x32(qs, xo), sc)
 
 
 @njit(inline="always", **DOT)
 def _sc16(kind, sc):
-    """Sub-block scales for _gstep: the low 16 bits only (IQ4_XS: as they are)."""
-    if kind == IQ4_XS:
+    """Sub-block scales for _gstep: the low 16 bits only (IQ4_XS, and Q4_K / Q5_K / Q6_K's pairs: as they are)."""
+    if kind == IQ4_XS or _pair16(kind):
         return sc
     return iand(sc, 0xFFFF)
 
 
 @njit(inline="always", **DOT)
+def _koffset(kind, i, w, o, m, b, bsums16):
+    """Q6_K: the super-block's lanes i with the codes' offset 32 taken off, i - 32 * sum over the 16 sub-blocks of
+    scale * (sum of the activation quants in it), as llama.cpp's q8s term in ggml_vec_dot_q6_K_q8_K; i otherwise.
+    The bsums (|.| <= 2032) meet the int8 scales in one vpmaddwd each (imadd16)."""
+    if kind == Q6_K:
+        bo = 4 * (m * bsums16.shape[1] + 16 * b)
+        c = imadd16(izero(), ld_i8x8(w, o + 192), iand(ld_i32x8(bsums16, bo), 0xFFFF))
+        c = imadd16(c, ld_i8x8(w, o + 200), iand(ld_i32x8(bsums16, bo + 32), 0xFFFF))
+        return iaddmul(i, c, -32)
+    return i
+
+
+@njit(inline="always", **DOT)
+def _kmin(kind, w, o, sc1, m, b, bsums16, bsums32):
+    """Int32 lanes of sum over sub-blocks of min * (sum of the activation quants in it), activation row m, for the
+    types with mins (_has_min): Q4_K / Q5_K's 8 mins (sc1 of _scales_k) against bsums32, Q2_K's 16 against bsums16;
+    each one vpmaddwd (imadd16: sums of at most 32 quants fit int16, the mins' high halves are 0)."""
+    if kind == Q4_K or kind == Q5_K:
+        return imadd16(izero(), ld_i32x8(bsums32, 4 * (m * bsums32.shape[1] + 8 * b)), sc1)
+    if kind == Q2_K:
+        bo = 4 * (m * bsums16.shape[1] + 16 * b)
+        c = imadd16(izero(), ld_i32x8(bsums16, bo), ishr(ld_u8x8(w, o), 4))
+        return imadd16(c, ld_i32x8(bsums16, bo + 32), ishr(ld_u8x8(w, o + 8), 4))
+    return izero()
+
+
+@njit(inline="always", **DOT)
+def _kdot(kind, w, o, qu, qs, xo):
+    """(Int32 lanes of the super-block at byte o . the activation quants at byte xo, scales applied, before
+    _koffset; sc1 of _scales_k, for _kmin)."""
+    sc0, sc1 = _scales_k(kind, w, o)
+    i = izero()
+    for g in range(8):
+        wq, sc = _group_k(kind, w, o, g, sc0, sc1)
+        c = corr128(wq) if _signed_k(kind) else izero()
+        sc = _sc16(kind, sc)
+        i = _gstep(kind, i, wq, c, _corr_sc(kind, c, sc), qu, qs, xo + 32 * g, sc)
+    return i, sc1
+
+
+@njit(inline="always", **DOT)
 def rowk(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
-    """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes."""
+    """Weight row at byte wo . activation row m, for a 256-value super-block type of `bsize` bytes.
+
+    Per super-block b, with the exact integer sums S (codes . quants times scales) and, for the types with mins,
+    Mn (mins . quant sums): acc = fma(float(S), d_w * d_x, acc), accm = fma(float(Mn), dmin * -d_x, accm); the
+    result is acc + accm (llama.cpp's ggml_vec_dot_q4_K_q8_K keeps the min term in its own accumulator too).
+    rowk8 and rowkx4 take the same steps per row."""
     K = qs.shape[1]
-    acc = fzero()
-    accm = np.float32(0.0)
+    acc = fzero()  # lane 0: acc, lane 4: accm
     for b in range(K // 256):
         o = wo + b * bsize
-        sc0, sc1 = _scales_k(kind, w, o)
-        i0 = izero()
-        for g in range(8):
-            wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
-            c = corr128(wq) if _signed_k(kind) else izero()
-            sc = _sc16(kind, sc)
-            csc = _corr_sc(kind, c, sc)
-            i0 = _gstep(kind, i0, wq, c, csc, qu, qs, m * K + 256 * b + 32 * g, sc)
-        acc = fma_i(acc, i0, _d_k(kind, w, o) * d[m, b])
-        if kind == Q4_K or kind == Q5_K or kind == Q2_K:
-            dmin, mins0, mins1 = _mins_k(kind, w, o)
-            accm += dmin * d[m, b] * np.float32(_min_term(kind, mins0, mins1, m, b, bsums16, bsums32))
-    return hsum(acc) - accm
+        i, sc1 = _kdot(kind, w, o, qu, qs, m * K + 256 * b)
+        i = _koffset(kind, i, w, o, m, b, bsums16)
+        mn = _kmin(kind, w, o, sc1, m, b, bsums16, bsums32)
+        dw = ld_f16(w, o + _d_off(kind))
+        dmin = ld_f16(w, o + _dmin_off(kind)) if _has_min(kind) else np.float32(0.0)
+        zero = np.float32(0.0)
+        acc = fma_v(
+            acc, fcvt(isum2(i, mn)), f32x8_of(dw * d[m, b], zero, zero, zero, dmin * -d[m, b], zero, zero, zero)
+        )
+    return flane(acc, 0) + flane(acc, 4)
+
+
+@njit(inline="always", **DOT)
+def _stream_ahead(x, rb):
+    """Where rowk8 prefetches for byte x of a row: ROW_PREFETCH_BYTES further along the row's stream (the row, then
+    the row 8 below it, and so on), as a byte offset from the row's start."""
+    t, skip = x + ROW_PREFETCH_BYTES, 0
+    while t >= rb:
+        t, skip = t - rb, skip + 8 * rb
+    return skip + t
+
+
+@njit(inline="always", **DOT)
+def rowk8(kind, bsize, w, wo, rb, qu, m, d, bsums16, bsums32, qs, lanes):
+    """Weight rows at bytes wo, wo + rb, ..., wo + 7 rb . activation row m: lane r is row r, computed as rowk, the
+    8 rows' integer sums folded into one vector (isum8) so that the float steps are one vector operation each.
+    `lanes`: int32 scratch [16, 8] for the rows' integer lanes (one row at a time keeps the registers free)."""
+    K = qs.shape[1]
+    acc, accm = fzero(), fzero()
+    for b in range(K // 256):
+        o = wo + b * bsize
+        p0 = _stream_ahead(b * bsize, rb)  # row r's stream, continued in rows r + 8, r + 16, ... past its end
+        p1 = _stream_ahead(b * bsize + 64, rb)
+        p2 = _stream_ahead(b * bsize + 128, rb)
+        p3 = _stream_ahead(b * bsize + 192, rb)
+        for r in range(8):
+            prefetch(w, wo + r * rb + p0)
+            prefetch(w, wo + r * rb + p1)
+            prefetch(w, wo + r * rb + p2)
+            if bsize > 192:
+                prefetch(w, wo + r * rb + p3)
+            i, sc1 = _kdot(kind, w, o + r * rb, qu, qs, opaque(m * K + 256 * b))
+            st_i32x8(lanes, 32 * r, _koffset(kind, i, w, o + r * rb, m, b, bsums16))
+            st_i32x8(lanes, 32 * (8 + r), _kmin(kind, w, o + r * rb, sc1, m, b, bsums16, bsums32))
+        p = isum8(
+            ld_i32x8(lanes, 0), ld_i32x8(lanes, 32), ld_i32x8(lanes, 64), ld_i32x8(lanes, 96),
+            ld_i32x8(lanes, 128), ld_i32x8(lanes, 160), ld_i32x8(lanes, 192), ld_i32x8(lanes, 224),
+        )  # fmt: skip
+        acc = fma_v(acc, fcvt(p), fscale(ld_f16_rows(w, o + _d_off(kind), rb), d[m, b]))
+        if _has_min(kind):
+            mn = isum8(
+                ld_i32x8(lanes, 256), ld_i32x8(lanes, 288), ld_i32x8(lanes, 320), ld_i32x8(lanes, 352),
+                ld_i32x8(lanes, 384), ld_i32x8(lanes, 416), ld_i32x8(lanes, 448), ld_i32x8(lanes, 480),
+            )  # fmt: skip
+            accm = fma_v(accm, fcvt(mn), fscale(ld_f16_rows(w, o + _dmin_off(kind), rb), -d[m, b]))
+    return fadd_v(acc, accm)
 
 
 @njit(inline="always", **DOT)
 def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
-    """rowk for activation rows m .. m+3, decoding each weight group once."""
+    """rowk for activation rows m .. m+3, decoding each weight group once. Per super-block the 4 rows' S and Mn are
+    folded into one vector (isum8: lanes 0-3 S, lanes 4-7 Mn), so that rowk's acc and accm of the 4 rows are the
+    lanes of one accumulator and their float steps one vector fma."""
     K = qs.shape[1]
-    a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
-    m0 = m1 = m2 = m3 = np.float32(0.0)
+    acc = fzero()
     for b in range(K // 256):
         o = wo + b * bsize
         i0, i1, i2, i3 = izero(), izero(), izero(), izero()
         sc0, sc1 = _scales_k(kind, w, o)
         for g in range(8):
-            wq, sc = _group_k(kind, w, o, g, sc0, sc1, False)
+            wq, sc = _group_k(kind, w, o, g, sc0, sc1)
             c = corr128(wq) if _signed_k(kind) else izero()
             sc = _sc16(kind, sc)
             csc = _corr_sc(kind, c, sc)
@@ -2306,18 +2605,21 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
             i1 = _gstep(kind, i1, wq, c, csc, qu, qs, xo + K, sc)
             i2 = _gstep(kind, i2, wq, c, csc, qu, qs, xo + 2 * K, sc)
             i3 = _gstep(kind, i3, wq, c, csc, qu, qs, xo + 3 * K, sc)
-        dw = _d_k(kind, w, o)
-        a0 = fma_i(a0, i0, dw * d[m, b])
-        a1 = fma_i(a1, i1, dw * d[m + 1, b])
-        a2 = fma_i(a2, i2, dw * d[m + 2, b])
-        a3 = fma_i(a3, i3, dw * d[m + 3, b])
-        if kind == Q4_K or kind == Q5_K or kind == Q2_K:
-            dmin, mins0, mins1 = _mins_k(kind, w, o)
-            m0 += dmin * d[m, b] * np.float32(_min_term(kind, mins0, mins1, m, b, bsums16, bsums32))
-            m1 += dmin * d[m + 1, b] * np.float32(_min_term(kind, mins0, mins1, m + 1, b, bsums16, bsums32))
-            m2 += dmin * d[m + 2, b] * np.float32(_min_term(kind, mins0, mins1, m + 2, b, bsums16, bsums32))
-            m3 += dmin * d[m + 3, b] * np.float32(_min_term(kind, mins0, mins1, m + 3, b, bsums16, bsums32))
-    return hsum(a0) - m0, hsum(a1) - m1, hsum(a2) - m2, hsum(a3) - m3
+        p = isum8(
+            _koffset(kind, i0, w, o, m, b, bsums16), _koffset(kind, i1, w, o, m + 1, b, bsums16),
+            _koffset(kind, i2, w, o, m + 2, b, bsums16), _koffset(kind, i3, w, o, m + 3, b, bsums16),
+            _kmin(kind, w, o, sc1, m, b, bsums16, bsums32), _kmin(kind, w, o, sc1, m + 1, b, bsums16, bsums32),
+            _kmin(kind, w, o, sc1, m + 2, b, bsums16, bsums32), _kmin(kind, w, o, sc1, m + 3, b, bsums16, bsums32),
+        )  # fmt: skip
+        dw = ld_f16(w, o + _d_off(kind))
+        dmin = ld_f16(w, o + _dmin_off(kind)) if _has_min(kind) else np.float32(0.0)
+        d0, d1, d2, d3 = d[m, b], d[m + 1, b], d[m + 2, b], d[m + 3, b]
+        sx = f32x8_of(dw * d0, dw * d1, dw * d2, dw * d3, dmin * -d0, dmin * -d1, dmin * -d2, dmin * -d3)
+        acc = fma_v(acc, fcvt(p), sx)
+    return (
+        flane(acc, 0) + flane(acc, 4), flane(acc, 1) + flane(acc, 5),
+        flane(acc, 2) + flane(acc, 6), flane(acc, 3) + flane(acc, 7),
+    )  # fmt: skip
 
 
 # ---- Grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256-value super-blocks of 8 groups of 32 values; a
@@ -2666,6 +2968,14 @@ CHUNK = 16  # weight rows per parallel work item
 # matrices; the hardware prefetchers ramp up too slowly for those, and prefetching each row's lines this many
 # bytes ahead made decode ~1.7x faster (SmolLM2 Q4_1 FFN matvec 93 -> 40 us inside the forward pass).
 PREFETCH_BYTES = 2048
+# rowk8 reads 8 rows, a super-block of each in turn: 8 streams, each prefetched this many bytes ahead a super-block
+# at a time (_prefetch_ahead's bursts of 8 rows' worth filled the miss queue: Q4_K matvecs streaming from DRAM ran
+# ~25% slower than one row at a time)
+ROW_PREFETCH_BYTES = 1024
+# rowk8 only for rows of at least this many values: on shorter ones (K = 1536, 864-byte Q4_K rows) its 8 streams read
+# from DRAM more slowly than rowk's one (Qwen2.5-1.5B's Q4_K 8960x1536 matvecs in a decode step: 36 -> 42-45 ms at 1
+# thread), while on long ones they are faster (Q4_K 1536x8960: 11.5 -> 7.5-9 ms, Q6_K 1536x8960: 21 -> 12-13 ms)
+ROWK8_MIN_K = 4096
 
 
 @njit(inline="always", **DOT)
@@ -2865,9 +3175,10 @@ def dot_iq4_nl(w, d, s, qs, sums, out):
 @njit(inline="always", **DOT)
 def _rowsk(kind, bsize, w, qu, d, b16, b32, qs, out, n0, n1):
     """out[:, n0:n1] for a K-quant: tiles of 4 activation rows sweep the chunk's weight rows (each weight group
-    decoded once per 4 rows), the M % 4 rest one activation row at a time."""
+    decoded once per 4 rows), the M % 4 rest one activation row at a time, 8 weight rows at a time for rows of
+    ROWK8_MIN_K values or more (rowk8; rows outside a group of 8, and shorter rows: rowk)."""
     rb = w.shape[1]
-    M = qs.shape[0]
+    M, N = qs.shape[0], out.shape[1]
     M4 = M // 4 * 4
     MT = _m_tile(qs.shape[1])
     for t in range(0, M4, MT):
@@ -2877,10 +3188,16 @@ def _rowsk(kind, bsize, w, qu, d, b16, b32, qs, out, n0, n1):
                 out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = rowkx4(
                     kind, bsize, w, n * rb, qu, m, d, b16, b32, qs
                 )
-    for n in range(n0, n1):
-        _prefetch_ahead(w, n * rb, rb)
-        for m in range(M4, M):
-            out[m, n] = rowk(kind, bsize, w, n * rb, qu, m, d, b16, b32, qs)
+    if M4 < M:
+        n8 = n0 + (n1 - n0) // 8 * 8 if qs.shape[1] >= ROWK8_MIN_K else n0
+        lanes = carray(k_scratch(), (16, 8))  # not np.empty: up to ~0.7 us per chunk while weights stream
+        for n in range(n0, n8, 8):
+            for m in range(M4, M):
+                st_f32x8(out, 4 * (m * N + n), rowk8(kind, bsize, w, n * rb, rb, qu, m, d, b16, b32, qs, lanes))
+        for n in range(n8, n1):
+            _prefetch_ahead(w, n * rb, rb)
+            for m in range(M4, M):
+                out[m, n] = rowk(kind, bsize, w, n * rb, qu, m, d, b16, b32, qs)
 
 
 @njit(**DOT)

@@ -48,13 +48,14 @@ class Linear:
         assert w.ndim == 2 and w.flags.c_contiguous and len(shape) == 2, t.name
         return cls(t.name, w, t.type, e.act, e.dot, shape[0], shape[1])
 
-    def repacked(self, rows_too: bool = False) -> Linear:
+    def repacked(self, rows_too: bool = False, release=None) -> Linear:
         """This matrix copied into the interleaved layout of ggufrun.quants.repack, with that layout's kernel
         (the same output bits, faster), when its type has one (and, with rows_too, its rows can still be read
-        back by `rows`: an embedding table); else itself."""
+        back by `rows`: an embedding table); else itself. release(part) is called with each copied part of the
+        file's matrix (repack.repack)."""
         if rows_too and self.qtype not in repack.ROW_LOOKUP_TYPES:
             return self
-        r = repack.repack(self.w, self.qtype)
+        r = repack.repack(self.w, self.qtype, release)
         return self if r is None else replace(self, w=r[0], dot=r[1], packed=True)
 
     def rows(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -288,10 +288,7 @@ def repack_matrices(weights: Weights, gguf) -> Weights:
             return tuple(pack(x) for x in lin)
         if not isinstance(lin, Linear):
             return lin
-        new = lin.repacked(rows_too)
-        if new is not lin:
-            gguf.release_pages(lin.w)
-        return new
+        return lin.repacked(rows_too, release=gguf.release_pages)
 
     layers = tuple(replace(layer, **{f.name: pack(getattr(layer, f.name)) for f in fields(layer)})
                    for layer in weights.layers)  # fmt: skip

@@ -39,8 +39,12 @@ REPACKED_TYPES = frozenset(_LAYOUTS)
 ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0})
 
 
-def repack(w: np.ndarray, qtype: T) -> tuple[np.ndarray, Callable] | None:
-    """(w in the interleaved layout, its dot kernel), or None if `qtype` has none or w has not 8k rows."""
+def repack(w: np.ndarray, qtype: T, release: Callable[[np.ndarray], object] | None = None):
+    """(w in the interleaved layout, its dot kernel), or None if `qtype` has none or w has not 8k rows.
+
+    release(part): called with each part of w (consecutive rows, about PART_BYTES) once it is copied, so that the
+    caller can drop the pages it came from (GGUFFile.release_pages) while the rest is copied: the process then never
+    holds much more than one copy of a large matrix (a 262,144-row embedding table)."""
     if qtype not in _LAYOUTS or w.ndim != 2 or w.dtype != np.uint8 or w.shape[0] % 8:
         return None
     bsize = _LAYOUTS[qtype][1]
@@ -49,20 +53,26 @@ def repack(w: np.ndarray, qtype: T) -> tuple[np.ndarray, Callable] | None:
     blocks = w.reshape(w.shape[0] // 8, 8, -1, bsize)
     g = blocks.shape[0]
     out = np.empty((g, w.shape[1] * 8), np.uint8)
-    # large matrices (a 262,144-row embedding table) in parts on several threads: np.copyto releases the GIL, and
-    # most of the time goes to first touches of the file's pages and of the new ones
-    parts = min(PARALLEL_PARTS, max(1, w.nbytes // PARALLEL_BYTES), g)
-    if parts == 1:
-        _interleave(blocks, qtype, out)
+    step = max(1, PART_BYTES // max(1, 8 * w.shape[1]))  # groups per part
+    cuts = list(range(0, g, step)) + [g]
+
+    def part(k: int) -> None:
+        a, b = cuts[k], cuts[k + 1]
+        _interleave(blocks[a:b], qtype, out[a:b])
+        if release is not None:
+            release(w[8 * a : 8 * b])
+
+    # parts on several threads (np.copyto releases the GIL; most of the time is first touches of the file's pages
+    # and of the new ones), at most PARALLEL_PARTS at a time
+    if len(cuts) == 2:
+        part(0)
     else:
-        cut = [g * i // parts for i in range(parts + 1)]
-        with ThreadPoolExecutor(parts) as pool:
-            list(pool.map(lambda i: _interleave(blocks[cut[i] : cut[i + 1]], qtype, out[cut[i] : cut[i + 1]]),
-                          range(parts)))  # fmt: skip
+        with ThreadPoolExecutor(min(PARALLEL_PARTS, len(cuts) - 1)) as pool:
+            list(pool.map(part, range(len(cuts) - 1)))
     return out, _LAYOUTS[qtype][2]
 
 
-PARALLEL_BYTES = 1 << 24  # matrices from 16 MB on are repacked in parts on threads
+PART_BYTES = 1 << 23  # matrices are copied (and their file pages released) 8 MB at a time
 PARALLEL_PARTS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 

@@ -534,18 +534,22 @@ def dpbssd(typingctx, acc, a, b):
     |a| (unsigned, 128 for -128) and b with a's signs (vpsignb), pairs within +-2 * 128 * 127, then vpmaddwd."""
 
     def codegen(context, builder, sig, args):
-        acc, a, b = args
-        if HAS_AVX2:
-            sign = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.psign.b"
-            )
-            return builder.add(acc, _pmaddubsw_wd(builder, builder.call(sign, [a, a]), builder.call(sign, [b, a])))
-        v32 = ir.VectorType(_i32, 32)
-        p = builder.mul(builder.sext(a, v32), builder.sext(b, v32))
-        part = [builder.shuffle_vector(p, p, ir.Constant(_v8i32, list(range(k, 32, 4)))) for k in range(4)]
-        return builder.add(acc, builder.add(builder.add(part[0], part[1]), builder.add(part[2], part[3])))
+        return _dpbssd(builder, *args)
 
     return I32x8(I32x8, I8x32, I8x32), codegen
+
+
+def _dpbssd(builder, acc, a, b):
+    """acc + dpbssd(a, b) (see dpbssd)."""
+    if HAS_AVX2:
+        sign = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.psign.b"
+        )
+        return builder.add(acc, _pmaddubsw_wd(builder, builder.call(sign, [a, a]), builder.call(sign, [b, a])))
+    v32 = ir.VectorType(_i32, 32)
+    p = builder.mul(builder.sext(a, v32), builder.sext(b, v32))
+    part = [builder.shuffle_vector(p, p, ir.Constant(_v8i32, list(range(k, 32, 4)))) for k in range(4)]
+    return builder.add(acc, builder.add(builder.add(part[0], part[1]), builder.add(part[2], part[3])))
 
 
 @intrinsic
@@ -689,17 +693,19 @@ def ld_f16_rows(typingctx, a, off, stride):
     return F32x8(a, off, stride), codegen
 
 
+def _store_codegen(context, builder, sig, args):
+    """Store a vector (F32x8 / I32x8) at byte `off` of an array."""
+    llty = context.get_value_type(sig.args[2])
+    builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], llty), align=4)
+    return context.get_dummy_value()
+
+
 @intrinsic
 def st_f32x8(typingctx, a, off, v):
     """Store 8 float32 at byte `off` of `a`."""
     if not _is_ptr_args(a, off) or v != F32x8:
         return None
-
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _v8f32), align=4)
-        return context.get_dummy_value()
-
-    return types.none(a, off, F32x8), codegen
+    return types.none(a, off, F32x8), _store_codegen
 
 
 @intrinsic
@@ -707,12 +713,7 @@ def st_i32x8(typingctx, a, off, v):
     """Store 8 int32 at byte `off` of `a`."""
     if not _is_ptr_args(a, off) or v != I32x8:
         return None
-
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _v8i32), align=4)
-        return context.get_dummy_value()
-
-    return types.none(a, off, I32x8), codegen
+    return types.none(a, off, I32x8), _store_codegen
 
 
 @intrinsic
@@ -2172,6 +2173,17 @@ def rows8x1(kind, bsize, w, wo, rb, m, d, s, qs, sums):
 Codes8 = types.UniTuple(I8x32, 8)
 
 
+def _ld32_at(builder, p, at):
+    """32 bytes at byte `at` of i8* p."""
+    return builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _v32i8.as_pointer()), align=1)
+
+
+def _bcast4_at(builder, p, at):
+    """The 4 bytes at byte `at` of i8* p in each of the 8 dwords of a 32-byte vector (vpbroadcastd)."""
+    x4 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _i32.as_pointer()), align=1)
+    return builder.bitcast(_bsplat(builder, _v8i32, x4), _v32i8)
+
+
 @intrinsic
 def codes_x8(typingctx, a, off):
     """The 4 chunks of 32 bytes at byte `off` -> 8 code vectors: chunk c's low nibbles, then its high nibbles."""
@@ -2182,8 +2194,7 @@ def codes_x8(typingctx, a, off):
         p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
         out = []
         for c in range(4):
-            v = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 32 * c)]), _v32i8.as_pointer()),
-                             align=1)  # fmt: skip
+            v = _ld32_at(builder, p, 32 * c)
             out.append(builder.and_(v, _splat(_v32i8, 15)))
             out.append(builder.lshr(v, _splat(_v32i8, 4)))
         return context.make_tuple(builder, sig.return_type, out)
@@ -2200,14 +2211,11 @@ def codes5_x8(typingctx, a, off):
 
     def codegen(context, builder, sig, args):
         p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
-
-        def load(at):
-            return builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _v32i8.as_pointer()), align=1)
-
-        plane = builder.bitcast(load(0), _v16i16)  # 16-bit shifts: x86 has no byte shifts; bit 4 of each byte
-        out = []  # comes from the same byte for shifts of at most 4 either way
+        # 16-bit shifts (x86 has no byte shifts): bit 4 of each byte comes from the same byte for shifts of at most 4
+        plane = builder.bitcast(_ld32_at(builder, p, 0), _v16i16)
+        out = []
         for c in range(4):
-            v = load(32 + 32 * c)
+            v = _ld32_at(builder, p, 32 + 32 * c)
             for j, nib in (
                 (2 * c, builder.and_(v, _splat(_v32i8, 15))),
                 (2 * c + 1, builder.lshr(v, _splat(_v32i8, 4))),
@@ -2232,9 +2240,7 @@ def _dot_x8(run: int):
             p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
             acc16 = acc = None
             for j in range(8):  # code vector j: chunk c = j // 2, values 4c.. (low nibbles) or 16 + 4c.. (high)
-                at = 16 * (j % 2) + 4 * (j // 2)
-                x4 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _i32.as_pointer()), align=1)
-                x = builder.bitcast(_bsplat(builder, _v8i32, x4), _v32i8)
+                x = _bcast4_at(builder, p, 16 * (j % 2) + 4 * (j // 2))
                 u = builder.extract_value(args[0], j)
                 if HAS_AVX2 and not HAS_VNNI:
                     m = _pmaddubsw(builder, u, x)
@@ -2268,7 +2274,7 @@ def codes8_x8(typingctx, a, off):
         p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
         out = []
         for j in range(8):
-            v = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 32 * j)]), _v32i8.as_pointer()), align=1)
+            v = _ld32_at(builder, p, 32 * j)
             out.append(v if SIGNED_PAIRS else builder.xor(v, _splat(_v32i8, 0x80)))
         return context.make_tuple(builder, sig.return_type, out)
 
@@ -2285,20 +2291,9 @@ def dot8_x8(typingctx, codes, a, off):
     def codegen(context, builder, sig, args):
         p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
         acc = _splat(_v8i32, 0)
-        sign = None
-        if SIGNED_PAIRS:
-            sign = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_v32i8, [_v32i8, _v32i8]), "llvm.x86.avx2.psign.b"
-            )
         for j in range(8):
-            x4 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 4 * j)]), _i32.as_pointer()), align=1)
-            x = builder.bitcast(_bsplat(builder, _v8i32, x4), _v32i8)
-            u = builder.extract_value(args[0], j)
-            if SIGNED_PAIRS:
-                part = _pmaddubsw_wd(builder, builder.call(sign, [u, u]), builder.call(sign, [x, u]))
-                acc = builder.add(acc, part)
-            else:
-                acc = _dpbusd(builder, acc, u, x)
+            x, u = _bcast4_at(builder, p, 4 * j), builder.extract_value(args[0], j)
+            acc = _dpbssd(builder, acc, u, x) if SIGNED_PAIRS else _dpbusd(builder, acc, u, x)
         return acc
 
     return I32x8(Codes8, a, off), codegen
@@ -2306,7 +2301,7 @@ def dot8_x8(typingctx, codes, a, off):
 
 @njit(inline="always", **DOT)
 def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
-    """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows of a 4-bit type (Q4_0, Q4_1): each
+    """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0): each
     block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
     in L1; lane r of a tile row is rows8x1's lane r."""
     rb = w.shape[1]
@@ -2314,7 +2309,6 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     nb = K // 32
     MT = _m_tile(K)
     off = _offset32(kind)
-    cx = 32 if kind == Q4_1 or kind == Q5_0 else 16  # after d and m (Q4_1), d and the fifth-bit plane... (Q5_0)
     acc = np.empty((MT, 16), np.float32)  # per tile row: the 8 lanes of d terms, then the 8 of m terms (Q4_1)
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)  # flat: the row loop steps one index
     for t in range(0, M, MT):
@@ -2329,8 +2323,8 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
                     u = codes8_x8(w, o + 16)
                 elif kind == Q5_0:
                     u = codes5_x8(w, o + 16)
-                else:
-                    u = codes_x8(w, o + cx)
+                else:  # the nibble chunks after d (and Q4_1's m)
+                    u = codes_x8(w, o + (32 if kind == Q4_1 else 16))
                 dw = ld_f16x8(w, o)
                 mw = ld_f16x8(w, o + 16) if kind == Q4_1 else fzero()
                 i, xo = t * nb + b, t * K + 32 * b

@@ -26,6 +26,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from . import dot
+from . import get_rows as get_rows_file_layout
 
 # type -> (bytes of the scale fields per row and block, bytes per original block, the kernel of the new layout)
 _LAYOUTS: dict[T, tuple[int, int, Callable]] = {
@@ -108,11 +109,12 @@ def _row_positions(qtype: T) -> np.ndarray:
     return np.argsort(moved).reshape(8, bsize)
 
 
+_ROW_POSITIONS = {t: _row_positions(t) for t in ROW_LOOKUP_TYPES}  # once: get_rows runs at every forward pass
+
+
 def get_rows(w8: np.ndarray, qtype: T, ids, out: np.ndarray | None = None) -> np.ndarray:
     """quants.get_rows for a matrix in the interleaved layout: rows `ids` as float32 [len(ids), K], the same values
     (each row's blocks are gathered back into the file's byte order, then dequantized by the type's kernel)."""
-    from . import get_rows as file_rows
-
     if qtype not in ROW_LOOKUP_TYPES:
         raise ValueError(f"rows cannot be read back from the interleaved {qtype.name} layout")
     bsize = _LAYOUTS[qtype][1]
@@ -122,6 +124,6 @@ def get_rows(w8: np.ndarray, qtype: T, ids, out: np.ndarray | None = None) -> np
         raise IndexError(f"row ids must be in [0, {n}), got {rows.min()}..{rows.max()}")
     nb = w8.shape[1] // (8 * bsize)
     blocks = w8[rows // 8].reshape(rows.size, nb, 8 * bsize)
-    where = _row_positions(qtype)[rows % 8][:, None, :]  # [n, 1, bsize]
+    where = _ROW_POSITIONS[qtype][rows % 8][:, None, :]  # [n, 1, bsize]
     file_layout = np.take_along_axis(blocks, np.broadcast_to(where, (rows.size, nb, bsize)), axis=2)
-    return file_rows(file_layout.reshape(rows.size, nb * bsize), qtype, np.arange(rows.size), out)
+    return get_rows_file_layout(file_layout.reshape(rows.size, nb * bsize), qtype, np.arange(rows.size), out)

@@ -280,8 +280,8 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
 def repack_matrices(weights: Weights, gguf) -> Weights:
     """`weights` with every matrix whose type has an interleaved layout (ggufrun.quants.repack: Q4_0, Q4_1, Q5_0,
     Q8_0) copied into it, the file pages each came from released (GGUFFile.release_pages), so the process holds one
-    copy. token_embd (and an output tied to it) only where its rows can be read back from that layout (Q4_0, Q4_1,
-    Q8_0: the embedding lookup reads them)."""
+    copy. token_embd only when it is also the output (tied) and its rows can be read back from that layout (Q4_0,
+    Q4_1, Q8_0: the embedding lookup reads them); an embedding table used for lookups alone gains nothing from it."""
 
     def pack(lin, rows_too=False):
         if isinstance(lin, tuple):
@@ -292,6 +292,8 @@ def repack_matrices(weights: Weights, gguf) -> Weights:
 
     layers = tuple(replace(layer, **{f.name: pack(getattr(layer, f.name)) for f in fields(layer)})
                    for layer in weights.layers)  # fmt: skip
-    token_embd = pack(weights.token_embd, rows_too=True)
-    output = token_embd if weights.output is weights.token_embd else pack(weights.output)
+    if weights.output is weights.token_embd:
+        token_embd = output = pack(weights.token_embd, rows_too=True)
+    else:
+        token_embd, output = weights.token_embd, pack(weights.output)
     return replace(weights, layers=layers, token_embd=token_embd, output=output)

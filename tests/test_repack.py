@@ -1,4 +1,5 @@
-"""Q4_0 / Q4_1 weights in the interleaved layout of ggufrun.quants.repack give the same bits as in the file's."""
+"""Weights in the interleaved layouts of ggufrun.quants.repack (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) give the same
+bits as in the file's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from test_quants import random_weights
 
 import ggufrun.quants as Q
 from ggufrun.model import Transformer
@@ -15,21 +17,33 @@ from ggufrun.model.linear import Linear
 from ggufrun.quants.repack import REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
 from ggufrun.reader import GGUFFile
 
+K_TYPES = {T.Q4_K, T.Q6_K}  # 256-value super-blocks
+
 
 def _random_blocks(qtype: T, n: int, k: int, rng) -> np.ndarray:
-    """n rows of k values quantized by gguf-py (real scales and codes, not random bytes)."""
+    """n rows of k values: quantized by gguf-py (real scales and codes) for the 32-value types; K-quants (which
+    gguf-py does not quantize) as random codes and scale bytes with normal fp16 d / dmin."""
     from gguf.quants import quantize
 
+    if qtype in K_TYPES:
+        return random_weights(qtype, n, k, rng)
     return quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
 
 
-@pytest.mark.parametrize("qtype", sorted(REPACKED_TYPES))
-@pytest.mark.parametrize(("n", "k"), [(8, 32), (64, 96), (40, 2048)])
+SHAPES_32 = [(8, 32), (64, 96), (40, 2048)]
+SHAPES_K = [(8, 256), (64, 512), (40, 4096)]
+
+
+@pytest.mark.parametrize(
+    ("qtype", "n", "k"),
+    [(t, n, k) for t in sorted(REPACKED_TYPES) for n, k in (SHAPES_K if t in K_TYPES else SHAPES_32)],
+)
 def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
     rng = np.random.default_rng(n + k)
     w = _random_blocks(qtype, n, k, rng)
     w8, kernel = repack(w, qtype)
-    assert w8.shape == (n // 8, w.shape[1] * 8) and w8.nbytes == w.nbytes
+    extra = 32 * (k // 256) * n // 8 if qtype == T.Q4_K else 0  # Q4_K's scales and mins unpacked: 16 bytes, not 12
+    assert w8.shape == (n // 8, w.shape[1] * 8 + 8 * extra // n) and w8.nbytes == w.nbytes + extra
     for m in (1, 3, 4, 5, 8, 70):  # decode, the rows8x1 / tile split of the file layout, several tiles
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[0, :32] = 0.0  # a block of zeros (d = 0)
@@ -53,7 +67,7 @@ def test_repack_layout_holds_every_byte_once():
 
 def test_repack_leaves_other_types_and_shapes_alone():
     assert repack(np.zeros((12, 20), np.uint8), T.Q4_1) is None  # 12 rows: not groups of 8
-    assert repack(np.zeros((16, 210), np.uint8), T.Q6_K) is None  # no interleaved layout
+    assert repack(np.zeros((16, 176), np.uint8), T.Q5_K) is None  # no interleaved layout
     assert repack(np.zeros((16, 21), np.uint8), T.Q4_1) is None  # not whole blocks
 
 
@@ -63,7 +77,7 @@ GOLDEN = Path(__file__).parent / "data" / "golden"
 @pytest.mark.parametrize("qtype", sorted(ROW_LOOKUP_TYPES))
 def test_rows_read_back_from_the_interleaved_layout(qtype):
     rng = np.random.default_rng(3)
-    w = _random_blocks(qtype, 48, 64, rng)
+    w = _random_blocks(qtype, 48, 512 if qtype in K_TYPES else 64, rng)
     w8, _ = repack(w, qtype)
     ids = np.array([0, 47, 8, 7, 7, 33])
     assert np.array_equal(get_rows(w8, qtype, ids), Q.get_rows(w, qtype, ids))
@@ -71,9 +85,40 @@ def test_rows_read_back_from_the_interleaved_layout(qtype):
         get_rows(w8, qtype, [48])
     with pytest.raises(ValueError, match="Q5_0"):
         get_rows(repack(_random_blocks(T.Q5_0, 8, 32, rng), T.Q5_0)[0], T.Q5_0, [0])
+    with pytest.raises(ValueError, match="Q4_K"):  # its scales are unpacked, not moved
+        get_rows(repack(_random_blocks(T.Q4_K, 8, 256, rng), T.Q4_K)[0], T.Q4_K, [0])
 
 
-@pytest.mark.parametrize("name", ["small-llama-q4_0", "small-llama-q4_1", "small-llama-q5_0", "small-llama-tied-q8_0"])
+def test_q4_k_layout_unpacks_scales_and_mins():
+    # 6-bit scales and mins (llama.cpp's get_scale_min_k4), as pairs of sub-blocks row by row: byte 32 + 16 k + 2 r + e
+    # of a super-block of 8 rows is row r's scale of sub-block 2k + e, byte 96 + ... its min
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(5)
+    w = random_weights(T.Q4_K, 8, 256, rng)
+    w8, _ = repack(w, T.Q4_K)
+    sc, mn = w8[0, 32:96].reshape(4, 8, 2).astype(np.int32), w8[0, 96:160].reshape(4, 8, 2).astype(np.int32)
+    for r in range(8):
+        one = w[r].copy()
+        one[:4] = np.array([1.0, 1.0], np.float16).view(np.uint8)  # d = dmin = 1: value = scale x code - min
+        one[16:144] = 0  # codes 0: every value is -min
+        assert np.array_equal(-dequantize(one, T.Q4_K).reshape(8, 32)[:, 0], mn[:, r].reshape(8))
+        one[16:144] = 0x11  # codes 1: scale - min
+        assert np.array_equal(dequantize(one, T.Q4_K).reshape(8, 32)[:, 0], (sc[:, r] - mn[:, r]).reshape(8))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "small-llama-q4_0",
+        "small-llama-q4_1",
+        "small-llama-q5_0",
+        "small-llama-tied-q8_0",
+        "small-llama-q4_k_s",
+        "small-llama-q6_k",
+        "small-llama-tied-q4_k_s",
+    ],
+)
 def test_model_matrices_are_repacked_and_their_file_pages_released(name, monkeypatch):
     path = GOLDEN / f"{name}.gguf"
     released = []
@@ -84,7 +129,8 @@ def test_model_matrices_are_repacked_and_their_file_pages_released(name, monkeyp
     matrices = {id(lin): lin for L in w.layers for lin in L.matrices} | {id(w.token_embd): w.token_embd}
     matrices[id(w.output)] = w.output
     packed = [lin for lin in matrices.values() if lin.packed]
-    assert sum(released) == sum(lin.w.nbytes for lin in packed) > 0  # every byte of every repacked matrix
+    # every byte of every repacked matrix's file copy
+    assert sum(released) == sum(tf.gguf.tensors[lin.name].data.nbytes for lin in packed) > 0
     for lin in matrices.values():
         # the embedding table: only as a tied output, and where the embedding lookup can read its rows back
         table_ok = lin is not w.token_embd or (w.output is w.token_embd and lin.qtype in ROW_LOOKUP_TYPES)
@@ -120,11 +166,18 @@ from ggufrun.quants.repack import REPACKED_TYPES, repack
 from gguf.quants import quantize
 assert not dot.HAS_AVX2 and not dot.SIGNED_PAIRS
 rng = np.random.default_rng(0)
+import sys
+sys.path.insert(0, TESTS)
+from test_quants import random_weights
 for qtype in sorted(REPACKED_TYPES):
-    w = quantize(rng.standard_normal((64, 96)).astype(np.float32), qtype)
+    k = 512 if qtype.name.endswith("_K") else 96
+    if k == 512:
+        w = random_weights(qtype, 64, k, rng)
+    else:
+        w = quantize(rng.standard_normal((64, k)).astype(np.float32), qtype)
     w8, kernel = repack(w, qtype)
     for m in (1, 5):
-        qx = Q.quantize_activations(rng.standard_normal((m, 96)).astype(np.float32), qtype)
+        qx = Q.quantize_activations(rng.standard_normal((m, k)).astype(np.float32), qtype)
         want, got = np.zeros((m, 64), np.float32), np.zeros((m, 64), np.float32)
         Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
         kernel(w8, *qx.arrays, got)
@@ -141,5 +194,6 @@ def test_interleaved_kernels_on_a_cpu_without_avx2(tmp_path):
     import sys
 
     env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "-c", PORTABLE], env=env, capture_output=True, text=True, timeout=600)
+    code = PORTABLE.replace("TESTS", repr(str(Path(__file__).parent)))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

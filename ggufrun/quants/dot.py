@@ -27,10 +27,10 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   f (fzero, fma_v, fscale)
     3. Activation quantizers      quantize_q8_1, quantize_q8_k, round_f16_rows, round_bf16_rows
     4. Row dots                   per weight family, the dot of weight rows with activation rows:
-                                  32-value blocks (_block32, row32, rows8x1, _tiles32), K-quants (_scales_k,
-                                  _group_k, rowk, rowkx4), grid types (_group_iq, rowiq, rowiqx4), ternary
-                                  codes (IQ1_S, IQ1_M, TQ1_0, TQ2_0: _codes_t, rowt, rowtx4), float weights
-                                  (row_float, row_floatx4)
+                                  32-value blocks (_block32, row32, rows8x1, _tiles32; interleaved: _rows_x8),
+                                  K-quants (_scales_k, _group_k, rowk, rowkx4; interleaved: _rowsk_x8), grid
+                                  types (_group_iq, rowiq, rowiqx4), ternary codes (IQ1_S, IQ1_M, TQ1_0, TQ2_0:
+                                  _codes_t, rowt, rowtx4), float weights (row_float, row_floatx4)
     5. Kernels                    dot_<type>(w, *activation arrays, out): a prange over chunks of weight rows,
                                   each calling a serial _rows_<type> worker, compiled once and called by name
                                   (ggufrun.quants.launch)
@@ -2616,6 +2616,230 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     )  # fmt: skip
 
 
+# ---- Q4_K and Q6_K with 8 weight rows interleaved (ggufrun.quants.repack): per super-block, the 8 rows' d (and
+# Q4_K's dmin), their integer scales as bytes in pairs of sub-blocks ([pair][row][2]: Q4_K's 8 scales and 8 mins
+# unpacked from their 6 bits, Q6_K's 16 int8 scales), then chunks of 32 bytes holding 4 code bytes of each row
+# (row r at bytes 4r..4r+3). A chunk's codes meet 4 activation quants broadcast to the 8 rows (as dot_x8's), their
+# int16 pair sums are summed a few chunks at a time (Q4_K: 4 x 2 x 15 x 128, Q6_K: 2 x 2 x 63 x 128, both < 2^15),
+# then one vpmaddwd with the sub-block's scale twice per row lane gives the scaled int32 lane of each row. The
+# integers S (codes . quants x scales, Q6_K's offset 32 taken off through bsums16) and Mn (Q4_K's mins . bsums32)
+# are rowk's exactly, and the float steps are rowk's, so every output is the same bits as on the file layout.
+# -----------------------------------------------------------------------------------------------------------------
+
+
+def _maddubs(builder, u, s):
+    """int16 lanes u[2k] s[2k] + u[2k+1] s[2k+1] (u unsigned, s signed bytes), for pairs within int16."""
+    if HAS_AVX2:
+        return _pmaddubsw(builder, u, s)
+    v = ir.VectorType(_i16, 32)
+    p = builder.mul(builder.zext(u, v), builder.sext(s, v))
+    even, odd = (ir.Constant(ir.VectorType(_i32, 16), list(range(k, 32, 2))) for k in (0, 1))
+    return builder.add(builder.shuffle_vector(p, p, even), builder.shuffle_vector(p, p, odd))
+
+
+def _maddwd(builder, a, b):
+    """int32 lanes a[2k] b[2k] + a[2k+1] b[2k+1] of int16 vectors (vpmaddwd)."""
+    if HAS_AVX2:
+        return _pmaddwd(builder, a, b)
+    v = ir.VectorType(_i32, 16)
+    p = builder.mul(builder.sext(a, v), builder.sext(b, v))
+    even, odd = (ir.Constant(_v8i32, list(range(k, 16, 2))) for k in (0, 1))
+    return builder.add(builder.shuffle_vector(p, p, even), builder.shuffle_vector(p, p, odd))
+
+
+def _kscales_x8(signed: bool):
+    """Intrinsic (a, off, e) -> element e (0 or 1) of the 8 rows' scale pairs at byte `off` ([row][2] bytes), each
+    row's scale twice in its int32 lane as int16s (sign- or zero-extended), the form vpmaddwd wants."""
+
+    @intrinsic
+    def scales(typingctx, a, off, e):
+        if not _is_ptr_args(a, off) or not isinstance(e, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
+            pick = []
+            for k in (0, 1):
+                x = builder.shuffle_vector(
+                    v, v, ir.Constant(ir.VectorType(_i32, 16), [2 * (i // 2) + k for i in range(16)])
+                )
+                pick.append(builder.sext(x, _v16i16) if signed else builder.zext(x, _v16i16))
+            odd = builder.icmp_signed("!=", _int_arg(context, builder, sig.args[2], args[2]), ir.Constant(_i32, 0))
+            return builder.bitcast(builder.select(odd, pick[1], pick[0]), _v8i32)
+
+        return I32x8(a, off, e), codegen
+
+    return scales
+
+
+ksc_x8 = _kscales_x8(False)  # Q4_K's 6-bit scales
+ksc6_x8 = _kscales_x8(True)  # Q6_K's int8 scales
+
+
+def _kpairs_x8(signed: bool):
+    """Intrinsic (a, off, bs, bo) -> int32 lane r: row r's byte pair at byte `off` ([row][2] bytes, sign- or
+    zero-extended) . the two int32 of bs at byte `bo` (activation quant sums, within int16): one vpmaddwd."""
+
+    @intrinsic
+    def pairs(typingctx, a, off, bs, bo):
+        if not _is_ptr_args(a, off) or not _is_ptr_args(bs, bo):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
+            v = builder.sext(v, _v16i16) if signed else builder.zext(v, _v16i16)
+            two = builder.load(_ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3],
+                                    ir.VectorType(_i32, 2)), align=1)  # fmt: skip
+            two = builder.bitcast(builder.trunc(two, ir.VectorType(_i16, 2)), _i32)
+            return _maddwd(builder, v, builder.bitcast(_bsplat(builder, _v8i32, two), _v16i16))
+
+        return I32x8(a, off, bs, bo), codegen
+
+    return pairs
+
+
+kmin_x8 = _kpairs_x8(False)  # Q4_K: a pair of sub-blocks' mins . their bsums32
+koff6_x8 = _kpairs_x8(True)  # Q6_K: a pair of 16-value groups' scales . their bsums16
+
+
+@intrinsic
+def codes6_x8(typingctx, a, ql, qh, kp):
+    """Q6_K's interleaved codes: the 4 chunks of low-bit bytes at byte `ql` and the 4 chunks of high-bit bytes at
+    byte `qh` -> 8 code vectors of 6 bits: [2c] = ql_c & 15 | bits 2kp, 2kp + 1 of qh_c as bits 4, 5; [2c + 1] =
+    ql_c >> 4 | bits 2kp + 4, 2kp + 5 of qh_c as bits 4, 5 (16-bit shifts of at most 4: the bits kept come from
+    the same byte)."""
+    if not _is_ptr_args(a, ql) or not isinstance(qh, types.Integer) or not isinstance(kp, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], types.intp, context.get_constant(types.intp, 0), _i8)
+        pl = builder.gep(base, [context.cast(builder, args[1], sig.args[1], types.intp)])
+        ph = builder.gep(base, [context.cast(builder, args[2], sig.args[2], types.intp)])
+        k2 = builder.trunc(builder.shl(_int_arg(context, builder, sig.args[3], args[3]), ir.Constant(_i32, 1)), _i16)
+        up = _bsplat(builder, _v16i16, builder.sub(ir.Constant(_i16, 4), k2))
+        down = _bsplat(builder, _v16i16, k2)
+        m15, m48 = _splat(_v32i8, 15), _splat(_v32i8, 0x30)
+        out = []
+        for c in range(4):
+            lo = _ld32_at(builder, pl, 32 * c)
+            hi16 = builder.bitcast(_ld32_at(builder, ph, 32 * c), _v16i16)
+            up_bits = builder.and_(builder.bitcast(builder.shl(hi16, up), _v32i8), m48)
+            down_bits = builder.and_(builder.bitcast(builder.lshr(hi16, down), _v32i8), m48)
+            high4 = builder.and_(
+                builder.bitcast(builder.lshr(builder.bitcast(lo, _v16i16), _splat(_v16i16, 4)), _v32i8), m15
+            )
+            out.append(builder.or_(builder.and_(lo, m15), up_bits))
+            out.append(builder.or_(high4, down_bits))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Codes8(a, ql, qh, kp), codegen
+
+
+def _dot_k_x8(run: int, hi_at: int):
+    """Intrinsic (codes, a, off, sclo, schi) -> int32 lane r = row r's codes . the quants at byte `off`, scaled:
+    code vector 2c meets quants off + 4c (scales sclo), 2c + 1 quants off + hi_at + 4c (schi); vpmaddubsw pairs
+    summed `run` at a time in int16, then one vpmaddwd with the scales (ksc_x8 / ksc6_x8)."""
+
+    @intrinsic
+    def dot(typingctx, codes, a, off, sclo, schi):
+        if codes != Codes8 or not _is_ptr_args(a, off) or sclo != I32x8 or schi != I32x8:
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+            acc = None
+            for part in (0, 1):
+                sc = builder.bitcast(args[3 + part], _v16i16)
+                s16 = None
+                for c in range(4):
+                    m = _maddubs(builder, builder.extract_value(args[0], 2 * c + part),
+                                 _bcast4_at(builder, p, hi_at * part + 4 * c))  # fmt: skip
+                    s16 = m if s16 is None else builder.add(s16, m)
+                    if (c + 1) % run == 0:
+                        x = _maddwd(builder, s16, sc)
+                        acc, s16 = (x if acc is None else builder.add(acc, x)), None
+            return acc
+
+        return I32x8(Codes8, a, off, I32x8, I32x8), codegen
+
+    return dot
+
+
+dot4k_x8 = _dot_k_x8(4, 32)  # Q4_K: low nibbles values 4c.., high nibbles 32 + 4c.. of a 64-value group
+dot6k_x8 = _dot_k_x8(2, 64)  # Q6_K: ql's low nibbles values 4c.., high nibbles 64 + 4c.. of a 128-value half
+
+Q4_K_X8_BYTES, Q6_K_X8_BYTES = 1184, 1680  # one super-block of 8 interleaved rows (repack's layouts)
+
+
+@njit(inline="always", **DOT)
+def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
+    """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved Q4_K / Q6_K rows: each super-block of a group is
+    decoded once per tile of activation rows (all of them for decode); per super-block and tile row the 8 rows'
+    integer lanes wait in L1 (isc), then take rowk's float steps (acc: the d terms, then the dmin terms)."""
+    rb = w.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nsb = K // 256
+    sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
+    MT = _m_tile(K)
+    acc = np.empty((MT, 16), np.float32)
+    isc = np.empty((MT, 8), np.int32)
+    d1 = d.reshape(-1)
+    n16, n32 = b16.shape[1], b32.shape[1]
+    for t in range(0, M, MT):
+        t1 = min(M, t + MT)
+        for g in range(g0, g1):
+            for a in range(0, 64 * (t1 - t), 32):
+                st_f32x8(acc, a, fzero())
+            for b in range(nsb):
+                o = g * rb + b * sbytes
+                for p in range(o + X8K_PREFETCH_BYTES, o + X8K_PREFETCH_BYTES + sbytes, 64):
+                    prefetch(w, p)
+                for a in range(0, 32 * (t1 - t), 32):
+                    st_i32x8(isc, a, izero())
+                if kind == Q4_K:
+                    for jj in range(4):  # 64-value group jj: sub-blocks 2jj (low nibbles), 2jj + 1 (high)
+                        sclo, schi = ksc_x8(w, o + 32 + 16 * jj, 0), ksc_x8(w, o + 32 + 16 * jj, 1)
+                        for half in range(2):
+                            u = codes_x8(w, o + 160 + 256 * jj + 128 * half)
+                            xo = t * K + 256 * b + 64 * jj + 16 * half
+                            for a in range(0, 32 * (t1 - t), 32):
+                                st_i32x8(isc, a, iadd(ld_i32x8(isc, a), dot4k_x8(u, qs, xo, sclo, schi)))
+                                xo += K
+                else:
+                    for h in range(2):  # 128-value half h; kp: ql's bytes 0-31 (kp 0) or 32-63 (kp 1) of the half
+                        co = o + 144 + 768 * h
+                        for kp in range(2):
+                            for half in range(2):  # chunks 4 half .. 4 half + 3: 16-value groups 8h + 2k + half
+                                sclo = ksc6_x8(w, o + 16 + 16 * (4 * h + kp), half)
+                                schi = ksc6_x8(w, o + 16 + 16 * (4 * h + kp + 2), half)
+                                u = codes6_x8(w, co + 256 * kp + 128 * half, co + 512 + 128 * half, kp)
+                                xo = t * K + 256 * b + 128 * h + 32 * kp + 16 * half
+                                for a in range(0, 32 * (t1 - t), 32):
+                                    st_i32x8(isc, a, iadd(ld_i32x8(isc, a), dot6k_x8(u, qs, xo, sclo, schi)))
+                                    xo += K
+                dw = ld_f16x8(w, o)
+                dm = ld_f16x8(w, o + 16) if kind == Q4_K else fzero()
+                for m in range(t, t1):
+                    a, i = m - t, m * nsb + b
+                    s = ld_i32x8(isc, 32 * a)
+                    if kind == Q4_K:
+                        bo = 4 * (m * n32 + 8 * b)
+                        mn = izero()
+                        for k in range(4):  # pair k: sub-blocks 2k, 2k + 1
+                            mn = iadd(mn, kmin_x8(w, o + 96 + 16 * k, b32, bo + 8 * k))
+                        st_f32x8(acc, 64 * a + 32, fma_v(ld_f32x8(acc, 64 * a + 32), fcvt(mn), fscale(dm, -d1[i])))
+                    else:
+                        bo = 4 * (m * n16 + 16 * b)
+                        c = izero()
+                        for k in range(8):
+                            c = iadd(c, koff6_x8(w, o + 16 + 16 * k, b16, bo + 8 * k))
+                        s = iaddmul(s, c, -32)
+                    st_f32x8(acc, 64 * a, fma_v(ld_f32x8(acc, 64 * a), fcvt(s), fscale(dw, d1[i])))
+            for m in range(t, t1):
+                a = 64 * (m - t)
+                st_f32x8(out, 4 * (m * N + 8 * g), fadd_v(ld_f32x8(acc, a), ld_f32x8(acc, a + 32)))
+
+
 # ---- Grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256-value super-blocks of 8 groups of 32 values; a
 # group is 4 code book entries of 8 values (IQ2) or 8 entries of 4 (IQ3), 32 sign bits, and one scale 2s+1 per
 # 32 values (IQ2_XXS, IQ3_XXS, IQ3_S) or per 16 (IQ2_XS, IQ2_S). As llama.cpp's AVX2 kernels do, the signs go
@@ -2970,6 +3194,8 @@ ROW_PREFETCH_BYTES = 1024
 # from DRAM more slowly than rowk's one (Qwen2.5-1.5B's Q4_K 8960x1536 matvecs in a decode step: 36 -> 42-45 ms at 1
 # thread), while on long ones they are faster (Q4_K 1536x8960: 11.5 -> 7.5-9 ms, Q6_K 1536x8960: 21 -> 12-13 ms)
 ROWK8_MIN_K = 4096
+# _rowsk_x8 prefetches each super-block's 8 interleaved rows this many bytes ahead of the one it decodes
+X8K_PREFETCH_BYTES = 2048
 
 
 @njit(inline="always", **DOT)
@@ -3252,6 +3478,32 @@ def dot_q6_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         call_worker("_rows_q6_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+
+
+@njit(**DOT)
+def _rows_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8(Q4_K, w, d, b16, b32, qs, out, g0, g1)
+
+
+@launcher(_rows_q4_k_x8, DOT_PARALLEL)
+def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
+    """dot_q4_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1184]."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_rows_q4_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
+def _rows_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8(Q6_K, w, d, b16, b32, qs, out, g0, g1)
+
+
+@launcher(_rows_q6_k_x8, DOT_PARALLEL)
+def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
+    """dot_q6_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1680]."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_rows_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
 
 
 @njit(**DOT)

@@ -1,4 +1,5 @@
-"""Weights repacked at load into layouts the dot kernels read faster: Q4_0, Q4_1 and Q5_0 with 8 rows interleaved.
+"""Weights repacked at load into layouts the dot kernels read faster: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K with 8
+rows interleaved.
 
     w8, dot = repack(w, qtype)   # w [N, row_bytes] uint8 blocks, N % 8 == 0 -> a new array and its kernel,
                                  # or None when qtype has no interleaved layout (or N % 8 != 0)
@@ -11,6 +12,13 @@ Layout (ggufrun.quants.dot section 4, `_rows_x8`): row group g (rows 8g..8g+7) i
 their low nibbles (values 4c..4c+3), 2c + 1 their high nibbles (values 16+4c..16+4c+3). llama.cpp repacks Q4_0
 the same way for its AVX2 / NEON GEMM kernels (ggml-cpu/repack.cpp, block_q4_0x8 with 8-byte groups; ggufrun uses
 4-byte groups, one dword of activations per vpmaddubsw).
+
+Q4_K and Q6_K (ggufrun.quants.dot, `_rowsk_x8`), per 256-value super-block of the 8 rows: their d (8 halves), Q4_K's
+dmin (8 halves), the integer scales as bytes in pairs of sub-blocks ([pair][row][2]; Q4_K: the 8 scales, then the 8
+mins, unpacked from their 12 bytes of 6-bit fields, 1184 bytes per super-block instead of 8 x 144; Q6_K: its 16 int8
+scales, moved), then the codes in chunks of 32 bytes, 4 bytes of each row: Q4_K: per 64-value group (32 bytes of
+qs per row) its 8 chunks, low nibbles values 4c.. of the group, high nibbles 32 + 4c..; Q6_K: per 128-value half, 8
+chunks of ql bytes 0-31 of the half, 8 of ql bytes 32-63, 8 of qh (1680 bytes, the same as 8 x 210).
 
 The repacked copy is ordinary memory of the same size as the blocks; the model file's pages it was made from are no
 longer needed by the kernels (GGUFFile.release_pages lets the OS drop them from this process).
@@ -35,9 +43,14 @@ _LAYOUTS: dict[T, tuple[int, int, Callable]] = {
     T.Q5_0: (2, 22, dot.dot_q5_0_x8),  # d only among the 8-row fields; qh becomes the fifth-bit plane
     T.Q8_0: (2, 34, dot.dot_q8_0_x8),
 }
-REPACKED_TYPES = frozenset(_LAYOUTS)
-# layouts that only move bytes (not Q5_0's bit plane): rows can be read back from them (get_rows)
-ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0})
+# K-quants: type -> (bytes per original super-block, bytes per super-block of 8 interleaved rows, the kernel)
+_K_LAYOUTS: dict[T, tuple[int, int, Callable]] = {
+    T.Q4_K: (144, dot.Q4_K_X8_BYTES, dot.dot_q4_k_x8),
+    T.Q6_K: (210, dot.Q6_K_X8_BYTES, dot.dot_q6_k_x8),
+}
+REPACKED_TYPES = frozenset(_LAYOUTS) | frozenset(_K_LAYOUTS)
+# layouts that only move bytes (not Q5_0's bit plane, not Q4_K's unpacked scales): rows can be read back (get_rows)
+ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0, T.Q6_K})
 
 
 def repack(w: np.ndarray, qtype: T, release: Callable[[np.ndarray], object] | None = None):
@@ -46,14 +59,18 @@ def repack(w: np.ndarray, qtype: T, release: Callable[[np.ndarray], object] | No
     release(part): called with each part of w (consecutive rows, about PART_BYTES) once it is copied, so that the
     caller can drop the pages it came from (GGUFFile.release_pages) while the rest is copied: the process then never
     holds much more than one copy of a large matrix (a 262,144-row embedding table)."""
-    if qtype not in _LAYOUTS or w.ndim != 2 or w.dtype != np.uint8 or w.shape[0] % 8:
+    if qtype not in REPACKED_TYPES or w.ndim != 2 or w.dtype != np.uint8 or w.shape[0] % 8:
         return None
-    bsize = _LAYOUTS[qtype][1]
+    if qtype in _K_LAYOUTS:
+        bsize, sbytes, kernel = _K_LAYOUTS[qtype]
+    else:
+        _, bsize, kernel = _LAYOUTS[qtype]
+        sbytes = 8 * bsize
     if w.shape[1] % bsize:
         return None
     blocks = w.reshape(w.shape[0] // 8, 8, -1, bsize)
     g = blocks.shape[0]
-    out = np.empty((g, w.shape[1] * 8), np.uint8)
+    out = np.empty((g, w.shape[1] // bsize * sbytes), np.uint8)
     step = max(1, PART_BYTES // max(1, 8 * w.shape[1]))  # groups per part
     cuts = list(range(0, g, step)) + [g]
 
@@ -70,7 +87,7 @@ def repack(w: np.ndarray, qtype: T, release: Callable[[np.ndarray], object] | No
     else:
         with ThreadPoolExecutor(min(PARALLEL_PARTS, len(cuts) - 1)) as pool:
             list(pool.map(part, range(len(cuts) - 1)))
-    return out, _LAYOUTS[qtype][2]
+    return out, kernel
 
 
 PART_BYTES = 1 << 23  # matrices are copied (and their file pages released) 8 MB at a time
@@ -80,6 +97,10 @@ PARALLEL_PARTS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaf
 def _interleave(blocks: np.ndarray, qtype: T, out: np.ndarray | None = None) -> np.ndarray:
     """blocks [groups, 8 rows, blocks per row, bsize] (any dtype for the byte-moving layouts) -> out [groups, row
     bytes x 8] in the interleaved layout."""
+    if qtype == T.Q4_K:
+        return _interleave_q4_k(blocks, out)
+    if qtype == T.Q6_K:
+        return _interleave_q6_k(blocks, out)
     scales, bsize, _ = _LAYOUTS[qtype]
     g, _, nb, _ = blocks.shape
     if out is None:
@@ -102,11 +123,59 @@ def _interleave(blocks: np.ndarray, qtype: T, out: np.ndarray | None = None) -> 
     return out.reshape(g, nb * bsize * 8)
 
 
+def _pairs(x: np.ndarray) -> np.ndarray:
+    """[g, 8 rows, nb, 2n] per-row fields -> [g, nb, n, 8 rows, 2]: pairs of fields, row by row."""
+    g, _, nb, f = x.shape
+    return x.reshape(g, 8, nb, f // 2, 2).transpose(0, 2, 3, 1, 4)
+
+
+def _interleave_q4_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Q4_K blocks [g, 8, nb, 144] -> [g, nb x 1184]: d, dmin, scale pairs, min pairs, code chunks (module doc)."""
+    g, _, nb, _ = blocks.shape
+    if out is None:
+        out = np.empty((g, nb * dot.Q4_K_X8_BYTES), np.uint8)
+    o = out.reshape(g, nb, dot.Q4_K_X8_BYTES)
+    np.copyto(
+        o[:, :, 0:32].reshape(g, nb, 2, 8, 2), blocks[:, :, :, 0:4].reshape(g, 8, nb, 2, 2).transpose(0, 2, 3, 1, 4)
+    )
+    q = blocks[:, :, :, 4:16]  # llama.cpp's get_scale_min_k4: 6-bit scales and mins of the 8 sub-blocks
+    sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+    np.copyto(o[:, :, 32:96].reshape(g, nb, 4, 8, 2), _pairs(sc))
+    np.copyto(o[:, :, 96:160].reshape(g, nb, 4, 8, 2), _pairs(mn))
+    qs = blocks[:, :, :, 16:144].reshape(g, 8, nb, 4, 8, 4)  # [g, row, block, 64-value group, chunk, byte]
+    np.copyto(o[:, :, 160:].reshape(g, nb, 4, 8, 8, 4), qs.transpose(0, 2, 3, 4, 1, 5))
+    return out
+
+
+def _interleave_q6_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Q6_K blocks [g, 8, nb, 210] (any dtype: bytes only move) -> [g, nb x 1680]: d, scale pairs, per half the
+    chunks of ql's two 32-byte runs and of qh (module doc)."""
+    g, _, nb, _ = blocks.shape
+    if out is None:
+        out = np.empty((g, nb * dot.Q6_K_X8_BYTES), blocks.dtype)
+    o = out.reshape(g, nb, dot.Q6_K_X8_BYTES)
+    np.copyto(o[:, :, 0:16].reshape(g, nb, 8, 2), blocks[:, :, :, 208:210].transpose(0, 2, 1, 3))
+    np.copyto(o[:, :, 16:144].reshape(g, nb, 8, 8, 2), _pairs(blocks[:, :, :, 192:208]))
+    codes = o[:, :, 144:].reshape(
+        g, nb, 2, 3, 8, 8, 4
+    )  # [g, block, half, run (ql 0-31, ql 32-63, qh), chunk, row, byte]
+    ql = blocks[:, :, :, 0:128].reshape(g, 8, nb, 2, 2, 8, 4)  # [g, row, block, half, run, chunk, byte]
+    np.copyto(codes[:, :, :, 0:2], ql.transpose(0, 2, 3, 4, 5, 1, 6))
+    qh = blocks[:, :, :, 128:192].reshape(g, 8, nb, 2, 8, 4)  # [g, row, block, half, chunk, byte]
+    np.copyto(codes[:, :, :, 2], qh.transpose(0, 2, 3, 4, 1, 5))
+    return out
+
+
 def _row_positions(qtype: T) -> np.ndarray:
     """[8, bsize]: where byte j of row r's block sits within the 8 rows' interleaved block (ROW_LOOKUP_TYPES)."""
-    bsize = _LAYOUTS[qtype][1]
+    bsize = _block_bytes(qtype)
     moved = _interleave(np.arange(8 * bsize, dtype=np.int32).reshape(1, 8, 1, bsize), qtype)[0]
     return np.argsort(moved).reshape(8, bsize)
+
+
+def _block_bytes(qtype: T) -> int:
+    return _K_LAYOUTS[qtype][0] if qtype in _K_LAYOUTS else _LAYOUTS[qtype][1]
 
 
 _ROW_POSITIONS = {t: _row_positions(t) for t in ROW_LOOKUP_TYPES}  # once: get_rows runs at every forward pass
@@ -117,7 +186,7 @@ def get_rows(w8: np.ndarray, qtype: T, ids, out: np.ndarray | None = None) -> np
     (each row's blocks are gathered back into the file's byte order, then dequantized by the type's kernel)."""
     if qtype not in ROW_LOOKUP_TYPES:
         raise ValueError(f"rows cannot be read back from the interleaved {qtype.name} layout")
-    bsize = _LAYOUTS[qtype][1]
+    bsize = _block_bytes(qtype)
     rows = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
     n = w8.shape[0] * 8
     if rows.size and (rows.min() < 0 or rows.max() >= n):

@@ -2765,6 +2765,58 @@ def _dot_k_x8(run: int, hi_at: int):
     return dot
 
 
+@intrinsic
+def sb6_x8(typingctx, a, off, x, xo):
+    """Q6_K, one activation row: int32 lane r = row r's codes . the quants at byte xo of x, scaled (before the offset
+    32), for the super-block of 8 interleaved rows at byte `off` (_sbk_x8). Per chunk c of a half, its two ql chunks
+    and its qh chunk give the 4 code vectors of values 32k + 4c.. (k = 0..3), each summed with the next chunk's in
+    int16, then one vpmaddwd with its 16-value group's scales. All shifts are constants, and every byte is loaded
+    once (codes6_x8, for the tiles, loads qh once per ql run)."""
+    if not _is_ptr_args(a, off) or not _is_ptr_args(x, xo):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        q = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
+        m15, m48 = _splat(_v32i8, 15), _splat(_v32i8, 0x30)
+
+        def sh(v, by):  # 16-bit lane shift of bytes (left for by > 0); the bits kept come from the same byte
+            v16 = builder.bitcast(v, _v16i16)
+            v16 = builder.shl(v16, _splat(_v16i16, by)) if by > 0 else builder.lshr(v16, _splat(_v16i16, -by))
+            return builder.bitcast(v16, _v32i8)
+
+        acc = None
+        for h in range(2):
+            co = 144 + 768 * h
+            for half in range(2):
+                sc = []
+                for k in range(4):  # pair 4h + k: groups 8h + 2k (element 0) and 8h + 2k + 1 (element 1)
+                    v = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 16 + 16 * (4 * h + k))]),
+                                                     ir.VectorType(_i8, 16).as_pointer()), align=1)  # fmt: skip
+                    idx = ir.Constant(ir.VectorType(_i32, 16), [2 * (i // 2) + half for i in range(16)])
+                    sc.append(builder.sext(builder.shuffle_vector(v, v, idx), _v16i16))
+                s16 = [None] * 4
+                for cc in range(4):
+                    c = 4 * half + cc
+                    ql0, ql1 = _ld32_at(builder, p, co + 32 * c), _ld32_at(builder, p, co + 256 + 32 * c)
+                    qh = _ld32_at(builder, p, co + 512 + 32 * c)
+                    codes = (
+                        builder.or_(builder.and_(ql0, m15), builder.and_(sh(qh, 4), m48)),
+                        builder.or_(builder.and_(ql1, m15), builder.and_(sh(qh, 2), m48)),
+                        builder.or_(builder.and_(sh(ql0, -4), m15), builder.and_(qh, m48)),
+                        builder.or_(builder.and_(sh(ql1, -4), m15), builder.and_(sh(qh, -2), m48)),
+                    )
+                    for k in range(4):
+                        m = _maddubs(builder, codes[k], _bcast4_at(builder, q, 128 * h + 32 * k + 4 * c))
+                        s16[k] = m if s16[k] is None else builder.add(s16[k], m)
+                        if cc % 2 == 1:  # 2 x 2 x 63 x 128 < 2^15
+                            y = _maddwd(builder, s16[k], sc[k])
+                            acc, s16[k] = (y if acc is None else builder.add(acc, y)), None
+        return acc
+
+    return I32x8(a, off, x, xo), codegen
+
+
 dot4k_x8 = _dot_k_x8(4, 32)  # Q4_K: low nibbles values 4c.., high nibbles 32 + 4c.. of a 64-value group
 dot6k_x8 = _dot_k_x8(2, 64)  # Q6_K: ql's low nibbles values 4c.., high nibbles 64 + 4c.. of a 128-value half
 
@@ -2772,10 +2824,56 @@ Q4_K_X8_BYTES, Q6_K_X8_BYTES = 1184, 1680  # one super-block of 8 interleaved ro
 
 
 @njit(inline="always", **DOT)
+def _sbk_x8(kind, w, o, qs, xo):
+    """Int32 lane r: row r's codes . the activation quants at byte xo, scaled, of the super-block of 8 interleaved
+    rows at byte o (before Q6_K's offset): _rowsk_x8's integer part for one activation row, in registers."""
+    s = izero()
+    if kind == Q4_K:
+        for jj in range(4):
+            sclo, schi = ksc_x8(w, o + 32 + 16 * jj, 0), ksc_x8(w, o + 32 + 16 * jj, 1)
+            for half in range(2):
+                u = codes_x8(w, o + 160 + 256 * jj + 128 * half)
+                s = iadd(s, dot4k_x8(u, qs, xo + 64 * jj + 16 * half, sclo, schi))
+    else:
+        s = sb6_x8(w, o, qs, xo)
+    return s
+
+
+@njit(inline="always", **DOT)
+def _sbk_tile_x8(kind, w, o, qs, xo, K, rows, isc):
+    """_sbk_x8 for `rows` activation rows at bytes xo, xo + K, ... into isc[:rows] (int32 [rows, 8], in L1): each
+    code vector decoded once for all of them."""
+    for a in range(0, 32 * rows, 32):
+        st_i32x8(isc, a, izero())
+    if kind == Q4_K:
+        for jj in range(4):  # 64-value group jj: sub-blocks 2jj (low nibbles), 2jj + 1 (high)
+            sclo, schi = ksc_x8(w, o + 32 + 16 * jj, 0), ksc_x8(w, o + 32 + 16 * jj, 1)
+            for half in range(2):
+                u = codes_x8(w, o + 160 + 256 * jj + 128 * half)
+                x = xo + 64 * jj + 16 * half
+                for a in range(0, 32 * rows, 32):
+                    st_i32x8(isc, a, iadd(ld_i32x8(isc, a), dot4k_x8(u, qs, x, sclo, schi)))
+                    x += K
+    else:
+        for h in range(2):  # 128-value half h; kp: ql's bytes 0-31 (kp 0) or 32-63 (kp 1) of the half
+            co = o + 144 + 768 * h
+            for kp in range(2):
+                for half in range(2):  # chunks 4 half .. 4 half + 3: 16-value groups 8h + 2k + half
+                    sclo = ksc6_x8(w, o + 16 + 16 * (4 * h + kp), half)
+                    schi = ksc6_x8(w, o + 16 + 16 * (4 * h + kp + 2), half)
+                    u = codes6_x8(w, co + 256 * kp + 128 * half, co + 512 + 128 * half, kp)
+                    x = xo + 128 * h + 32 * kp + 16 * half
+                    for a in range(0, 32 * rows, 32):
+                        st_i32x8(isc, a, iadd(ld_i32x8(isc, a), dot6k_x8(u, qs, x, sclo, schi)))
+                        x += K
+
+
+@njit(inline="always", **DOT)
 def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved Q4_K / Q6_K rows: each super-block of a group is
     decoded once per tile of activation rows (all of them for decode); per super-block and tile row the 8 rows'
-    integer lanes wait in L1 (isc), then take rowk's float steps (acc: the d terms, then the dmin terms)."""
+    integer lanes (one row: in registers, _sbk_x8; more: waiting in L1, _sbk_tile_x8), then rowk's float steps
+    (acc: the d terms, then the dmin terms)."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nsb = K // 256
@@ -2794,34 +2892,13 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
                 o = g * rb + b * sbytes
                 for p in range(o + X8K_PREFETCH_BYTES, o + X8K_PREFETCH_BYTES + sbytes, 64):
                     prefetch(w, p)
-                for a in range(0, 32 * (t1 - t), 32):
-                    st_i32x8(isc, a, izero())
-                if kind == Q4_K:
-                    for jj in range(4):  # 64-value group jj: sub-blocks 2jj (low nibbles), 2jj + 1 (high)
-                        sclo, schi = ksc_x8(w, o + 32 + 16 * jj, 0), ksc_x8(w, o + 32 + 16 * jj, 1)
-                        for half in range(2):
-                            u = codes_x8(w, o + 160 + 256 * jj + 128 * half)
-                            xo = t * K + 256 * b + 64 * jj + 16 * half
-                            for a in range(0, 32 * (t1 - t), 32):
-                                st_i32x8(isc, a, iadd(ld_i32x8(isc, a), dot4k_x8(u, qs, xo, sclo, schi)))
-                                xo += K
-                else:
-                    for h in range(2):  # 128-value half h; kp: ql's bytes 0-31 (kp 0) or 32-63 (kp 1) of the half
-                        co = o + 144 + 768 * h
-                        for kp in range(2):
-                            for half in range(2):  # chunks 4 half .. 4 half + 3: 16-value groups 8h + 2k + half
-                                sclo = ksc6_x8(w, o + 16 + 16 * (4 * h + kp), half)
-                                schi = ksc6_x8(w, o + 16 + 16 * (4 * h + kp + 2), half)
-                                u = codes6_x8(w, co + 256 * kp + 128 * half, co + 512 + 128 * half, kp)
-                                xo = t * K + 256 * b + 128 * h + 32 * kp + 16 * half
-                                for a in range(0, 32 * (t1 - t), 32):
-                                    st_i32x8(isc, a, iadd(ld_i32x8(isc, a), dot6k_x8(u, qs, xo, sclo, schi)))
-                                    xo += K
                 dw = ld_f16x8(w, o)
                 dm = ld_f16x8(w, o + 16) if kind == Q4_K else fzero()
+                if t1 - t > 1:
+                    _sbk_tile_x8(kind, w, o, qs, t * K + 256 * b, K, t1 - t, isc)
                 for m in range(t, t1):
                     a, i = m - t, m * nsb + b
-                    s = ld_i32x8(isc, 32 * a)
+                    s = _sbk_x8(kind, w, o, qs, m * K + 256 * b) if t1 - t == 1 else ld_i32x8(isc, 32 * a)
                     if kind == Q4_K:
                         bo = 4 * (m * n32 + 8 * b)
                         mn = izero()

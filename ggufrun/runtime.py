@@ -100,8 +100,13 @@ class ThreadGovernor:
 
     A key's 1-thread time per unit of size is measured on its first two steps and again every `refresh_s` (a
     faster sample replaces it, as a step cannot run faster than it costs; a slower one, maybe descheduled, moves it
-    up by an eighth). A step at the full count that takes longer than `stall_ratio` times its key's 1-thread time
-    stalled (a thread was descheduled and the others waited for it at a region's barrier); after two stalled steps
+    up by an eighth). A step at the full count that takes longer than `stall_ratio` times its key's 1-thread time,
+    and longer than TYPICAL_RATIO times the key's typical full-count time (a running mean of its steps that did not
+    stall), stalled (a thread was descheduled and the others waited for it at a region's barrier). The second test
+    keeps a machine whose memory bandwidth, not its cores, sets the pace (a 1B+ model's decode step streams its
+    weights from DRAM at nearly the same speed on 1 thread as on 2) from reading its noise as stalls: there a layer
+    took 2.5 ms on 2 threads against 2.2 ms on 1, and ordinary 3.4 ms steps sent 833 of 1,885 steps of a generation
+    to 1 thread (qwen2.5-1.5b's shape, decode 15.2 tok/s against 20.3 without the governor). After two stalled steps
     in a row (or one, within RECENT_LOAD_S of a probe that brought the full count back), steps run on 1 thread (a
     lone stall is this process's own other threads waking once per token: on a quiet machine, reacting to those
     cost SmolLM2 decode 7%). After `backoff` seconds one step probes the full
@@ -118,6 +123,7 @@ class ThreadGovernor:
     PROBE_BUDGET = 0.02  # under a lasting load, failed probes cost at most this share of the time...
     PROBE_WAIT_MAX_S = 10.0  # ...unless that would mean waiting longer than this for the next one
     RECENT_LOAD_S = 2.0  # this soon after a probe brought the full count back, one stall is taken for the load
+    TYPICAL_RATIO = 1.5  # a stalled step is also this much slower than the key's typical full-count step
 
     def __init__(
         self,
@@ -147,6 +153,7 @@ class ThreadGovernor:
         self._one: dict = {}  # key -> 1-thread seconds
         self._limit: dict = {}  # key -> stall_ratio * 1-thread seconds: a full-count step above it stalled
         self._fresh_until: dict = {}  # key -> when its 1-thread time is due to be measured again
+        self._typical: dict = {}  # key -> running mean of its full-count steps that did not stall (seconds)
         self._reduced = False  # running on 1 thread since a stall
         self._probing = False  # the running step probes the full count
         self._backoff = self.probe_min_s
@@ -179,8 +186,7 @@ class ThreadGovernor:
             now = self._clock()
             prev, self._key = self._key, None
             self.steps += 1
-            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF) * self._size:
-                self._record(prev, (now - self._t0) / self._size, now)
+            self._end(prev, now)
         if self._n_now != self._n_full:
             self._set(self._n_full)
             self._n_now = self._n_full
@@ -194,9 +200,7 @@ class ThreadGovernor:
         prev, self._key = self._key, key
         if prev is not None:
             self.steps += 1
-            # the common case (full count, no stall, fresh 1-thread time) is this test and the next one
-            if self._n_now == 1 or self._probing or now - self._t0 > self._limit.get(prev, _INF) * self._size:
-                self._record(prev, (now - self._t0) / self._size, now)
+            self._end(prev, now)
         self._size = size
         n = self._choose(key, now) if self._reduced or now > self._fresh_until.get(key, -_INF) else self._n_full
         if n == self._n_now:
@@ -205,6 +209,16 @@ class ThreadGovernor:
             self._set(n)
             self._n_now = n
             self._t0 = self._clock()  # the switch itself is not the step's time
+
+    def _end(self, key, now: float) -> None:
+        """The step of `key` that started at self._t0 ended now."""
+        dt = (now - self._t0) / self._size
+        # the common case (full count, no stall, fresh 1-thread time) is this test and the typical time's update
+        if self._n_now == 1 or self._probing or dt > self._limit.get(key, _INF):
+            self._record(key, dt, now)
+        else:
+            old = self._typical.get(key)
+            self._typical[key] = dt if old is None else old + (dt - old) * 0.125
 
     def _choose(self, key, now: float) -> int:
         if key not in self._one:
@@ -226,12 +240,13 @@ class ThreadGovernor:
                 self._one.clear()
                 self._limit.clear()
                 self._fresh_until.clear()
+                self._typical.clear()
             one = self._one[key] = dt if old is None or dt < old else old + (dt - old) * 0.125
             self._limit[key] = self.stall_ratio * one
             # a key's first sample may hold a JIT compilation or page faults: its next step is sampled again
             self._fresh_until[key] = now if old is None else now + self.refresh_s
             return
-        if dt > self._limit.get(key, _INF):
+        if dt > self._limit.get(key, _INF) and dt > self.TYPICAL_RATIO * self._typical.get(key, 0.0):
             self.stalls += 1
             lone = self._last_stall != self.steps - 1 and now - self._restored_at > self.RECENT_LOAD_S
             if not self._probing and not self._reduced and lone:
@@ -247,10 +262,13 @@ class ThreadGovernor:
                 wait = max(self._backoff, min(lost / self.PROBE_BUDGET, self.PROBE_WAIT_MAX_S))
             self._reduced = True
             self._probe_at = now + wait
-        elif self._probing:
-            self._reduced = False
-            self._restored_at = now
-            self._backoff = max(self.probe_min_s, self._backoff / 2)
+        else:
+            old = self._typical.get(key)
+            self._typical[key] = dt if old is None else old + (dt - old) * 0.125
+            if self._probing:
+                self._reduced = False
+                self._restored_at = now
+                self._backoff = max(self.probe_min_s, self._backoff / 2)
         self._probing = False
 
 
@@ -405,6 +423,9 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
     they did.
     Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there). When this
     process has every kernel already (another model loaded before), the recording pass itself was the warm-up.
+    The transformer's ThreadGovernor is off meanwhile: the recording pass skips the kernels it records, and its
+    steps (0.15 ms for qwen2.5-1.5b's 13 ms output projection) would become the 1-thread times every later step is
+    compared with, so that every full-count step of that kind looked stalled.
     """
     from numba.core import event
 
@@ -424,11 +445,16 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
             pass
 
     def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C
-        calls = jit.record_calls(transformer.warmup)
-        if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
-            jit.compile_calls(jit.balanced(calls), n_helpers, progress)
-            with event.install_listener("numba:compile", Late()):
-                transformer.warmup()
+        governor = transformer.governor
+        enabled, governor.enabled = governor.enabled, False
+        try:
+            calls = jit.record_calls(transformer.warmup)
+            if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
+                jit.compile_calls(jit.balanced(calls), n_helpers, progress)
+                with event.install_listener("numba:compile", Late()):
+                    transformer.warmup()
+        finally:
+            governor.enabled = enabled
 
     t0 = time.perf_counter()
     try:

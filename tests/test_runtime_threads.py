@@ -126,6 +126,28 @@ def test_a_lone_stall_keeps_the_full_count():
     assert gov.stalls == 20 and not gov.reduced
 
 
+def test_bandwidth_bound_noise_is_not_a_stall():
+    """A 1B+ model's decode step streams its weights from DRAM nearly as fast on 1 thread as on 2: its ordinary slow
+    steps, 1.6x the best 1-thread step but within TYPICAL_RATIO of the usual 2-thread one, two in a row now and then,
+    keep the full count; a descheduled thread's slice still stalls it."""
+    m = Machine()
+    n_full = [0]
+
+    def cost(key, n):
+        if n == 1:
+            return 2.2e-3
+        n_full[0] += 1
+        return 3.5e-3 if n_full[0] % 10 in (5, 6) else 2.5e-3  # two slow steps in a row, every 10
+
+    m.cost = cost
+    gov = m.governor()
+    counts = m.run_for(gov, 3.0)
+    assert gov.stalls == 0 and not gov.reduced
+    assert counts.count(2) > 0.98 * len(counts)
+    m.cost = lambda key, n: 2.2e-3 if n == 1 else 2.5e-3 + SLICE  # another process takes a core
+    assert m.run_pass(gov, keys=(3,) * 4) == [2, 2, 1, 1] and gov.reduced
+
+
 def test_persistent_load_costs_about_one_stall_per_second():
     m = Machine()
     gov = m.governor()
@@ -390,3 +412,15 @@ def test_compute_thread_raises_the_jobs_exception_in_the_caller():
     with pytest.raises(ValueError, match="bad 3"):
         on_compute_thread(fail, 3)
     assert on_compute_thread(lambda a, b: a + b, 2, 3) == 5  # and keeps serving
+
+
+def test_load_leaves_the_governor_untrained():
+    # the kernels' recording pass skips every kernel it records: its steps (0.15 ms for a 13 ms output projection)
+    # must not become the 1-thread times later steps are compared with
+    from pathlib import Path
+
+    import ggufrun
+
+    m = ggufrun.load(str(Path(__file__).parent / "data" / "golden" / "small-llama-q4_0.gguf"), n_threads=2, quiet=True)
+    gov = m.transformer.governor
+    assert gov.enabled and gov.steps == 0 and not gov._one

@@ -153,8 +153,36 @@ def get_rows(w: np.ndarray, qtype, ids, out: np.ndarray | None = None) -> np.nda
     if rows.size and (rows.min() < 0 or rows.max() >= w2.shape[0]):
         raise IndexError(f"row ids must be in [0, {w2.shape[0]}), got {rows.min()}..{rows.max()}")
     out = _out(out, (rows.size, _n_values(w2, e)), "out")
-    e.dequant(w2, rows, out)
+    if qtype in _ROWS_IN_NUMPY:
+        _rows_numpy(w2[rows], qtype, out)
+    else:
+        e.dequant(w2, rows, out)
     return out
+
+
+# the embedding lookup of these types is a few NumPy operations with the dequant kernels' exact roundings (one per
+# product, one per sum): the kernel would compile on the first run (~0.8 s CPU) only to read a few rows per step
+_ROWS_IN_NUMPY = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0})
+
+
+def _rows_numpy(b: np.ndarray, qtype, out: np.ndarray) -> None:
+    """Rows b [n, row bytes] of Q4_0 / Q4_1 / Q8_0 blocks dequantized into out [n, K] as deq_q4_0 / deq_q4_1 /
+    deq_q8_0 do: Q4_0 d * (q - 8), Q4_1 d * q + m, Q8_0 q * d, in float32."""
+    n = b.shape[0]
+    bsize = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20, GGMLQuantizationType.Q8_0: 34}[qtype]
+    blocks = b.reshape(n, -1, bsize)
+    d = blocks[:, :, 0:2].copy().view(np.float16).astype(np.float32)  # [n, nb, 1]
+    y = out.reshape(n, -1, 32)
+    if qtype == GGMLQuantizationType.Q8_0:
+        np.multiply(blocks[:, :, 2:].view(np.int8).astype(np.float32), d, out=y)
+        return
+    qs = blocks[:, :, bsize - 16 :]
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(np.float32)  # values 0-15: low nibbles, 16-31: high
+    if qtype == GGMLQuantizationType.Q4_0:
+        np.multiply(d, q - np.float32(8.0), out=y)
+    else:
+        np.multiply(d, q, out=y)
+        y += blocks[:, :, 2:4].copy().view(np.float16).astype(np.float32)
 
 
 def _out(out, shape, what) -> np.ndarray:

@@ -375,7 +375,7 @@ def qkv_rope_store(
 # score sweep reads contiguous positions); outputs accumulate over positions, lane-wise over the value dimension.
 
 
-@numba.njit(inline="always", **ATT)
+@numba.njit(**ATT)
 def _softmax_inplace(x):
     """x = exp(x - max(x)) in place; returns float(1 / sum), the sum in double (as ggml's soft_max) over four
     interleaved partial sums in a fixed order. The exp pass has no loop-carried value, so it vectorises."""
@@ -406,7 +406,7 @@ KV_PAD = 32  # extra positions at the end of every key row and score row: tiles 
 # the last valid one instead of taking a scalar tail (those lanes are computed and never used)
 
 
-@numba.njit(inline="always", **ATT)
+@numba.njit(**ATT)
 def _scores_one(q, qo, keys, t0, n, s):
     """s[:n] = q[qo:qo+hd] . keys[:, t0:t0+n], keys [hd, n_ctx + KV_PAD]; 32 positions at a time, 4 chains."""
     stride = keys.shape[1]
@@ -425,7 +425,7 @@ def _scores_one(q, qo, keys, t0, n, s):
         _st_f32x8(s, t + 24, a3)
 
 
-@numba.njit(inline="always", **ATT)
+@numba.njit(**ATT)
 def _values_one(p, values, t0, n, out, oo):
     """out[oo:oo+hd_v] = sum over t < n of p[t] * values[t0 + t] (values [n_ctx, hd_v]), each lane in t order."""
     hd = values.shape[1]
@@ -525,7 +525,7 @@ def attend_group(q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, ou
 QUERY_BLOCK = 4  # queries of one head processed together, sharing each loaded key and value
 
 
-@numba.njit(inline="always", **ATT)
+@numba.njit(**ATT)
 def _scores_block(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc):
     """sc[r, lo:hi] = query row r's head slice . keys over positions t0+lo..t0+hi-1, for the 4 rows r0..r3 of q
     (in sc's rows 0..3); tiles of 16 positions x 4 queries, each lane the chain _scores_one computes."""
@@ -554,7 +554,7 @@ def _scores_block(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc):
         _st_f32x8(sc[3], t + 8, e1)
 
 
-@numba.njit(inline="always", **ATT)
+@numba.njit(**ATT)
 def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo):
     """out[r0 + r, oo:oo+hd_v] = sum over t in [lo, hi) of sc[r, t] * values[t0 + t] for r < nr; tiles of 16
     dims x 4 queries, each lane the chain _values_one computes (probability-0 terms leave a sum unchanged)."""

@@ -621,8 +621,13 @@ def main(argv=None) -> int:
 
     from kernels import read_bandwidth
 
+    from ggufrun.runtime import on_compute_thread
+
     env = environment(args.threads)
-    bandwidth = 1e9 * statistics.median(read_bandwidth(args.threads, 1 << 30) for _ in range(3))  # bytes/s
+    # on the compute thread, where ggufrun's forward passes run: a parallel sum started from this (main) thread would
+    # give the process a second OpenMP pool, whose idle workers then sleep instead of spinning in every pool
+    # (ggufrun.runtime's docstring), and SmolLM2's decode measured 118-126 -> 65-74 tok/s after it
+    bandwidth = 1e9 * statistics.median(on_compute_thread(read_bandwidth, args.threads, 1 << 30) for _ in range(3))
     log(f"read bandwidth, {args.threads} threads, 1 GiB: {bandwidth / 1e9:.1f} GB/s")
     report = {"env": env, "args": vars(args), "read_bandwidth_GBps": bandwidth / 1e9, "rows": []}
     for name in shapes:

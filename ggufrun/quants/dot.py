@@ -2320,6 +2320,26 @@ def dot8_x8(typingctx, codes, a, off):
 
 
 @njit(inline="always", **DOT)
+def _group_x8_one(kind, bsize, w, go, d1, s1, sums1, qs, nb, off):
+    """_rows_x8's lanes for one activation row (row 0) and the group of 8 rows at byte go: the tile loop's float
+    steps with both accumulators in registers."""
+    accd, accm = fzero(), fzero()
+    for b in range(nb):
+        o = go + b * bsize
+        if kind == Q8_0:
+            p = dot8_x8(codes8_x8(w, o + 16), qs, 32 * b)
+        elif kind == Q5_0:
+            p = dot5_x8(codes5_x8(w, o + 16), qs, 32 * b)
+        else:
+            p = dot_x8(codes_x8(w, o + (32 if kind == Q4_1 else 16)), qs, 32 * b)
+        p = isubs(p, off * sums1[b])
+        accd = fma_v(accd, fcvt(p), fscale(ld_f16x8(w, o), d1[b]))
+        if kind == Q4_1:
+            accm = fma_v(accm, ld_f16x8(w, o + 16), fbcast(s1[b]))
+    return fadd_v(accd, accm)
+
+
+@njit(inline="always", **DOT)
 def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0): each
     block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
@@ -2332,6 +2352,11 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     # per tile row: the 8 lanes of d terms, then the 8 of m terms (Q4_1)
     acc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)) if M <= X8_STACK_ROWS else np.empty((MT, 16), np.float32)
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)  # flat: the row loop steps one index
+    if M == 1:  # decode: the accumulators stay in registers
+        for g in range(g0, g1):
+            _prefetch_ahead(w, g * rb, rb)
+            st_f32x8(out, 4 * 8 * g, _group_x8_one(kind, bsize, w, g * rb, d1, s1, sums1, qs, nb, off))
+        return
     for t in range(0, M, MT):
         t1 = min(M, t + MT)
         for g in range(g0, g1):

@@ -2937,9 +2937,7 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
             for a in range(0, 64 * (t1 - t), 32):
                 st_f32x8(acc, a, fzero())
             for b in range(nsb):
-                o = g * rb + b * sbytes
-                for p in range(o + X8K_PREFETCH_BYTES, o + X8K_PREFETCH_BYTES + sbytes, 64):
-                    prefetch(w, p)
+                o = g * rb + b * sbytes  # no software prefetch: one contiguous stream per thread (X8K note)
                 dw = ld_f16x8(w, o)
                 dm = ld_f16x8(w, o + 16) if kind == Q4_K else fzero()
                 if t1 - t > 1:
@@ -3319,8 +3317,10 @@ ROW_PREFETCH_BYTES = 1024
 # from DRAM more slowly than rowk's one (Qwen2.5-1.5B's Q4_K 8960x1536 matvecs in a decode step: 36 -> 42-45 ms at 1
 # thread), while on long ones they are faster (Q4_K 1536x8960: 11.5 -> 7.5-9 ms, Q6_K 1536x8960: 21 -> 12-13 ms)
 ROWK8_MIN_K = 4096
-# _rowsk_x8 prefetches each super-block's 8 interleaved rows this many bytes ahead of the one it decodes
-X8K_PREFETCH_BYTES = 2048
+# X8K note: _rowsk_x8 reads its groups of interleaved rows as one contiguous stream per thread, which the hardware
+# prefetchers follow; prefetching each super-block 1-8 KB ahead in software made it slower, 1 thread, variants
+# alternating call by call (/work/tmp/pfab.py): Q4_K 640x2048 matrices from L3 17.2 / 18.9 GB/s without, 15.7 / 16.7
+# with 2 KB; 8960x1536 from DRAM 14.4 / 13.6 without, 12.0-13.5 with 1-8 KB; Q6_K 1536x8960 9.4 either way
 
 
 @njit(inline="always", **DOT)

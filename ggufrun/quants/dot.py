@@ -2352,15 +2352,13 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     # per tile row: the 8 lanes of d terms, then the 8 of m terms (Q4_1)
     acc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)) if M <= X8_STACK_ROWS else np.empty((MT, 16), np.float32)
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)  # flat: the row loop steps one index
-    if M == 1:  # decode: the accumulators stay in registers
+    if M == 1:  # decode: the accumulators stay in registers; no software prefetch (X8K note)
         for g in range(g0, g1):
-            _prefetch_ahead(w, g * rb, rb)
             st_f32x8(out, 4 * 8 * g, _group_x8_one(kind, bsize, w, g * rb, d1, s1, sums1, qs, nb, off))
         return
     for t in range(0, M, MT):
         t1 = min(M, t + MT)
         for g in range(g0, g1):
-            _prefetch_ahead(w, g * rb, rb)
             for a in range(0, 64 * (t1 - t), 32):
                 st_f32x8(acc, a, fzero())
             for b in range(nb):
@@ -3317,10 +3315,13 @@ ROW_PREFETCH_BYTES = 1024
 # from DRAM more slowly than rowk's one (Qwen2.5-1.5B's Q4_K 8960x1536 matvecs in a decode step: 36 -> 42-45 ms at 1
 # thread), while on long ones they are faster (Q4_K 1536x8960: 11.5 -> 7.5-9 ms, Q6_K 1536x8960: 21 -> 12-13 ms)
 ROWK8_MIN_K = 4096
-# X8K note: _rowsk_x8 reads its groups of interleaved rows as one contiguous stream per thread, which the hardware
-# prefetchers follow; prefetching each super-block 1-8 KB ahead in software made it slower, 1 thread, variants
-# alternating call by call (/work/tmp/pfab.py): Q4_K 640x2048 matrices from L3 17.2 / 18.9 GB/s without, 15.7 / 16.7
-# with 2 KB; 8960x1536 from DRAM 14.4 / 13.6 without, 12.0-13.5 with 1-8 KB; Q6_K 1536x8960 9.4 either way
+# X8K note: the interleaved kernels (_rows_x8, _rowsk_x8) read their groups of rows as one contiguous stream per
+# thread, which the hardware prefetchers follow; software prefetch made them slower, 1 thread, variants alternating
+# call by call: Q4_K 640x2048 matrices from L3 17.2 / 18.9 GB/s without, 15.7 / 16.7 with a super-block 2 KB ahead;
+# 8960x1536 from DRAM 14.4 / 13.6 without, 12.0-13.5 with 1-8 KB; Q6_K 1536x8960 9.4 either way; _rows_x8's whole
+# group 2 KB ahead (_prefetch_ahead): Q4_1 1536x576 from L3 11.4 / 10.6, Q5_0 2048x640 13.6 / 11.3 (L3) and 11.8 /
+# 8.8 (DRAM), Q8_0 32768x640 from DRAM 17.1 / 11.8. Gemma3 decode, 3 process pairs: 36.6 / 49.6 / 50.3 tok/s with,
+# 60.7 / 55.9 / 67.6 without; SmolLM2 even (90-126 either way)
 
 
 @njit(inline="always", **DOT)

@@ -217,8 +217,12 @@ class ThreadGovernor:
         if self._n_now == 1 or self._probing or dt > self._limit.get(key, _INF):
             self._record(key, dt, now)
         else:
-            old = self._typical.get(key)
-            self._typical[key] = dt if old is None else old + (dt - old) * 0.125
+            self._note_typical(key, dt)
+
+    def _note_typical(self, key, dt: float) -> None:
+        """A full-count step of `key` that did not stall took dt per unit of size."""
+        old = self._typical.get(key)
+        self._typical[key] = dt if old is None else old + (dt - old) * 0.125
 
     def _choose(self, key, now: float) -> int:
         if key not in self._one:
@@ -263,8 +267,7 @@ class ThreadGovernor:
             self._reduced = True
             self._probe_at = now + wait
         else:
-            old = self._typical.get(key)
-            self._typical[key] = dt if old is None else old + (dt - old) * 0.125
+            self._note_typical(key, dt)
             if self._probing:
                 self._reduced = False
                 self._restored_at = now

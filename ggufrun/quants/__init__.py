@@ -154,7 +154,7 @@ def get_rows(w: np.ndarray, qtype, ids, out: np.ndarray | None = None) -> np.nda
         raise IndexError(f"row ids must be in [0, {w2.shape[0]}), got {rows.min()}..{rows.max()}")
     out = _out(out, (rows.size, _n_values(w2, e)), "out")
     if qtype in _ROWS_IN_NUMPY:
-        _rows_numpy(w2[rows], qtype, out)
+        _rows_numpy(w2[rows], qtype, e.type_size, out)
     else:
         e.dequant(w2, rows, out)
     return out
@@ -165,11 +165,10 @@ def get_rows(w: np.ndarray, qtype, ids, out: np.ndarray | None = None) -> np.nda
 _ROWS_IN_NUMPY = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0})
 
 
-def _rows_numpy(b: np.ndarray, qtype, out: np.ndarray) -> None:
-    """Rows b [n, row bytes] of Q4_0 / Q4_1 / Q8_0 blocks dequantized into out [n, K] as deq_q4_0 / deq_q4_1 /
-    deq_q8_0 do: Q4_0 d * (q - 8), Q4_1 d * q + m, Q8_0 q * d, in float32."""
+def _rows_numpy(b: np.ndarray, qtype, bsize: int, out: np.ndarray) -> None:
+    """Rows b [n, row bytes] of Q4_0 / Q4_1 / Q8_0 blocks (bsize bytes each) dequantized into out [n, K] as
+    deq_q4_0 / deq_q4_1 / deq_q8_0 do: Q4_0 d * (q - 8), Q4_1 d * q + m, Q8_0 q * d, in float32."""
     n = b.shape[0]
-    bsize = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20, GGMLQuantizationType.Q8_0: 34}[qtype]
     blocks = b.reshape(n, -1, bsize)
     d = blocks[:, :, 0:2].copy().view(np.float16).astype(np.float32)  # [n, nb, 1]
     y = out.reshape(n, -1, 32)

@@ -716,19 +716,9 @@ def st_i32x8(typingctx, a, off, v):
     return types.none(a, off, I32x8), _store_codegen
 
 
-@intrinsic
-def k_scratch(typingctx):
-    """Pointer to rowk8's int32 scratch, 128 of them, on the stack of the kernel that inlines the call: no heap
-    allocation per call (numba.carray makes an array of it)."""
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(_i32, 128)), _i32.as_pointer())
-
-    return types.CPointer(types.int32)(), codegen
-
-
 def _stack_scratch(elt, numba_elt, n: int):
-    """Intrinsic () -> pointer to n `elt` on the stack of the kernel that inlines the call (its entry block)."""
+    """Intrinsic () -> pointer to n `elt` on the stack of the kernel that inlines the call (its entry block): no
+    heap allocation per call (numba.carray makes an array of it)."""
 
     @intrinsic
     def scratch(typingctx):
@@ -743,6 +733,7 @@ def _stack_scratch(elt, numba_elt, n: int):
 # the tiles' accumulators of the interleaved kernels for up to X8_STACK_ROWS activation rows (decode, small batches):
 # on the stack instead of np.empty, whose allocation costs up to ~0.7 us per work item of 16 weight rows
 X8_STACK_ROWS = 8
+k_scratch = _stack_scratch(_i32, types.int32, 128)  # rowk8's int32 lanes [16, 8]
 x8_acc_scratch = _stack_scratch(_f32, types.float32, X8_STACK_ROWS * 16)
 x8_int_scratch = _stack_scratch(_i32, types.int32, X8_STACK_ROWS * 8)
 
@@ -2691,9 +2682,15 @@ def _maddwd(builder, a, b):
     return builder.add(builder.shuffle_vector(p, p, even), builder.shuffle_vector(p, p, odd))
 
 
+def _scale_pair_pick(builder, v, e: int, signed: bool):
+    """v: 16 bytes of scale pairs ([row][2]) -> element e of each row's pair twice in its int32 lane, as int16s
+    (sign- or zero-extended): the scales vpmaddwd wants."""
+    x = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 16), [2 * (i // 2) + e for i in range(16)]))
+    return builder.sext(x, _v16i16) if signed else builder.zext(x, _v16i16)
+
+
 def _kscales_x8(signed: bool):
-    """Intrinsic (a, off, e) -> element e (0 or 1) of the 8 rows' scale pairs at byte `off` ([row][2] bytes), each
-    row's scale twice in its int32 lane as int16s (sign- or zero-extended), the form vpmaddwd wants."""
+    """Intrinsic (a, off, e) -> element e (0 or 1) of the 8 rows' scale pairs at byte `off` (_scale_pair_pick)."""
 
     @intrinsic
     def scales(typingctx, a, off, e):
@@ -2702,12 +2699,7 @@ def _kscales_x8(signed: bool):
 
         def codegen(context, builder, sig, args):
             v = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
-            pick = []
-            for k in (0, 1):
-                x = builder.shuffle_vector(
-                    v, v, ir.Constant(ir.VectorType(_i32, 16), [2 * (i // 2) + k for i in range(16)])
-                )
-                pick.append(builder.sext(x, _v16i16) if signed else builder.zext(x, _v16i16))
+            pick = [_scale_pair_pick(builder, v, k, signed) for k in (0, 1)]
             odd = builder.icmp_signed("!=", _int_arg(context, builder, sig.args[2], args[2]), ir.Constant(_i32, 0))
             return builder.bitcast(builder.select(odd, pick[1], pick[0]), _v8i32)
 
@@ -2837,8 +2829,7 @@ def sb6_x8(typingctx, a, off, x, xo):
                 for k in range(4):  # pair 4h + k: groups 8h + 2k (element 0) and 8h + 2k + 1 (element 1)
                     v = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 16 + 16 * (4 * h + k))]),
                                                      ir.VectorType(_i8, 16).as_pointer()), align=1)  # fmt: skip
-                    idx = ir.Constant(ir.VectorType(_i32, 16), [2 * (i // 2) + half for i in range(16)])
-                    sc.append(builder.sext(builder.shuffle_vector(v, v, idx), _v16i16))
+                    sc.append(_scale_pair_pick(builder, v, half, True))
                 s16 = [None] * 4
                 for cc in range(4):
                     c = 4 * half + cc

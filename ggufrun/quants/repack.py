@@ -20,8 +20,9 @@ scales, moved), then the codes in chunks of 32 bytes, 4 bytes of each row: Q4_K:
 qs per row) its 8 chunks, low nibbles values 4c.. of the group, high nibbles 32 + 4c..; Q6_K: per 128-value half, 8
 chunks of ql bytes 0-31 of the half, 8 of ql bytes 32-63, 8 of qh (1680 bytes, the same as 8 x 210).
 
-The repacked copy is ordinary memory of the same size as the blocks; the model file's pages it was made from are no
-longer needed by the kernels (GGUFFile.release_pages lets the OS drop them from this process).
+The repacked copy is ordinary memory of the same size as the blocks (Q4_K: 2.8% more, its scales unpacked); the model
+file's pages it was made from are no longer needed by the kernels (GGUFFile.release_pages lets the OS drop them from
+this process).
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ def _interleave(blocks: np.ndarray, qtype: T, out: np.ndarray | None = None) -> 
     if out is None:
         out = np.empty((g, nb * 8 * bsize), blocks.dtype)
     out = out.reshape(g, nb, 8 * bsize)  # each field copied in one strided pass (np.copyto of views)
-    for f in range(0, scales, 2):  # d (and m): field f of the 8 rows, contiguous
-        np.copyto(out[:, :, 8 * f : 8 * f + 16].reshape(g, nb, 8, 2), blocks[:, :, :, f : f + 2].transpose(0, 2, 1, 3))
+    # d (and m): each fp16 field of the 8 rows, contiguous
+    np.copyto(out[:, :, : 8 * scales].reshape(g, nb, scales // 2, 8, 2), _pairs(blocks[:, :, :, :scales]))
     at = 8 * scales
     if qtype == T.Q5_0:  # the fifth bits: plane byte 4r + k, bit j = bit 16 (j % 2) + 4 (j // 2) + k of row r's qh
         qh = blocks[:, :, :, 2:6].copy().view("<u4")[..., 0].transpose(0, 2, 1)  # [group, block, row]
@@ -124,7 +125,8 @@ def _interleave(blocks: np.ndarray, qtype: T, out: np.ndarray | None = None) -> 
 
 
 def _pairs(x: np.ndarray) -> np.ndarray:
-    """[g, 8 rows, nb, 2n] per-row fields -> [g, nb, n, 8 rows, 2]: pairs of fields, row by row."""
+    """[g, 8 rows, nb, 2n] per-row bytes -> [g, nb, n, 8 rows, 2]: pair k of every row, row by row (an fp16 field,
+    or the scales of two sub-blocks)."""
     g, _, nb, f = x.shape
     return x.reshape(g, 8, nb, f // 2, 2).transpose(0, 2, 3, 1, 4)
 
@@ -135,9 +137,7 @@ def _interleave_q4_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if out is None:
         out = np.empty((g, nb * dot.Q4_K_X8_BYTES), np.uint8)
     o = out.reshape(g, nb, dot.Q4_K_X8_BYTES)
-    np.copyto(
-        o[:, :, 0:32].reshape(g, nb, 2, 8, 2), blocks[:, :, :, 0:4].reshape(g, 8, nb, 2, 2).transpose(0, 2, 3, 1, 4)
-    )
+    np.copyto(o[:, :, 0:32].reshape(g, nb, 2, 8, 2), _pairs(blocks[:, :, :, 0:4]))  # d, dmin
     q = blocks[:, :, :, 4:16]  # llama.cpp's get_scale_min_k4: 6-bit scales and mins of the 8 sub-blocks
     sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
     mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
@@ -155,11 +155,10 @@ def _interleave_q6_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if out is None:
         out = np.empty((g, nb * dot.Q6_K_X8_BYTES), blocks.dtype)
     o = out.reshape(g, nb, dot.Q6_K_X8_BYTES)
-    np.copyto(o[:, :, 0:16].reshape(g, nb, 8, 2), blocks[:, :, :, 208:210].transpose(0, 2, 1, 3))
+    np.copyto(o[:, :, 0:16].reshape(g, nb, 1, 8, 2), _pairs(blocks[:, :, :, 208:210]))  # d
     np.copyto(o[:, :, 16:144].reshape(g, nb, 8, 8, 2), _pairs(blocks[:, :, :, 192:208]))
-    codes = o[:, :, 144:].reshape(
-        g, nb, 2, 3, 8, 8, 4
-    )  # [g, block, half, run (ql 0-31, ql 32-63, qh), chunk, row, byte]
+    # [g, block, half, run (ql 0-31, ql 32-63, qh), chunk, row, byte]
+    codes = o[:, :, 144:].reshape(g, nb, 2, 3, 8, 8, 4)
     ql = blocks[:, :, :, 0:128].reshape(g, 8, nb, 2, 2, 8, 4)  # [g, row, block, half, run, chunk, byte]
     np.copyto(codes[:, :, :, 0:2], ql.transpose(0, 2, 3, 4, 5, 1, 6))
     qh = blocks[:, :, :, 128:192].reshape(g, 8, nb, 2, 8, 4)  # [g, row, block, half, chunk, byte]

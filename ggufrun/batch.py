@@ -3,11 +3,14 @@
 Follows llama.cpp's server (tools/server/server.cpp, `update_slots`): `n_slots` slots, each with its own KV cache;
 each step batches the next token of every generating request with at most `prefill_chunk` rows of the prompts
 being evaluated (chunked prefill: a long prompt costs the others one chunk's time per step, not its whole prefill;
-short prompts that arrive together are evaluated in the same step), in one `Transformer.forward_batch`. Requests
-join between steps and leave as soon as they finish or are cancelled. Every request gets the tokens it would get
-alone (forward_batch is batch-invariant; each has its own Sampler, so a seed gives the same draws), with the text,
-stop strings, finish reasons and stats of ggufrun.generate.stream, and its output constraint (grammar.Constraint:
-response_format, tool calls) and log-probabilities when asked for.
+short prompts that arrive together are evaluated in the same step), in one `Transformer.forward_batch`. A step that
+evaluates short prompts whole leaves the decode rows out, at most every other step (vLLM's scheduler also runs new
+prompts before decode steps): a new request's first token then waits for the step in flight and its own prompt, not
+for the others' rows too. Requests join between steps and leave as soon as they finish or are
+cancelled. Every request gets the tokens it would get alone (forward_batch is batch-invariant; each has its own
+Sampler, so a seed gives the same draws), with the text, stop strings, finish reasons and stats of
+ggufrun.generate.stream, and its output constraint (grammar.Constraint: response_format, tool calls) and
+log-probabilities when asked for.
 The KV caches are of the transformer's kv_dtype (f16, q8_0 or f32): batch invariance holds for each.
 
     engine = BatchEngine.from_model(model, n_slots=8)
@@ -238,6 +241,7 @@ class BatchEngine:
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
         self.steps = self.rows = self.prefill_rows = self.decode_rows = self.copied_tokens = 0
+        self._last_prompt_only = False  # the last step ran prompt rows only (_step)
         self._thread = threading.Thread(target=self._run, name="ggufrun-batch", daemon=True)
         with signals_to_main_thread():  # Ctrl-C must reach the main thread (see ggufrun.runtime)
             self._thread.start()
@@ -374,17 +378,32 @@ class BatchEngine:
             self._admit(budget)
             active = list(self._active)
         decoding = [r for r in active if r.token is not None]
-        seqs = [(self.slots[r.slot], r.history[r.n_hist - 1 : r.n_hist]) for r in decoding]
         chunks: list[tuple[_Request, np.ndarray]] = []
         cost_left = self.step_budget
         for r in active:
             if budget > 0 and cost_left > 0 and r.n_eval < r.prompt.shape[0]:
                 n = self.cost.rows(r.n_eval, cost_left, min(budget, r.prompt.shape[0] - r.n_eval))
-                chunk = r.prompt[r.n_eval : r.n_eval + n]
-                chunks.append((r, chunk))
-                seqs.append((self.slots[r.slot], chunk))
+                chunks.append((r, r.prompt[r.n_eval : r.n_eval + n]))
                 budget -= n
                 cost_left -= self.cost.of(r.n_eval, n)
+        # Prompts evaluated whole in this step (short ones, as a chat turn) run without the decode rows (the others'
+        # next tokens, and those rows' logits over the whole vocabulary), so that a request's first token costs what
+        # it costs alone plus the step in flight when it arrived. Never two such steps in a row: the streams lose at
+        # most one step in two, to a step that costs at most step_budget (one chunk). A long prompt's chunks, its
+        # last one too, still run beside the decode rows.
+        prompt_only = (
+            bool(chunks and decoding)
+            and not self._last_prompt_only
+            and all(
+                r.n_eval == r.stats.cached_tokens and r.n_eval + chunk.shape[0] == r.prompt.shape[0]
+                for r, chunk in chunks
+            )
+        )
+        self._last_prompt_only = prompt_only
+        if prompt_only:
+            decoding = []
+        seqs = [(self.slots[r.slot], r.history[r.n_hist - 1 : r.n_hist]) for r in decoding]
+        seqs += [(self.slots[r.slot], chunk) for r, chunk in chunks]
         if not seqs:
             return
         sampled: list[tuple[_Request, int, float, list | None]] = []

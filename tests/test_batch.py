@@ -243,9 +243,11 @@ def test_a_request_arriving_mid_stream_joins_the_batch(tiny, monkeypatch):
     assert _key(a_chunks) == _solo(tiny, a_ids, 24)
     assert _key(b_chunks) == _solo(tiny, b_ids, 10)
     a_cache = steps.calls[0][0][0]
-    joined = next(dict(call) for call in steps.calls if len(call) == 2)  # B's first step
-    b_cache = next(cache for cache in joined if cache is not a_cache)
-    assert joined[a_cache] == 1 and joined[b_cache] == len(b_ids)  # A's next token and B's prompt, one pass
+    first_b = next(i for i, call in enumerate(steps.calls) if any(cache is not a_cache for cache, _ in call))
+    b_cache = next(cache for cache, _ in steps.calls[first_b] if cache is not a_cache)
+    # B's prompt, evaluated whole in that step, ran without A's decode row; the next step advanced both
+    assert dict(steps.calls[first_b]) == {b_cache: len(b_ids)}
+    assert dict(steps.calls[first_b + 1]) == {a_cache: 1, b_cache: 1}
     assert sum(len(call) == 2 for call in steps.calls) >= 9  # B's decode steps ran beside A's
 
 
@@ -471,3 +473,29 @@ def test_model_batch_generate_equals_generate_alone(tiny):
     prompts = [[1, 2, 3], [7, 8], [40, 41, 42, 43]]
     texts = tiny.batch_generate(prompts, max_tokens=6, temperature=0)
     assert texts == [tiny.complete(p, max_tokens=6, temperature=0) for p in prompts]
+
+
+def test_prompt_only_steps_never_come_twice_in_a_row(tiny, monkeypatch):
+    """Requests that arrive one per step, each with a prompt finishing in its first step, while another streams: a
+    step that ends a prompt leaves the decode rows out, but never two such steps in a row, so the stream advances
+    at least every other step."""
+    a_ids, *others = _prompts(5, seed=9)
+    with BatchEngine.from_model(tiny, n_slots=5) as engine:
+        steps = Steps(tiny.transformer, monkeypatch, gated=True)
+        a = engine.submit(a_ids, GREEDY, max_tokens=30)
+        steps.allow(2)  # A's prompt, then one decode step
+        first = [next(a), next(a)]
+        streams = []
+        for p in others:  # one arrival before each step
+            streams.append(engine.submit(p, GREEDY, max_tokens=4))
+            steps.allow(1)
+            steps.wait_calls(len(steps.calls) + 1)
+        steps.open()
+        a_chunks, results = first + list(a), [list(s) for s in streams]
+    a_cache = steps.calls[0][0][0]
+    with_a = [any(cache is a_cache for cache, _ in call) for call in steps.calls[2:]]
+    assert not all(with_a)  # a prompt-only step happened
+    assert all(x or y for x, y in zip(with_a, with_a[1:]))  # never two steps in a row without A
+    assert _key(a_chunks) == _solo(tiny, a_ids, 30)
+    for p, r in zip(others, results):
+        assert _key(r) == _solo(tiny, p, 4)

@@ -337,6 +337,29 @@ def _norm_rope(x, nw, eps, cos, sin, p, neox):
         x[i1] = a * s + b * c
 
 
+@numba.njit(inline="always", **JIT)
+def _qkv_rope_store_row(q, k, v, m, p, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, k_cache,
+                        v_cache):  # fmt: skip
+    """qkv_rope_store's work for row m at position p."""
+    n_kv, hd_k = k_cache.shape[0], k_cache.shape[1]
+    hd_v = v_cache.shape[2]
+    n_head = q.shape[1] // hd_k
+    _add_biases(q[m], k[m], v[m], q_bias, k_bias, v_bias)
+    for h in range(n_head + n_kv):
+        x = q[m, h * hd_k : (h + 1) * hd_k] if h < n_head else k[m, (h - n_head) * hd_k : (h - n_head + 1) * hd_k]
+        _norm_rope(x, q_norm if h < n_head else k_norm, eps, cos, sin, p, neox)
+        if h < n_head:
+            for i in range(hd_k):
+                x[i] = _kv_round(x[i] * q_scale, k_cache)
+        else:
+            g = h - n_head
+            for i in range(hd_k):
+                k_cache[g, i, p] = _kv_store(x[i], k_cache)
+    for g in range(n_kv):
+        for i in range(hd_v):
+            v_cache[g, p, i] = _kv_store(v[m, g * hd_v + i], v_cache)
+
+
 @numba.njit(**JIT)
 def qkv_rope_store(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, pos0, k_cache, v_cache
@@ -347,25 +370,23 @@ def qkv_rope_store(
     (+ bias; K normed and roped) are written to k_cache [n_kv, hd_k, n_ctx] / v_cache [n_kv, n_ctx, hd_v] at the
     token's position. cos/sin: [n_ctx, n_rot/2]. neox: rotate (x[i], x[i + n_rot/2]) else (x[2i], x[2i+1]).
     """
-    n_kv, hd_k = k_cache.shape[0], k_cache.shape[1]
-    hd_v = v_cache.shape[2]
-    n_head = q.shape[1] // hd_k
     for m in range(q.shape[0]):
-        p = pos0 + m
-        _add_biases(q[m], k[m], v[m], q_bias, k_bias, v_bias)
-        for h in range(n_head + n_kv):
-            x = q[m, h * hd_k : (h + 1) * hd_k] if h < n_head else k[m, (h - n_head) * hd_k : (h - n_head + 1) * hd_k]
-            _norm_rope(x, q_norm if h < n_head else k_norm, eps, cos, sin, p, neox)
-            if h < n_head:
-                for i in range(hd_k):
-                    x[i] = _kv_round(x[i] * q_scale, k_cache)
-            else:
-                g = h - n_head
-                for i in range(hd_k):
-                    k_cache[g, i, p] = _kv_store(x[i], k_cache)
-        for g in range(n_kv):
-            for i in range(hd_v):
-                v_cache[g, p, i] = _kv_store(v[m, g * hd_v + i], v_cache)
+        _qkv_rope_store_row(q, k, v, m, pos0 + m, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
+                            k_cache, v_cache)  # fmt: skip
+
+
+@numba.njit(**JIT)
+def qkv_rope_store_group(
+    q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, rows, slots, positions, k_group,
+    v_group,
+):  # fmt: skip
+    """qkv_rope_store for one token of each of several sequences whose caches are slots of one group (the decode
+    rows of a batch, as attend_group): row rows[i] is at position positions[i] of slot slots[i] of k_group
+    [n_slots, n_kv, hd_k, n_ctx] / v_group [n_slots, n_kv, n_ctx, hd_v]. One call per layer instead of one per
+    sequence; each row gets qkv_rope_store's operations, so the same bits."""
+    for i in range(rows.shape[0]):
+        _qkv_rope_store_row(q, k, v, rows[i], positions[i], q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+                            q_scale, k_group[slots[i]], v_group[slots[i]])  # fmt: skip
 
 
 # Attention is written so that a query's result is the same bits whether it is computed alone (decode) or in a

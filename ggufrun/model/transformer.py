@@ -415,9 +415,9 @@ class Transformer:
 
     def _decode_groups(self, spans) -> tuple[list, frozenset]:
         """The one-token spans of this pass whose caches are slots of one KVCache group (two or more per group):
-        their attention runs in one kernels.attend_group call per layer instead of one attend_one per span.
-        ([(group_kv, rows, slots, {window: first visible position}, end positions), ...] with arrays int64 [n],
-        the rows those groups take)."""
+        their new K/V and their attention run in one kernels.qkv_rope_store_group and one attend_group call per
+        layer instead of one qkv_rope_store and one attend_one per span. ([(group_kv, rows, slots, positions,
+        {window: first visible position}, end positions), ...] with arrays int64 [n], the rows those groups take)."""
         by_group: dict[int, tuple] = {}
         for cache, r0, r1, pos0 in spans:
             if r1 - r0 == 1 and cache.group_kv is not None and not cache.quantized:
@@ -429,7 +429,7 @@ class Transformer:
                 continue
             rows, slots, pos = (np.array(col, np.int64) for col in zip(*members))
             starts = {w: (np.maximum(0, pos - w + 1) if w else np.zeros_like(pos)) for w in set(self._window)}
-            groups.append((group_kv, rows, slots, starts, pos + 1))
+            groups.append((group_kv, rows, slots, pos, starts, pos + 1))
         return groups, frozenset(int(r) for g in groups for r in g[1])
 
     def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector, groups=(),
@@ -446,14 +446,14 @@ class Transformer:
             if cache.quantized:
                 self._attend_q8_0(il, lw, cache, r0, r1, pos0)
                 continue
+            if r0 in grouped:
+                continue  # after the loop, with the rest of its group
             k_cache, v_cache = cache.k[il], cache.v[il]
             kernels.qkv_rope_store(
                 q[r0:r1], k[r0:r1], v[r0:r1],
                 lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
                 cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), pos0, k_cache, v_cache,
             )  # fmt: skip
-            if r0 in grouped:
-                continue  # attention after the loop, with the rest of its group
             end = pos0 + r1 - r0  # keys at positions [t0, end) can be visible to some query of this span
             t0 = max(0, pos0 - window + 1) if window else 0
             if r1 - r0 == 1:
@@ -462,7 +462,11 @@ class Transformer:
                 kernels.attend_rows(
                     q[r0:r1], k_cache, v_cache, pos0, t0, end - t0, window, softcap, s.block_scores, att[r0:r1]
                 )
-        for (k_group, v_group), rows, slots, starts, ends in groups:
+        for (k_group, v_group), rows, slots, positions, starts, ends in groups:
+            kernels.qkv_rope_store_group(
+                q, k, v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
+                cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), rows, slots, positions, k_group[il], v_group[il],
+            )  # fmt: skip
             scratch = s.block_scores
             kernels.attend_group(q, k_group[il], v_group[il], rows, slots, starts[window], ends, softcap, scratch, att)
         project(att, (lw.attn_output, o))

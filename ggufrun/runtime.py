@@ -420,10 +420,10 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
     """Compile (or load from Numba's on-disk cache) every kernel `transformer` uses; return the seconds it took.
 
     A forward pass in recording mode (quants.jit.record_calls, microseconds) lists the kernels and argument types
-    the prefill and decode passes use. They are then compiled in jit.balanced's order (long kernels at both
-    ends), with a progress line per real compilation (CompileProgress) and, from the first one on, helper processes
-    (one per extra thread) compiling the list from its end into the same on-disk cache; this process loads what
-    they did.
+    the prefill and decode passes use (and the greedy sampler's kernels.exp_sum). They are then compiled in
+    jit.balanced's order (long kernels at both ends), with a progress line per real compilation (CompileProgress)
+    and, from the first one on, helper processes (one per extra thread) compiling the list from its end into the
+    same on-disk cache; this process loads what they did.
     Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there). When this
     process has every kernel already (another model loaded before), the recording pass itself was the warm-up.
     The transformer's ThreadGovernor is off meanwhile: the recording pass skips the kernels it records, and its
@@ -447,11 +447,20 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
         def on_end(self, ev):
             pass
 
+    def forward_and_sample() -> None:  # every kernel of the forward passes, and the greedy sampler's
+        import numpy as np
+
+        from .model.kernels import exp_sum
+
+        transformer.warmup()
+        row = np.zeros(8, np.float32)
+        exp_sum(row, np.float32(0.0), np.empty_like(row))
+
     def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C
         governor = transformer.governor
         enabled, governor.enabled = governor.enabled, False
         try:
-            calls = jit.record_calls(transformer.warmup)
+            calls = jit.record_calls(forward_and_sample)
             if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
                 jit.compile_calls(jit.balanced(calls), n_helpers, progress)
                 with event.install_listener("numba:compile", Late()):

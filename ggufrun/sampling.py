@@ -289,9 +289,9 @@ class Sampler:
         x, best = self._prepare(logits, history, constraint)  # float32 [n_vocab], its argmax
         m = float(x[best])
         if p.temperature == 0.0:
-            np.subtract(x, np.float32(m), out=self._scratch)
-            np.exp(self._scratch, out=self._scratch)
-            return best, -math.log(float(np.sum(self._scratch)))
+            from .model.kernels import exp_sum  # Numba: loaded with the first model, not by `import ggufrun`
+
+            return best, -math.log(exp_sum(x, np.float32(m), self._scratch))
 
         ids = self._filter(x, m)  # int64 [n_kept], or None = the whole vocabulary
         inv_t = 1.0 / p.temperature

@@ -413,6 +413,24 @@ def _softmax_inplace(x):
     return _inv_sum((t0 + t1) + (t2 + t3))
 
 
+@numba.njit(**ATT)
+def exp_sum(x, m, out):
+    """out = exp(x - m) for float32 x [n] (_expf, ggml's exp) and the float64 sum of out, over four interleaved partial
+    sums in a fixed order: the softmax normaliser of logits x whose maximum is m (ggufrun.sampling, a greedy token's
+    log-probability). One vectorised pass: NumPy's float32 exp takes ~1.6 ns a value on the AVX2 machine this was
+    measured on, 0.42 ms for a 262,144-token vocabulary."""
+    n = x.shape[0]
+    for j in range(n):
+        out[j] = _expf(x[j] - m)
+    n4 = n - n % 4
+    t0 = t1 = t2 = t3 = 0.0
+    for j in range(0, n4, 4):
+        t0, t1, t2, t3 = t0 + out[j], t1 + out[j + 1], t2 + out[j + 2], t3 + out[j + 3]
+    for j in range(n4, n):
+        t0 += out[j]
+    return (t0 + t1) + (t2 + t3)
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _softcap_scores(x, cap):
     """x = cap * tanh(x * (1 / cap)) in place, as llama.cpp's attention-logit soft-capping (src/llama-graph.cpp

@@ -108,27 +108,42 @@ def _interleave(blocks: np.ndarray, qtype: T, out: np.ndarray | None = None) -> 
         out = np.empty((g, nb * 8 * bsize), blocks.dtype)
     out = out.reshape(g, nb, 8 * bsize)  # each field copied in one strided pass (np.copyto of views)
     # d (and m): each fp16 field of the 8 rows, contiguous
-    np.copyto(out[:, :, : 8 * scales].reshape(g, nb, scales // 2, 8, 2), _pairs(blocks[:, :, :, :scales]))
+    np.copyto(_words(out, 0, 8 * scales, 2, (scales // 2, 8)), _pairs(blocks[:, :, :, :scales]))
     at = 8 * scales
     if qtype == T.Q5_0:  # the fifth bits: plane byte 4r + k, bit j = bit 16 (j % 2) + 4 (j // 2) + k of row r's qh
         qh = blocks[:, :, :, 2:6].copy().view("<u4")[..., 0].transpose(0, 2, 1)  # [group, block, row]
-        plane = np.zeros((g, nb, 8, 4), np.uint8)
-        for j in range(8):
-            for k in range(4):
-                plane[:, :, :, k] |= (((qh >> (16 * (j % 2) + 4 * (j // 2) + k)) & 1) << j).astype(np.uint8)
-        out[:, :, at : at + 32] = plane.reshape(g, nb, 32)
+        plane = out[:, :, at : at + 32].reshape(g, nb, 8, 4)
+        for k in range(4):
+            v = (qh >> np.uint32(k)) & np.uint32(0x11111111)  # bit 4i: j = 2i; bit 16 + 4i: j = 2i + 1
+            v = (v | (v >> np.uint32(15))) & np.uint32(0x3333)  # bits 0, 1, 4, 5, 8, 9, 12, 13: j = 0..7
+            v = (v | (v >> np.uint32(2))) & np.uint32(0x0F0F)
+            plane[:, :, :, k] = v | (v >> np.uint32(4))  # uint8 assignment keeps bits 0-7
         at, scales = at + 32, 6
     chunks = (bsize - scales) // 4
-    qs = blocks[:, :, :, scales:].reshape(g, 8, nb, chunks, 4)  # [group, row, block, chunk, byte]
-    np.copyto(out[:, :, at:].reshape(g, nb, chunks, 8, 4), qs.transpose(0, 2, 3, 1, 4))
+    qs = _units(blocks[:, :, :, scales:], 4)  # [group, row, block, chunk] 4-byte chunks
+    np.copyto(_words(out, at, 8 * bsize, 4, (chunks, 8)), qs.transpose(0, 2, 3, 1))
     return out.reshape(g, nb * bsize * 8)
 
 
 def _pairs(x: np.ndarray) -> np.ndarray:
-    """[g, 8 rows, nb, 2n] per-row bytes -> [g, nb, n, 8 rows, 2]: pair k of every row, row by row (an fp16 field,
-    or the scales of two sub-blocks)."""
-    g, _, nb, f = x.shape
-    return x.reshape(g, 8, nb, f // 2, 2).transpose(0, 2, 3, 1, 4)
+    """[g, 8 rows, nb, 2n] per-row bytes -> [g, nb, n, 8 rows] uint16: pair k of every row, row by row (an fp16
+    field, or the scales of two sub-blocks), for a destination viewed by _words."""
+    return _units(x, 2).transpose(0, 2, 3, 1)
+
+
+def _units(x: np.ndarray, size: int) -> np.ndarray:
+    """x [..., n * size] bytes (its last axis contiguous) as [..., n] units of `size` bytes, without copying: a
+    strided copy of whole 2- or 4-byte units runs several times faster than one of their bytes (NumPy's inner loops
+    are then over rows, not over a unit's bytes)."""
+    if x.dtype == np.uint8:
+        return x.view(np.uint16 if size == 2 else np.uint32)
+    return x.view(np.dtype((np.void, size * x.dtype.itemsize)))  # any dtype (_row_positions traces int32 bytes)
+
+
+def _words(o: np.ndarray, start: int, stop: int, size: int, shape: tuple) -> np.ndarray:
+    """Bytes start..stop of each [g, nb, row bytes] super-block of o as units of `size` bytes in `shape`."""
+    g, nb = o.shape[:2]
+    return _units(o[:, :, start:stop], size).reshape(g, nb, *shape)
 
 
 def _interleave_q4_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -137,14 +152,21 @@ def _interleave_q4_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if out is None:
         out = np.empty((g, nb * dot.Q4_K_X8_BYTES), np.uint8)
     o = out.reshape(g, nb, dot.Q4_K_X8_BYTES)
-    np.copyto(o[:, :, 0:32].reshape(g, nb, 2, 8, 2), _pairs(blocks[:, :, :, 0:4]))  # d, dmin
-    q = blocks[:, :, :, 4:16]  # llama.cpp's get_scale_min_k4: 6-bit scales and mins of the 8 sub-blocks
-    sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
-    mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
-    np.copyto(o[:, :, 32:96].reshape(g, nb, 4, 8, 2), _pairs(sc))
-    np.copyto(o[:, :, 96:160].reshape(g, nb, 4, 8, 2), _pairs(mn))
-    qs = blocks[:, :, :, 16:144].reshape(g, 8, nb, 4, 8, 4)  # [g, row, block, 64-value group, chunk, byte]
-    np.copyto(o[:, :, 160:].reshape(g, nb, 4, 8, 8, 4), qs.transpose(0, 2, 3, 4, 1, 5))
+    np.copyto(_words(o, 0, 32, 2, (2, 8)), _pairs(blocks[:, :, :, 0:4]))  # d, dmin
+    # llama.cpp's get_scale_min_k4: the 6-bit scales and mins of the 8 sub-blocks from 12 bytes, four bytes at a
+    # time (the masks and shifts keep every byte's bits within it)
+    q = _units(blocks[:, :, :, 4:16], 4)  # [g, row, block, 3]
+    low6, high2, low4 = np.uint32(0x3F3F3F3F), np.uint32(0x03030303), np.uint32(0x0F0F0F0F)
+    six, four = np.uint32(6), np.uint32(4)
+    sc = np.empty((g, 8, nb, 2), np.uint32)  # bytes: the 8 scales
+    mn = np.empty((g, 8, nb, 2), np.uint32)  # the 8 mins
+    sc[..., 0], mn[..., 0] = q[..., 0] & low6, q[..., 1] & low6
+    sc[..., 1] = (q[..., 2] & low4) | (((q[..., 0] >> six) & high2) << four)
+    mn[..., 1] = ((q[..., 2] >> four) & low4) | (((q[..., 1] >> six) & high2) << four)
+    np.copyto(_words(o, 32, 96, 2, (4, 8)), _pairs(sc.view(np.uint8)))
+    np.copyto(_words(o, 96, 160, 2, (4, 8)), _pairs(mn.view(np.uint8)))
+    qs = _units(blocks[:, :, :, 16:144], 4).reshape(g, 8, nb, 4, 8)  # [g, row, block, 64-value group, chunk]
+    np.copyto(_words(o, 160, dot.Q4_K_X8_BYTES, 4, (4, 8, 8)), qs.transpose(0, 2, 3, 4, 1))
     return out
 
 
@@ -155,14 +177,14 @@ def _interleave_q6_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if out is None:
         out = np.empty((g, nb * dot.Q6_K_X8_BYTES), blocks.dtype)
     o = out.reshape(g, nb, dot.Q6_K_X8_BYTES)
-    np.copyto(o[:, :, 0:16].reshape(g, nb, 1, 8, 2), _pairs(blocks[:, :, :, 208:210]))  # d
-    np.copyto(o[:, :, 16:144].reshape(g, nb, 8, 8, 2), _pairs(blocks[:, :, :, 192:208]))
-    # [g, block, half, run (ql 0-31, ql 32-63, qh), chunk, row, byte]
-    codes = o[:, :, 144:].reshape(g, nb, 2, 3, 8, 8, 4)
-    ql = blocks[:, :, :, 0:128].reshape(g, 8, nb, 2, 2, 8, 4)  # [g, row, block, half, run, chunk, byte]
-    np.copyto(codes[:, :, :, 0:2], ql.transpose(0, 2, 3, 4, 5, 1, 6))
-    qh = blocks[:, :, :, 128:192].reshape(g, 8, nb, 2, 8, 4)  # [g, row, block, half, chunk, byte]
-    np.copyto(codes[:, :, :, 2], qh.transpose(0, 2, 3, 4, 1, 5))
+    np.copyto(_words(o, 0, 16, 2, (1, 8)), _pairs(blocks[:, :, :, 208:210]))  # d
+    np.copyto(_words(o, 16, 144, 2, (8, 8)), _pairs(blocks[:, :, :, 192:208]))
+    # [g, block, half, run (ql 0-31, ql 32-63, qh), chunk, row] 4-byte chunks
+    codes = _words(o, 144, dot.Q6_K_X8_BYTES, 4, (2, 3, 8, 8))
+    ql = _units(blocks[:, :, :, 0:128], 4).reshape(g, 8, nb, 2, 2, 8)  # [g, row, block, half, run, chunk]
+    np.copyto(codes[:, :, :, 0:2], ql.transpose(0, 2, 3, 4, 5, 1))
+    qh = _units(blocks[:, :, :, 128:192], 4).reshape(g, 8, nb, 2, 8)  # [g, row, block, half, chunk]
+    np.copyto(codes[:, :, :, 2], qh.transpose(0, 2, 3, 4, 1))
     return out
 
 

@@ -44,7 +44,7 @@ def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
     w8, kernel = repack(w, qtype)
     extra = 32 * (k // 256) * n // 8 if qtype == T.Q4_K else 0  # Q4_K's scales and mins unpacked: 16 bytes, not 12
     assert w8.shape == (n // 8, w.shape[1] * 8 + 8 * extra // n) and w8.nbytes == w.nbytes + extra
-    for m in (1, 3, 4, 5, 8, 70):  # decode, the rows8x1 / tile split of the file layout, several tiles
+    for m in (1, 2, 3, 4, 5, 8, 70):  # decode, two rows (_group_x8_two), the rows8x1 / tile split, several tiles
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[0, :32] = 0.0  # a block of zeros (d = 0)
         qx = Q.quantize_activations(x, qtype)

@@ -2331,6 +2331,34 @@ def _group_x8_one(kind, bsize, w, go, d1, s1, sums1, qs, nb, off):
 
 
 @njit(inline="always", **DOT)
+def _group_x8_two(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, K):
+    """_group_x8_one for activation rows 0 and 1 at once (row 1's blocks at nb.., its quants at byte K): each
+    block's codes decoded once for both, the four accumulators in registers (more rows would not fit AVX2's 16
+    vector registers beside the 8 code vectors). Two rows (a one-token speculative draft, two sequences decoding
+    together) ran 1.06-1.19x faster so than in the tile loop; from three rows on the tile loop was as fast."""
+    ad0, ad1, am0, am1 = fzero(), fzero(), fzero(), fzero()
+    for b in range(nb):
+        o = go + b * bsize
+        if kind == Q8_0:
+            u = codes8_x8(w, o + 16)
+            p0, p1 = dot8_x8(u, qs, 32 * b), dot8_x8(u, qs, K + 32 * b)
+        elif kind == Q5_0:
+            u = codes5_x8(w, o + 16)
+            p0, p1 = dot5_x8(u, qs, 32 * b), dot5_x8(u, qs, K + 32 * b)
+        else:
+            u = codes_x8(w, o + (32 if kind == Q4_1 else 16))
+            p0, p1 = dot_x8(u, qs, 32 * b), dot_x8(u, qs, K + 32 * b)
+        dw = ld_f16x8(w, o)
+        ad0 = fma_v(ad0, fcvt(isubs(p0, off * sums1[b])), fscale(dw, d1[b]))
+        ad1 = fma_v(ad1, fcvt(isubs(p1, off * sums1[nb + b])), fscale(dw, d1[nb + b]))
+        if kind == Q4_1:
+            mw = ld_f16x8(w, o + 16)
+            am0 = fma_v(am0, mw, fbcast(s1[b]))
+            am1 = fma_v(am1, mw, fbcast(s1[nb + b]))
+    return fadd_v(ad0, am0), fadd_v(ad1, am1)
+
+
+@njit(inline="always", **DOT)
 def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0): each
     block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
@@ -2346,6 +2374,12 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     if M == 1:  # decode: the accumulators stay in registers; no software prefetch (X8K note)
         for g in range(g0, g1):
             st_f32x8(out, 4 * 8 * g, _group_x8_one(kind, bsize, w, g * rb, d1, s1, sums1, qs, nb, off))
+        return
+    if M == 2:
+        for g in range(g0, g1):
+            r0, r1 = _group_x8_two(kind, bsize, w, g * rb, d1, s1, sums1, qs, nb, off, K)
+            st_f32x8(out, 4 * 8 * g, r0)
+            st_f32x8(out, 4 * (N + 8 * g), r1)
         return
     for t in range(0, M, MT):
         t1 = min(M, t + MT)

@@ -134,22 +134,35 @@ def load_draft_model(draft, target, quiet: bool = False):
 
 
 class NgramDrafter:
-    """Prompt lookup: the continuation of the latest earlier occurrence of the longest matching suffix n-gram."""
+    """Prompt lookup: the continuation of the latest earlier occurrence of the longest matching suffix n-gram.
+
+    An index (n-gram -> latest start, per n) grows with the history, so a call costs the new tokens' entries, not a
+    scan of the whole prompt and output (which it was: ~0.1 ms a token on a 4,000-token context). Successive calls
+    normally pass one growing sequence; any other history starts the index over."""
 
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        self._seen = np.zeros(0, np.int64)  # the history the index holds
+        self._index: dict[int, dict[tuple, int]] = {}  # n -> {n-gram: latest start s with s + n < len(_seen)}
 
     def propose(self, history: np.ndarray, k: int) -> np.ndarray:
         """Up to k drafted ids (int64, maybe none) to follow `history` (prompt + output so far)."""
         n_hist = history.shape[0]
+        n0 = self._seen.shape[0]
+        if n0 > n_hist or not np.array_equal(history[:n0], self._seen):
+            self._index, n0 = {}, 0
+        self._seen = np.array(history, dtype=np.int64)
+        lo = max(0, n0 - self.ngram_max)
+        tail = self._seen[lo:].tolist()  # the tokens new windows and the suffix are made of
+        for n in range(self.ngram_min, self.ngram_max + 1):
+            index = self._index.setdefault(n, {})
+            # windows starting at s <= n_hist - 1 - n: occurrences with at least one token after them
+            for s in range(max(0, n0 - n), n_hist - n):
+                index[tuple(tail[s - lo : s - lo + n])] = s
         for n in range(min(self.ngram_max, n_hist - 1), self.ngram_min - 1, -1):
-            suffix = history[n_hist - n :]
-            # windows starting at s < n_hist - n: an earlier occurrence that has at least one token after it
-            windows = np.lib.stride_tricks.sliding_window_view(history[: n_hist - 1], n)
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                return history[start : start + k].copy()
+            s = self._index[n].get(tuple(tail[len(tail) - n :]))
+            if s is not None:
+                return history[s + n : s + n + k].copy()
         return history[:0].copy()
 
 

@@ -240,6 +240,32 @@ def test_ngram_drafter_takes_the_latest_longest_match():
     assert d.propose(np.array([1, 1, 1, 1]), 5).tolist() == [1]  # overlapping: only what follows is drafted
 
 
+def test_ngram_drafter_index_matches_a_full_scan_as_the_history_grows():
+    """The drafter's index, grown call by call (and started over for another history), proposes what a scan of
+    every earlier window proposes."""
+
+    def scan(history, k, n_max, n_min):
+        n_hist = history.shape[0]
+        for n in range(min(n_max, n_hist - 1), n_min - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(history[: n_hist - 1], n)
+            hits = np.flatnonzero((windows == history[n_hist - n :]).all(axis=1))
+            if hits.size:
+                return history[int(hits[-1]) + n :][:k]
+        return history[:0]
+
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        n_max = int(rng.integers(1, 5))
+        n_min = int(rng.integers(1, n_max + 1))
+        d = NgramDrafter(n_max, n_min)
+        for _ in range(2):  # a second, unrelated history: the index starts over
+            full = rng.integers(0, 4, 60)
+            n = int(rng.integers(1, 4))
+            while n <= full.shape[0]:
+                assert d.propose(full[:n], 5).tolist() == scan(full[:n], 5, n_max, n_min).tolist()
+                n += int(rng.integers(1, 4))
+
+
 def test_draft_length_adapts_to_acceptance_and_cost():
     dl = DraftLength(k_max=8, adaptive=True)
     dl.timed(1, 0.010)

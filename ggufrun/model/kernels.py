@@ -943,14 +943,6 @@ def geglu(gate, up, table):
         _geglu_row(gate[m], up[m], table)
 
 
-@numba.njit(**JIT)
-def scale_rows(x, s):
-    """x *= s in place (gemma3's embedding scale).  x: float32 [M, n]."""
-    for m in range(x.shape[0]):
-        for i in range(x.shape[1]):
-            x[m, i] *= s
-
-
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def softcap(x, cap):
     """x = cap * tanh(x * (1 / cap)) in place (final logit soft-capping), the float32 operations of llama.cpp's

@@ -402,8 +402,8 @@ class Transformer:
         m = ids.shape[0]
         x, h = s.x[:m], s.h[:m]
         w.token_embd.rows(ids, out=x)
-        if self._embed_scale is not None:
-            kernels.scale_rows(x, self._embed_scale)
+        if self._embed_scale is not None:  # one float32 product per value: NumPy's bits, no kernel to compile
+            np.multiply(x, self._embed_scale, out=x)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
         groups, grouped = self._decode_groups(spans)
         step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1

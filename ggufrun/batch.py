@@ -6,11 +6,10 @@ being evaluated (chunked prefill: a long prompt costs the others one chunk's tim
 short prompts that arrive together are evaluated in the same step), in one `Transformer.forward_batch`. A step that
 evaluates short prompts whole leaves the decode rows out, at most every other step (vLLM's scheduler also runs new
 prompts before decode steps): a new request's first token then waits for the step in flight and its own prompt, not
-for the others' rows too. Requests join between steps and leave as soon as they finish or are
-cancelled. Every request gets the tokens it would get alone (forward_batch is batch-invariant; each has its own
-Sampler, so a seed gives the same draws), with the text, stop strings, finish reasons and stats of
-ggufrun.generate.stream, and its output constraint (grammar.Constraint: response_format, tool calls) and
-log-probabilities when asked for.
+for the others' rows too. Requests join between steps and leave as soon as they finish or are cancelled. Every
+request gets the tokens it would get alone (forward_batch is batch-invariant; each has its own Sampler, so a seed
+gives the same draws), with the text, stop strings, finish reasons and stats of ggufrun.generate.stream, and its
+output constraint (grammar.Constraint: response_format, tool calls) and log-probabilities when asked for.
 The KV caches are of the transformer's kv_dtype (f16, q8_0 or f32): batch invariance holds for each.
 
     engine = BatchEngine.from_model(model, n_slots=8)

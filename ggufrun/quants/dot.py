@@ -2938,6 +2938,68 @@ def _sbk_tile_x8(kind, w, o, qs, xo, K, rows, isc):
 
 
 @njit(inline="always", **DOT)
+def _sbk_x8_two(kind, w, o, qs, xo, K):
+    """_sbk_x8 for two activation rows (quants at bytes xo and xo + K), each code vector decoded once for both and
+    both lane vectors in registers (Q6_K through the tile form's codes6_x8 / dot6k_x8: the same integers)."""
+    s0, s1 = izero(), izero()
+    if kind == Q4_K:
+        for jj in range(4):
+            sclo, schi = ksc_x8(w, o + 32 + 16 * jj, 0), ksc_x8(w, o + 32 + 16 * jj, 1)
+            for half in range(2):
+                u = codes_x8(w, o + 160 + 256 * jj + 128 * half)
+                x = xo + 64 * jj + 16 * half
+                s0 = iadd(s0, dot4k_x8(u, qs, x, sclo, schi))
+                s1 = iadd(s1, dot4k_x8(u, qs, x + K, sclo, schi))
+    else:
+        for h in range(2):
+            co = o + 144 + 768 * h
+            for kp in range(2):
+                for half in range(2):
+                    sclo = ksc6_x8(w, o + 16 + 16 * (4 * h + kp), half)
+                    schi = ksc6_x8(w, o + 16 + 16 * (4 * h + kp + 2), half)
+                    u = codes6_x8(w, co + 256 * kp + 128 * half, co + 512 + 128 * half, kp)
+                    x = xo + 128 * h + 32 * kp + 16 * half
+                    s0 = iadd(s0, dot6k_x8(u, qs, x, sclo, schi))
+                    s1 = iadd(s1, dot6k_x8(u, qs, x + K, sclo, schi))
+    return s0, s1
+
+
+@njit(inline="always", **DOT)
+def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
+    """_rowsk_x8 for exactly two activation rows: per group, both rows' integer lanes (_sbk_x8_two) and their four
+    accumulators in registers; rowk's float steps, row by row in the same order."""
+    rb = w.shape[1]
+    N, K = out.shape[1], qs.shape[1]
+    nsb = K // 256
+    sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
+    n16, n32 = b16.shape[1], b32.shape[1]
+    for g in range(g0, g1):
+        ad0, ad1, am0, am1 = fzero(), fzero(), fzero(), fzero()
+        for b in range(nsb):
+            o = g * rb + b * sbytes
+            dw = ld_f16x8(w, o)
+            s0, s1 = _sbk_x8_two(kind, w, o, qs, 256 * b, K)
+            if kind == Q4_K:
+                dm = ld_f16x8(w, o + 16)
+                mn0, mn1 = izero(), izero()
+                for k in range(4):  # pair k: sub-blocks 2k, 2k + 1
+                    mn0 = iadd(mn0, kmin_x8(w, o + 96 + 16 * k, b32, 4 * (8 * b) + 8 * k))
+                    mn1 = iadd(mn1, kmin_x8(w, o + 96 + 16 * k, b32, 4 * (n32 + 8 * b) + 8 * k))
+                am0 = fma_v(am0, fcvt(mn0), fscale(dm, -d1[b]))
+                am1 = fma_v(am1, fcvt(mn1), fscale(dm, -d1[nsb + b]))
+            else:
+                c0, c1 = izero(), izero()
+                for k in range(8):
+                    c0 = iadd(c0, koff6_x8(w, o + 16 + 16 * k, b16, 4 * (16 * b) + 8 * k))
+                    c1 = iadd(c1, koff6_x8(w, o + 16 + 16 * k, b16, 4 * (n16 + 16 * b) + 8 * k))
+                s0, s1 = iaddmul(s0, c0, -32), iaddmul(s1, c1, -32)
+            ad0 = fma_v(ad0, fcvt(s0), fscale(dw, d1[b]))
+            ad1 = fma_v(ad1, fcvt(s1), fscale(dw, d1[nsb + b]))
+        st_f32x8(out, 4 * (8 * g), fadd_v(ad0, am0))
+        st_f32x8(out, 4 * (N + 8 * g), fadd_v(ad1, am1))
+
+
+@njit(inline="always", **DOT)
 def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved Q4_K / Q6_K rows: each super-block of a group is
     decoded once per tile of activation rows (all of them for decode); per super-block and tile row the 8 rows'
@@ -2948,6 +3010,9 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     nsb = K // 256
     sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
     MT = _m_tile(K)
+    if M == 2:
+        _rowsk_x8_two(kind, w, d.reshape(-1), b16, b32, qs, out, g0, g1)
+        return
     if M <= X8_STACK_ROWS:
         acc, isc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)), carray(x8_int_scratch(), (X8_STACK_ROWS, 8))
     else:

@@ -453,8 +453,7 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
         from .model.kernels import exp_sum
 
         transformer.warmup()
-        row = np.zeros(8, np.float32)
-        exp_sum(row, np.float32(0.0), np.empty_like(row))
+        exp_sum(np.zeros(8, np.float32), np.float32(0.0))
 
     def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C
         governor = transformer.governor

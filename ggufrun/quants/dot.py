@@ -2311,19 +2311,34 @@ def dot8_x8(typingctx, codes, a, off):
 
 
 @njit(inline="always", **DOT)
+def _codes32_x8(kind, w, o):
+    """The code vectors of the block of 8 interleaved rows at byte o: Q8_0's bytes, Q5_0's with their fifth bits, or
+    the nibble chunks after d (and Q4_1's m)."""
+    if kind == Q8_0:
+        return codes8_x8(w, o + 16)
+    if kind == Q5_0:
+        return codes5_x8(w, o + 16)
+    return codes_x8(w, o + (32 if kind == Q4_1 else 16))
+
+
+@njit(inline="always", **DOT)
+def _dot32_x8(kind, u, qs, xo):
+    """Int32 lane r: row r's codes u (_codes32_x8) . the 32 activation quants at byte xo."""
+    if kind == Q8_0:
+        return dot8_x8(u, qs, xo)
+    if kind == Q5_0:
+        return dot5_x8(u, qs, xo)
+    return dot_x8(u, qs, xo)
+
+
+@njit(inline="always", **DOT)
 def _group_x8_one(kind, bsize, w, go, d1, s1, sums1, qs, nb, off):
     """_rows_x8's lanes for one activation row (row 0) and the group of 8 rows at byte go: the tile loop's float
     steps with both accumulators in registers."""
     accd, accm = fzero(), fzero()
     for b in range(nb):
         o = go + b * bsize
-        if kind == Q8_0:
-            p = dot8_x8(codes8_x8(w, o + 16), qs, 32 * b)
-        elif kind == Q5_0:
-            p = dot5_x8(codes5_x8(w, o + 16), qs, 32 * b)
-        else:
-            p = dot_x8(codes_x8(w, o + (32 if kind == Q4_1 else 16)), qs, 32 * b)
-        p = isubs(p, off * sums1[b])
+        p = isubs(_dot32_x8(kind, _codes32_x8(kind, w, o), qs, 32 * b), off * sums1[b])
         accd = fma_v(accd, fcvt(p), fscale(ld_f16x8(w, o), d1[b]))
         if kind == Q4_1:
             accm = fma_v(accm, ld_f16x8(w, o + 16), fbcast(s1[b]))
@@ -2339,15 +2354,8 @@ def _group_x8_two(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, K):
     ad0, ad1, am0, am1 = fzero(), fzero(), fzero(), fzero()
     for b in range(nb):
         o = go + b * bsize
-        if kind == Q8_0:
-            u = codes8_x8(w, o + 16)
-            p0, p1 = dot8_x8(u, qs, 32 * b), dot8_x8(u, qs, K + 32 * b)
-        elif kind == Q5_0:
-            u = codes5_x8(w, o + 16)
-            p0, p1 = dot5_x8(u, qs, 32 * b), dot5_x8(u, qs, K + 32 * b)
-        else:
-            u = codes_x8(w, o + (32 if kind == Q4_1 else 16))
-            p0, p1 = dot_x8(u, qs, 32 * b), dot_x8(u, qs, K + 32 * b)
+        u = _codes32_x8(kind, w, o)
+        p0, p1 = _dot32_x8(kind, u, qs, 32 * b), _dot32_x8(kind, u, qs, K + 32 * b)
         dw = ld_f16x8(w, o)
         ad0 = fma_v(ad0, fcvt(isubs(p0, off * sums1[b])), fscale(dw, d1[b]))
         ad1 = fma_v(ad1, fcvt(isubs(p1, off * sums1[nb + b])), fscale(dw, d1[nb + b]))
@@ -2388,23 +2396,12 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
                 st_f32x8(acc, a, fzero())
             for b in range(nb):
                 o = g * rb + b * bsize
-                if kind == Q8_0:
-                    u = codes8_x8(w, o + 16)
-                elif kind == Q5_0:
-                    u = codes5_x8(w, o + 16)
-                else:  # the nibble chunks after d (and Q4_1's m)
-                    u = codes_x8(w, o + (32 if kind == Q4_1 else 16))
+                u = _codes32_x8(kind, w, o)
                 dw = ld_f16x8(w, o)
                 mw = ld_f16x8(w, o + 16) if kind == Q4_1 else fzero()
                 i, xo = t * nb + b, t * K + 32 * b
                 for a in range(0, 64 * (t1 - t), 64):
-                    if kind == Q8_0:
-                        p = dot8_x8(u, qs, xo)
-                    elif kind == Q5_0:
-                        p = dot5_x8(u, qs, xo)
-                    else:
-                        p = dot_x8(u, qs, xo)
-                    p = isubs(p, off * sums1[i])
+                    p = isubs(_dot32_x8(kind, u, qs, xo), off * sums1[i])
                     st_f32x8(acc, a, fma_v(ld_f32x8(acc, a), fcvt(p), fscale(dw, d1[i])))
                     if kind == Q4_1:
                         st_f32x8(acc, a + 32, fma_v(ld_f32x8(acc, a + 32), mw, fbcast(s1[i])))
@@ -2965,6 +2962,26 @@ def _sbk_x8_two(kind, w, o, qs, xo, K):
 
 
 @njit(inline="always", **DOT)
+def _kmin_sum_x8(w, o, b32, bo):
+    """Q4_K: int32 lane r = row r's 8 mins . the activation row's 32-value sums at byte bo of b32 (the super-block at
+    byte o), in pairs of sub-blocks."""
+    mn = izero()
+    for k in range(4):  # pair k: sub-blocks 2k, 2k + 1
+        mn = iadd(mn, kmin_x8(w, o + 96 + 16 * k, b32, bo + 8 * k))
+    return mn
+
+
+@njit(inline="always", **DOT)
+def _koff6_sum_x8(w, o, b16, bo):
+    """Q6_K: int32 lane r = row r's 16 scales . the activation row's 16-value sums at byte bo of b16 (what the
+    offset 32 of its codes takes away, times 32)."""
+    c = izero()
+    for k in range(8):
+        c = iadd(c, koff6_x8(w, o + 16 + 16 * k, b16, bo + 8 * k))
+    return c
+
+
+@njit(inline="always", **DOT)
 def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
     """_rowsk_x8 for exactly two activation rows: per group, both rows' integer lanes (_sbk_x8_two) and their four
     accumulators in registers; rowk's float steps, row by row in the same order."""
@@ -2981,17 +2998,11 @@ def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
             s0, s1 = _sbk_x8_two(kind, w, o, qs, 256 * b, K)
             if kind == Q4_K:
                 dm = ld_f16x8(w, o + 16)
-                mn0, mn1 = izero(), izero()
-                for k in range(4):  # pair k: sub-blocks 2k, 2k + 1
-                    mn0 = iadd(mn0, kmin_x8(w, o + 96 + 16 * k, b32, 4 * (8 * b) + 8 * k))
-                    mn1 = iadd(mn1, kmin_x8(w, o + 96 + 16 * k, b32, 4 * (n32 + 8 * b) + 8 * k))
+                mn0, mn1 = _kmin_sum_x8(w, o, b32, 4 * (8 * b)), _kmin_sum_x8(w, o, b32, 4 * (n32 + 8 * b))
                 am0 = fma_v(am0, fcvt(mn0), fscale(dm, -d1[b]))
                 am1 = fma_v(am1, fcvt(mn1), fscale(dm, -d1[nsb + b]))
             else:
-                c0, c1 = izero(), izero()
-                for k in range(8):
-                    c0 = iadd(c0, koff6_x8(w, o + 16 + 16 * k, b16, 4 * (16 * b) + 8 * k))
-                    c1 = iadd(c1, koff6_x8(w, o + 16 + 16 * k, b16, 4 * (n16 + 16 * b) + 8 * k))
+                c0, c1 = _koff6_sum_x8(w, o, b16, 4 * (16 * b)), _koff6_sum_x8(w, o, b16, 4 * (n16 + 16 * b))
                 s0, s1 = iaddmul(s0, c0, -32), iaddmul(s1, c1, -32)
             ad0 = fma_v(ad0, fcvt(s0), fscale(dw, d1[b]))
             ad1 = fma_v(ad1, fcvt(s1), fscale(dw, d1[nsb + b]))
@@ -3034,17 +3045,10 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
                     a, i = m - t, m * nsb + b
                     s = _sbk_x8(kind, w, o, qs, m * K + 256 * b) if t1 - t == 1 else ld_i32x8(isc, 32 * a)
                     if kind == Q4_K:
-                        bo = 4 * (m * n32 + 8 * b)
-                        mn = izero()
-                        for k in range(4):  # pair k: sub-blocks 2k, 2k + 1
-                            mn = iadd(mn, kmin_x8(w, o + 96 + 16 * k, b32, bo + 8 * k))
+                        mn = _kmin_sum_x8(w, o, b32, 4 * (m * n32 + 8 * b))
                         st_f32x8(acc, 64 * a + 32, fma_v(ld_f32x8(acc, 64 * a + 32), fcvt(mn), fscale(dm, -d1[i])))
                     else:
-                        bo = 4 * (m * n16 + 16 * b)
-                        c = izero()
-                        for k in range(8):
-                            c = iadd(c, koff6_x8(w, o + 16 + 16 * k, b16, bo + 8 * k))
-                        s = iaddmul(s, c, -32)
+                        s = iaddmul(s, _koff6_sum_x8(w, o, b16, 4 * (m * n16 + 16 * b)), -32)
                     st_f32x8(acc, 64 * a, fma_v(ld_f32x8(acc, 64 * a), fcvt(s), fscale(dw, d1[i])))
             for m in range(t, t1):
                 a = 64 * (m - t)

@@ -292,9 +292,10 @@ def chart(path: str, results: dict) -> None:
     a.set_xlabel("concurrent clients")
     a.set_ylabel("aggregate tokens/s")
     a.set_title(results["model"])
-    b.bar(["alone", f"{results['ttft_busy_clients']} streaming"],
-          [results["ttft_alone_median_s"], results["ttft_busy_median_s"]])  # fmt: skip
-    b.set_ylabel("median TTFT (s)")
+    if "ttft_alone_median_s" in results:
+        b.bar(["alone", f"{results['ttft_busy_clients']} streaming"],
+              [results["ttft_alone_median_s"], results["ttft_busy_median_s"]])  # fmt: skip
+        b.set_ylabel("median TTFT (s)")
     if "long_prompt" in results:
         lp = results["long_prompt"]
         c.bar(["gap before", "longest gap\nduring prefill", "one prefill\nchunk"],
@@ -377,15 +378,16 @@ def main() -> None:
             )
             for i, c in enumerate(clients):
                 print(f"      client {i:2d}: TTFT {c.ttft:6.2f} s, decode {c.decode_tps:6.1f} tok/s")
-        alone, _ = probe_ttft(target, [], prompts.take(args.probes), args.max_tokens)
-        long = min(512, args.n_ctx - args.prompt_tokens)
-        beside, busy = probe_ttft(target, prompts.take(7), prompts.take(args.probes), long)
-        results.update(ttft_busy_clients=busy, ttft_alone_median_s=statistics.median(alone),
-                       ttft_busy_median_s=statistics.median(beside))  # fmt: skip
-        print(
-            f"TTFT of a new request: alone {statistics.median(alone):.3f} s, beside {busy} streaming clients "
-            f"{statistics.median(beside):.3f} s (medians of {args.probes}); load average {os.getloadavg()}"
-        )
+        if args.probes:  # --probes 0 skips the TTFT measurement
+            alone, _ = probe_ttft(target, [], prompts.take(args.probes), args.max_tokens)
+            long = min(512, args.n_ctx - args.prompt_tokens)
+            beside, busy = probe_ttft(target, prompts.take(7), prompts.take(args.probes), long)
+            results.update(ttft_busy_clients=busy, ttft_alone_median_s=statistics.median(alone),
+                           ttft_busy_median_s=statistics.median(beside))  # fmt: skip
+            print(
+                f"TTFT of a new request: alone {statistics.median(alone):.3f} s, beside {busy} streaming clients "
+                f"{statistics.median(beside):.3f} s (medians of {args.probes}); load average {os.getloadavg()}"
+            )
         if args.long_prompt_tokens:
             long_prompt = Prompts(tokenize, args.long_prompt_tokens).take(1)[0]
             gap, worst, prefill, per_chunk, gap_during, tokens_during = long_prompt_delay(

@@ -244,6 +244,42 @@ def test_attention_softcap_against_numpy(kv_dtype):
     assert np.abs(plain - rows).max() > 0.1
 
 
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("n_head,n_kv", [(4, 2), (10, 2), (9, 3), (4, 1), (3, 3)])
+def test_batched_decode_attention_by_heads_or_blocks_of_heads_gives_attend_rows_bits(kv_dtype, n_head, n_kv):
+    """attend_group runs the decoding sequences' query heads one by one or, when there are enough work items for
+    the task slots, in blocks of up to QUERY_BLOCK heads sharing a K/V head (a group of 5 is a block of 4 and one of
+    1): every way gives each head the bits attend_rows gives it in a prefill and attend_one in a decode."""
+    rng = np.random.default_rng(n_head * 10 + n_kv)
+    hd, n, cap = 32, 11, np.float32(2.0)
+    store = np.uint16 if kv_dtype == np.float16 else np.float32
+    k_cache = np.zeros((n_kv, hd, n + kernels.KV_PAD), store)
+    k_cache[..., :n] = (2 * rng.standard_normal((n_kv, hd, n))).astype(kv_dtype).view(store)
+    v_cache = np.ascontiguousarray(rng.standard_normal((n_kv, n, hd)).astype(kv_dtype).view(store))
+    q = rng.standard_normal((n, n_head * hd)).astype(kv_dtype).astype(np.float32)
+    rows = np.zeros((n, n_head * hd), np.float32)
+    kernels.attend_rows(q, k_cache, v_cache, 0, 0, n, 0, cap, np.zeros((2, kernels.QUERY_BLOCK, n + 32), np.float32),
+                        rows)  # fmt: skip
+    # two sequences in slots of one group cache: slot 0 the cache above, slot 1 its heads in reverse order
+    k_group, v_group = np.stack([k_cache, k_cache[::-1]]), np.stack([v_cache, v_cache[::-1]])
+    q2 = np.stack([q[5], q[n - 1]])  # sequence 0: q2[1], slot 0, n positions; sequence 1: q2[0], slot 1, 6
+    other = np.zeros(n_head * hd, np.float32)
+    kernels.attend_one(q[5], k_cache[::-1].copy(), v_cache[::-1].copy(), 0, 6, cap,
+                       np.zeros((n_head, n + kernels.KV_PAD), np.float32), other)  # fmt: skip
+    blocks = 2 * n_kv * -(-(n_head // n_kv) // kernels.QUERY_BLOCK)
+    ways = set()
+    for n_slots in (1, 2, 3, blocks, blocks + 1):  # blocks of heads when the items share out evenly or >= 2 each
+        grouped, _ = kernels._heads_or_blocks(n_head, n_kv, 2, n_slots)
+        ways.add(grouped)
+        scores = np.zeros((n_slots, kernels.QUERY_BLOCK, n + kernels.KV_PAD), np.float32)
+        out = np.full_like(q2, np.nan)
+        kernels.attend_group(q2, k_group, v_group, np.array([1, 0]), np.array([0, 1]), np.array([0, 0]),
+                             np.array([n, 6]), cap, scores, out)  # fmt: skip
+        np.testing.assert_array_equal(out[1], rows[n - 1])
+        np.testing.assert_array_equal(out[0], other)
+    assert ways == {True, False}
+
+
 def test_gelu_table_is_llama_cpps():
     """kernels.gelu_table() equals llama.cpp's ggml_table_gelu_f16 (0c1e570, native AVX2 + FMA build, read from
     libggml-cpu.so after ggml_cpu_init) on every entry the CPU backend uses (finite x, |x| < 10): the sha256 of

@@ -480,6 +480,64 @@ def _values_one(p, values, t0, n, out, oo):
 
 
 @numba.njit(**ATT)
+def _heads_or_blocks(n_head, n_kv, n_seq, n_slots):
+    """How attend_group splits its work: (grouped, work items per sequence). Grouped: the query heads that share a
+    K/V head run in blocks of up to QUERY_BLOCK (_heads_block: each key and value loaded once for the block, 8 FMA
+    chains instead of 4), n_kv x ceil(group / QUERY_BLOCK) items per sequence; chosen when the task slots get the
+    same number of items or at least two each, so that threads do not wait for one another (3 sequences of a model
+    with one K/V head on 2 threads keep one item per head). Either way every head gets the same bits.
+    attend_one (a single sequence) keeps one item per head: SmolLM2's 3 K/V heads or Gemma3-270M's one would leave
+    a thread idle, and compiling the blocks too would add to the first run."""
+    nb = (n_head // n_kv + QUERY_BLOCK - 1) // QUERY_BLOCK
+    n_items = n_seq * n_kv * nb
+    if n_items % n_slots == 0 or n_items >= 2 * n_slots:
+        return True, n_kv * nb
+    return False, n_head
+
+
+@numba.njit(**ATT)
+def _heads_block(q2, h0, nr, keys, values, t0, n, softcap, sc, out2):
+    """Query heads h0..h0+nr-1 (rows of q2 [n_head, hd_k], nr <= QUERY_BLOCK, all reading the K/V head keys
+    [hd_k, n_ctx + KV_PAD] / values [n_ctx, hd_v]) over positions t0..t0+n-1, into rows h0.. of out2
+    [n_head, hd_v]; sc: scratch [QUERY_BLOCK, >= n + KV_PAD]. The tiles of attend_rows with the block's rows being
+    heads instead of positions: each head gets _attend_head's bits (the same lane-wise FMA chains)."""
+    r1, r2, r3 = h0 + min(1, nr - 1), h0 + min(2, nr - 1), h0 + min(3, nr - 1)  # missing rows repeat the last
+    zero = np.int64(0)  # not the literal 0: the tiles' compiled versions are attend_rows' own (int64 offsets)
+    _scores_block(q2, h0, r1, r2, r3, zero, keys, t0, zero, n, sc)
+    for r in range(QUERY_BLOCK):
+        p = sc[r, :n]
+        if r >= nr:  # a repeated row: no output, but its probabilities must be finite zeros
+            p[:] = 0.0
+            continue
+        if softcap != 0.0:
+            _softcap_scores(p, softcap)
+        inv = _softmax_inplace(p)
+        for j in range(n):
+            p[j] = _kv_round(p[j] * inv, values)
+    _values_block(sc, zero, n, values, t0, out2, h0, nr, zero)
+
+
+@numba.njit(inline="always", **ATT)
+def _attend_item(q, k_cache, v_cache, t0, t1, softcap, grouped, item, sc, out):
+    """Work item `item` of one decoding token (q [n_head*hd_k] -> out [n_head*hd_v]): query head `item`, or
+    (grouped) block item % nb of K/V head item // nb's query heads."""
+    n_kv, hd_k, hd_v = k_cache.shape[0], k_cache.shape[1], v_cache.shape[2]
+    n_head = q.shape[0] // hd_k
+    group = n_head // n_kv
+    if grouped:
+        nb = (group + QUERY_BLOCK - 1) // QUERY_BLOCK
+        g, b = item // nb, item % nb
+        h0 = g * group + QUERY_BLOCK * b
+        nr = min(QUERY_BLOCK, group - QUERY_BLOCK * b)
+        _heads_block(q.reshape(n_head, hd_k), h0, nr, k_cache[g], v_cache[g], t0, t1 - t0, softcap, sc,
+                     out.reshape(n_head, hd_v))  # fmt: skip
+    else:
+        h = item
+        _attend_head(q, h * hd_k, k_cache[h // group], v_cache[h // group], t0, t1 - t0, softcap, sc[0], out,
+                     h * hd_v)  # fmt: skip
+
+
+@numba.njit(**ATT)
 def _attend_one_heads(q, k_cache, v_cache, t0, t1, softcap, scores, out, h0, h1):
     """attend_one's query heads h0..h1-1."""
     hd_k, hd_v = k_cache.shape[1], v_cache.shape[2]
@@ -520,18 +578,15 @@ def _attend_head(q, qo, keys, values, t0, n, softcap, s, out, oo):
 @numba.njit(**ATT)
 def _attend_group_tasks(q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, out, task0, task1):
     """attend_group's tasks task0..task1-1."""
-    hd_k, hd_v = k_group.shape[2], v_group.shape[3]
-    n_head = q.shape[1] // hd_k
-    group = n_head // k_group.shape[1]
-    n_items = rows.shape[0] * n_head
+    n_head = q.shape[1] // k_group.shape[2]
+    grouped, per_seq = _heads_or_blocks(n_head, k_group.shape[1], rows.shape[0], scores.shape[0])
+    n_items = rows.shape[0] * per_seq
     n_tasks = min(scores.shape[0], n_items)
     for task in range(task0, task1):
-        s = scores[task, 0]
         for item in range(task, n_items, n_tasks):
-            i, h = item // n_head, item % n_head
-            g = h // group
-            _attend_head(q[rows[i]], h * hd_k, k_group[slots[i], g], v_group[slots[i], g], t0s[i], t1s[i] - t0s[i],
-                         softcap, s, out[rows[i]], h * hd_v)  # fmt: skip
+            i, j = item // per_seq, item % per_seq
+            _attend_item(q[rows[i]], k_group[slots[i]], v_group[slots[i]], t0s[i], t1s[i], softcap, grouped, j,
+                         scores[task], out[rows[i]])  # fmt: skip
 
 
 @launcher(_attend_group_tasks, ATT_PARALLEL)
@@ -540,11 +595,13 @@ def attend_group(q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, ou
     row rows[i] of q / out is sequence i's token, attending positions t0s[i]..t1s[i]-1 of slot slots[i].
 
     k_group [n_slots, n_kv, hd_k, n_ctx + KV_PAD] and v_group [n_slots, n_kv, n_ctx, hd_v] (one layer of the group);
-    scores: float32 scratch [n_tasks, QUERY_BLOCK, >= n_ctx + KV_PAD]. Work items (sequence, head) are dealt
-    round-robin to the tasks. Each head is computed by the same code as attend_one's (_attend_head), so every
-    sequence gets attend_one's bits.
+    scores: float32 scratch [n_tasks, QUERY_BLOCK, >= n_ctx + KV_PAD]. Work items (sequence, head or block of heads:
+    _heads_or_blocks) are dealt round-robin to the tasks. Each item runs attend_one's code for it (_attend_item), so
+    every sequence gets attend_one's bits.
     """
-    n_tasks = min(scores.shape[0], rows.shape[0] * (q.shape[1] // k_group.shape[2]))
+    n_head = q.shape[1] // k_group.shape[2]
+    _, per_seq = _heads_or_blocks(n_head, k_group.shape[1], rows.shape[0], scores.shape[0])
+    n_tasks = min(scores.shape[0], rows.shape[0] * per_seq)
     for task in numba.prange(n_tasks):
         call_worker("_attend_group_tasks", (q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, out, task,
                                             task + 1))  # fmt: skip

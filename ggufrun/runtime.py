@@ -109,11 +109,16 @@ class ThreadGovernor:
     to 1 thread (qwen2.5-1.5b's shape, decode 15.2 tok/s against 20.3 without the governor). After two stalled steps
     in a row (or one, within RECENT_LOAD_S of a probe that brought the full count back), steps run on 1 thread (a
     lone stall is this process's own other threads waking once per token: on a quiet machine, reacting to those
-    cost SmolLM2 decode 7%). After `backoff` seconds one step probes the full
-    count again; if it does not stall the full count is back and the backoff halves (down to probe_min_s), else it
-    doubles (up to probe_max_s), and the next probe waits at least 50x the time the failed one lost (PROBE_BUDGET:
-    a busy machine's stalls can last tens of milliseconds). Counters: steps, steps_one (steps run on 1 thread),
-    stalls, probes.
+    cost SmolLM2 decode 7%), provided the full count no longer pays: the running mean of full-count steps' time
+    over their key's 1-thread time, stalls included (COST_WEIGHT per step), is above 1. After `backoff` seconds one
+    step probes the full count again; unless it takes PROBE_RATIO times its 1-thread time (it also wakes the worker
+    threads, asleep while steps ran on 1 thread: 1.0-2.0x a 1-thread step on a quiet machine; a descheduled thread
+    holds it for a time slice, tens of 1-thread steps) the full count is back and the backoff halves (down to
+    probe_min_s), else it doubles (up to probe_max_s), and the next probe waits at least 50x the time the failed
+    one lost (PROBE_BUDGET: a busy machine's stalls can last tens of milliseconds). On a 2-core VM whose steps
+    often take 1.5-3x their usual time with nothing else running, stall ratios of 1.5, no cost test and probes
+    judged as stalls sent 20-99% of a generation's steps to 1 thread (decode at 0.70-0.95x the speed without the
+    governor). Counters: steps, steps_one (steps run on 1 thread), stalls, probes.
 
     clock / get_threads / set_threads are injectable for tests (default: time.perf_counter and Numba's per-thread
     count). The thread count only changes how a kernel's rows are dealt to threads, never a row's bits.
@@ -123,11 +128,13 @@ class ThreadGovernor:
     PROBE_BUDGET = 0.02  # under a lasting load, failed probes cost at most this share of the time...
     PROBE_WAIT_MAX_S = 10.0  # ...unless that would mean waiting longer than this for the next one
     RECENT_LOAD_S = 2.0  # this soon after a probe brought the full count back, one stall is taken for the load
-    TYPICAL_RATIO = 1.5  # a stalled step is also this much slower than the key's typical full-count step
+    TYPICAL_RATIO = 2.0  # a stalled step is also this much slower than the key's typical full-count step
+    COST_WEIGHT = 1 / 16  # weight of a step in the running mean of full-count steps' cost (self._cost)
+    PROBE_RATIO = 3.0  # a probe fails above this times its key's 1-thread time (waking the workers costs ~1-2x)
 
     def __init__(
         self,
-        stall_ratio: float = 1.5,
+        stall_ratio: float = 2.0,
         probe_min_s: float = 0.05,
         probe_max_s: float = 1.0,
         refresh_s: float = 2.0,
@@ -159,6 +166,7 @@ class ThreadGovernor:
         self._backoff = self.probe_min_s
         self._probe_at = 0.0
         self._last_stall = -2  # self.steps when the last step at the full count stalled
+        self._cost = 0.0  # running mean of full-count steps' time over their key's 1-thread time, stalls included
         self._restored_at = -_INF  # when a probe last brought the full count back
         self._active = False
         self._n_full = self._n_now = 1
@@ -213,6 +221,10 @@ class ThreadGovernor:
     def _end(self, key, now: float) -> None:
         """The step of `key` that started at self._t0 ended now."""
         dt = (now - self._t0) / self._size
+        if self._n_now > 1:
+            one = self._one.get(key)
+            if one:
+                self._cost += (dt / one - self._cost) * self.COST_WEIGHT
         # the common case (full count, no stall, fresh 1-thread time) is this test and the typical time's update
         if self._n_now == 1 or self._probing or dt > self._limit.get(key, _INF):
             self._record(key, dt, now)
@@ -250,13 +262,18 @@ class ThreadGovernor:
             # a key's first sample may hold a JIT compilation or page faults: its next step is sampled again
             self._fresh_until[key] = now if old is None else now + self.refresh_s
             return
-        if dt > self._limit.get(key, _INF) and dt > self.TYPICAL_RATIO * self._typical.get(key, 0.0):
+        if self._probing:
+            stalled = dt > self.PROBE_RATIO * self._one[key]
+        else:
+            stalled = dt > self._limit.get(key, _INF) and dt > self.TYPICAL_RATIO * self._typical.get(key, 0.0)
+        if stalled:
             self.stalls += 1
             lone = self._last_stall != self.steps - 1 and now - self._restored_at > self.RECENT_LOAD_S
-            if not self._probing and not self._reduced and lone:
+            if not self._probing and not self._reduced and (lone or self._cost <= 1.0):
                 # a lone stall: this process's other threads (a server's event loop, a stream's reader) wake up
                 # once per token and take a core for a moment; a load that lasts stalls the next step too. Soon
-                # after a load (a probe just brought the full count back) one stall is enough.
+                # after a load (a probe just brought the full count back) one stall is enough. Either way the
+                # full count stays while its steps, stalls included, still cost less than 1-thread steps would.
                 self._last_stall = self.steps
                 return
             wait = self._backoff
@@ -270,7 +287,8 @@ class ThreadGovernor:
             self._note_typical(key, dt)
             if self._probing:
                 self._reduced = False
-                self._restored_at = now
+                self._restored_at = now  # self._cost is still above 1: until steps without stalls bring it
+                # down, the next stall goes back to 1 thread
                 self._backoff = max(self.probe_min_s, self._backoff / 2)
         self._probing = False
 

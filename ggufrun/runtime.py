@@ -287,8 +287,8 @@ class ThreadGovernor:
             self._note_typical(key, dt)
             if self._probing:
                 self._reduced = False
-                self._restored_at = now  # self._cost is still above 1: until steps without stalls bring it
-                # down, the next stall goes back to 1 thread
+                self._restored_at = now  # self._cost is still about 1 or above: until steps without stalls
+                # bring it down, the next stall goes back to 1 thread
                 self._backoff = max(self.probe_min_s, self._backoff / 2)
         self._probing = False
 

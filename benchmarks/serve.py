@@ -3,6 +3,7 @@
     python benchmarks/serve.py smollm2-135m-instruct --clients 1,8,16 --max-tokens 48 --threads 2 --chart serve.png
     python benchmarks/serve.py smollm2-135m-instruct --url http://127.0.0.1:8000 --clients 1,8,16
     python benchmarks/serve.py smollm2-135m-instruct --engine   # in-process BatchEngine, no HTTP
+    python benchmarks/serve.py smollm2-135m-instruct --rounds 5 --probes 0 --long-prompt-tokens 0   # ratios only
 
 Three targets. The default starts `ggufrun serve MODEL --parallel P` (P = the largest client count, at least 8) in
 a subprocess on a free 127.0.0.1 port and drives it over HTTP: POST /v1/completions with `stream: true`, one
@@ -286,9 +287,9 @@ def chart(path: str, results: dict) -> None:
     except ImportError:
         log("matplotlib is not installed: no chart")
         return
-    counts = [r["clients"] for r in results["runs"]]
+    last = {r["clients"]: r for r in results["runs"]}  # the last round of each client count
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
-    a.bar([str(n) for n in counts], [r["aggregate_tps"] for r in results["runs"]])
+    a.bar([str(n) for n in last], [r["aggregate_tps"] for r in last.values()])
     a.set_xlabel("concurrent clients")
     a.set_ylabel("aggregate tokens/s")
     a.set_title(results["model"])
@@ -324,6 +325,8 @@ def main() -> None:
     p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per step (the server's n_batch)")
     p.add_argument("--long-prompt-tokens", type=int, default=2000, help="0: skip the long-prompt measurement")
     p.add_argument("--probes", type=int, default=5, help="TTFT probes alone and beside 7 streaming clients")
+    p.add_argument("--rounds", type=int, default=1, help="run the client counts this many times, interleaved; "
+                   "ratios to one client are then medians of each round's own ratios")  # fmt: skip
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
     args = p.parse_args()
@@ -359,25 +362,37 @@ def main() -> None:
                "max_tokens": args.max_tokens, "prompt_tokens": args.prompt_tokens, "runs": []}  # fmt: skip
     try:
         run_clients(target, prompts.take(1), 4)  # warm-up
-        single = None
-        for n in counts:
-            load0 = os.getloadavg()[0]
-            clients, wall = run_clients(target, prompts.take(n), args.max_tokens)
-            agg = sum(len(c.t_tokens) for c in clients) / wall
-            steady = steady_decode_tps(clients)
-            single = single or ((agg, steady) if n == 1 else None)
-            run = {"clients": n, "wall_s": wall, "aggregate_tps": agg, "decode_tps_all_streaming": steady,
-                   "ttft_s": [c.ttft for c in clients], "decode_tps": [c.decode_tps for c in clients],
-                   "load_avg": [load0, os.getloadavg()[0]]}  # fmt: skip
-            results["runs"].append(run)
-            ratio = f" ({agg / single[0]:.2f}x one client)" if single else ""
-            ratio_steady = f" ({steady / single[1]:.2f}x)" if single and single[1] else ""
-            print(
-                f"{n:3d} clients: aggregate {agg:6.1f} tok/s{ratio}, while all decode {steady:6.1f} tok/s"
-                f"{ratio_steady}; wall {wall:.1f} s; load average {load0:.1f}"
-            )
-            for i, c in enumerate(clients):
-                print(f"      client {i:2d}: TTFT {c.ttft:6.2f} s, decode {c.decode_tps:6.1f} tok/s")
+        by_count: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
+        for r in range(args.rounds):
+            single = None
+            if args.rounds > 1:
+                print(f"round {r + 1} of {args.rounds}")
+            for n in counts:
+                load0 = os.getloadavg()[0]
+                clients, wall = run_clients(target, prompts.take(n), args.max_tokens)
+                agg = sum(len(c.t_tokens) for c in clients) / wall
+                steady = steady_decode_tps(clients)
+                single = single or ((agg, steady) if n == 1 else None)
+                by_count[n].append((agg / single[0], steady / single[1] if single[1] else 0.0) if single else (0, 0))
+                run = {"clients": n, "round": r, "wall_s": wall, "aggregate_tps": agg,
+                       "decode_tps_all_streaming": steady, "ttft_s": [c.ttft for c in clients],
+                       "decode_tps": [c.decode_tps for c in clients],
+                       "load_avg": [load0, os.getloadavg()[0]]}  # fmt: skip
+                results["runs"].append(run)
+                ratio = f" ({agg / single[0]:.2f}x one client)" if single else ""
+                ratio_steady = f" ({steady / single[1]:.2f}x)" if single and single[1] else ""
+                print(
+                    f"{n:3d} clients: aggregate {agg:6.1f} tok/s{ratio}, while all decode {steady:6.1f} tok/s"
+                    f"{ratio_steady}; wall {wall:.1f} s; load average {load0:.1f}"
+                )
+                for i, c in enumerate(clients):
+                    print(f"      client {i:2d}: TTFT {c.ttft:6.2f} s, decode {c.decode_tps:6.1f} tok/s")
+        if args.rounds > 1 and 1 in counts:
+            medians = {n: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v))
+                       for n, v in by_count.items()}  # fmt: skip
+            results["median_ratios"] = {str(n): {"aggregate": a, "all_decoding": b} for n, (a, b) in medians.items()}
+            print("ratios to one client, medians of the rounds' own: " + ", ".join(
+                f"{n} clients {a:.2f}x / {b:.2f}x" for n, (a, b) in medians.items() if n != 1))  # fmt: skip
         if args.probes:  # --probes 0 skips the TTFT measurement
             alone, _ = probe_ttft(target, [], prompts.take(args.probes), args.max_tokens)
             long = min(512, args.n_ctx - args.prompt_tokens)

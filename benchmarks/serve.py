@@ -364,7 +364,7 @@ def main() -> None:
         run_clients(target, prompts.take(1), 4)  # warm-up
         by_count: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
         for r in range(args.rounds):
-            single = None
+            single, this_round = None, {}
             if args.rounds > 1:
                 print(f"round {r + 1} of {args.rounds}")
             for n in counts:
@@ -373,7 +373,7 @@ def main() -> None:
                 agg = sum(len(c.t_tokens) for c in clients) / wall
                 steady = steady_decode_tps(clients)
                 single = single or ((agg, steady) if n == 1 else None)
-                by_count[n].append((agg / single[0], steady / single[1] if single[1] else 0.0) if single else (0, 0))
+                this_round[n] = (agg, steady)
                 run = {"clients": n, "round": r, "wall_s": wall, "aggregate_tps": agg,
                        "decode_tps_all_streaming": steady, "ttft_s": [c.ttft for c in clients],
                        "decode_tps": [c.decode_tps for c in clients],
@@ -387,6 +387,10 @@ def main() -> None:
                 )
                 for i, c in enumerate(clients):
                     print(f"      client {i:2d}: TTFT {c.ttft:6.2f} s, decode {c.decode_tps:6.1f} tok/s")
+            if 1 in this_round:  # each count's ratios to this round's one-client run, whatever the order
+                one = this_round[1]
+                for n, (agg, steady) in this_round.items():
+                    by_count[n].append((agg / one[0], steady / one[1] if one[1] else 0.0))
         if args.rounds > 1 and 1 in counts:
             medians = {n: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v))
                        for n, v in by_count.items()}  # fmt: skip

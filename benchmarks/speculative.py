@@ -7,9 +7,11 @@
 
 Prompts (chat-formatted; a model without a chat template, such as the Gemma3 270M base model, completes a plain-text
 version of each instead):
-    rewrite  "rewrite this code with one change", the code (~300 tokens) in the prompt: the answer copies most of it,
-             the case prompt lookup is made for (target: n-gram >= 1.8x plain)
-    chat     an open-ended request whose answer is new text (target: n-gram >= 0.95x plain, by the adaptive k)
+    rewrite      "rewrite this code with one change", the code (~300 tokens) in the prompt: the answer copies most of
+                 it, the case prompt lookup is made for (target: n-gram >= 1.8x plain); two stack and queue classes
+    rewrite-csv  the same request on a CSV report module: SmolLM2-135M answers it with other code of its own (about
+                 half of its tokens are found in the prompt), so it shows what lookup gains when the copy is partial
+    chat         an open-ended request whose answer is new text (target: n-gram >= 0.95x plain, by the adaptive k)
 Each (model, prompt) runs plain and speculative alternately, `repeats` times each, after one warm-up; the speedup
 is the median of the per-pair ratios of decode tokens/s (stats.generation_tps: first to last token; the prompt is
 cached after the warm-up, so prefill is the same both ways). Greedy outputs are checked equal. The load average is
@@ -68,14 +70,65 @@ def print_report(orders):
         print(f"{customer:20s} {total:10.2f}")
 '''
 
+STACKS = '''class Stack:
+    """A last-in, first-out stack."""
+
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        if self.is_empty():
+            raise IndexError("pop from empty stack")
+        return self.items.pop()
+
+    def peek(self):
+        if self.is_empty():
+            raise IndexError("peek from empty stack")
+        return self.items[-1]
+
+    def is_empty(self):
+        return len(self.items) == 0
+
+    def size(self):
+        return len(self.items)
+
+
+class Queue:
+    """A first-in, first-out queue."""
+
+    def __init__(self):
+        self.items = []
+
+    def enqueue(self, item):
+        self.items.insert(0, item)
+
+    def dequeue(self):
+        if self.is_empty():
+            raise IndexError("dequeue from empty queue")
+        return self.items.pop()
+
+    def is_empty(self):
+        return len(self.items) == 0
+
+    def size(self):
+        return len(self.items)
+'''
+
 PROMPTS = {
-    "rewrite": "Rewrite this code with one change: rename the function totals_by_customer to spend_by_customer. "
+    "rewrite": "Here is my code:\n\n```python\n" + STACKS + "```\n\nPlease rename the method size to length and show "
+    "me the full updated code.",
+    "rewrite-csv": "Rewrite this code with one change: rename the function totals_by_customer to spend_by_customer. "
     "Reply with the complete code only.\n\n" + CODE,
     "chat": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 COMPLETIONS = {  # the same tasks for base models
-    "rewrite": "Here is a Python module:\n\n```python\n" + CODE + "```\n\nHere is the same module with one change, the "
-    "function totals_by_customer renamed to spend_by_customer:\n\n```python\n",
+    "rewrite": "Here is a Python module:\n\n```python\n" + STACKS + "```\n\nHere is the same module with one change, "
+    "the method size renamed to length:\n\n```python\n",
+    "rewrite-csv": "Here is a Python module:\n\n```python\n" + CODE + "```\n\nHere is the same module with one change, "
+    "the function totals_by_customer renamed to spend_by_customer:\n\n```python\n",
     "chat": "The lighthouse keeper found a message in a bottle one stormy morning.",
 }
 

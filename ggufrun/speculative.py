@@ -29,10 +29,11 @@ log-probabilities (logprobs=k) come from each token's own row.
 
 Draft length. `draft_tokens` is the most tokens drafted per pass. With `adaptive` (the default) each pass drafts
 the k in 0..draft_tokens that maximises expected tokens per second: (1 - a^(k+1)) / (1 - a) tokens for a pass of
-k+1 tokens, with `a` the recent per-token acceptance rate and the pass's cost measured on this machine. When
-acceptance is low k falls to 0 (plain one-token steps, no slower than without speculation). N-gram drafts that are
-found but not used are still checked against the tokens that come, so the rate keeps up with the text; a draft
-model drafts one token after every 8 plain steps for the same purpose, and its drafting time counts in the cost.
+k+1 tokens, with `a` the recent per-token acceptance rate and the pass's cost measured on this machine (a one-token
+pass plus a marginal cost per extra token, DraftLength). When acceptance is low k falls to 0 (plain one-token
+steps, no slower than without speculation). N-gram drafts that are found but not used are still checked against
+the tokens that come, so the rate keeps up with the text; a draft model drafts one token after every 8 plain steps
+for the same purpose, and its drafting time counts in the cost.
 The gain is bounded by how much cheaper a token is in a batched pass than alone: on a memory-bound machine a pass
 of 8 tokens costs little more than one, on a compute-bound CPU it can cost several times as much.
 """
@@ -217,11 +218,21 @@ class ModelDrafter:
 
 
 class DraftLength:
-    """Chooses each pass's draft length from the acceptance rate and the measured cost of passes of m tokens."""
+    """Chooses each pass's draft length from the acceptance rate and the measured cost of passes of m tokens.
 
-    DECAY = 0.95  # weight of the past in the acceptance counts and the cost averages
+    A pass of m tokens is modelled as costing `one + per_token * (m - 1)`: the one-token pass's time plus a marginal
+    cost per extra row, both running means of the measured passes. One shared marginal cost, not a table per size:
+    a size whose only measurement was stretched by a busy machine would otherwise look dear forever and never be
+    tried again, and sizes never tried would need a guess. On SmolLM2-135M and Gemma3-270M at 2 threads the
+    marginal row costs 0.22-0.36 of a one-token pass at every m from 2 to 11 (the rows share each weight read).
+    """
+
+    DECAY = 0.95  # weight of the past in the acceptance counts and (once warm) the cost means
 
     PROBE_EVERY_MAX = 512  # plain steps between probes, at most, while probes keep failing
+
+    PRIOR_PER_TOKEN = 0.25  # marginal row cost before any multi-token pass is timed, in one-token passes: on the
+    # cheap side of what is measured, so that drafts are tried and from then on measured
 
     def __init__(self, k_max: int, adaptive: bool, probe_every: int = 0):
         self.k_max, self.adaptive = k_max, adaptive
@@ -231,7 +242,9 @@ class DraftLength:
         self._plain_steps = 0
         self.accepted = 0.0  # decayed counts of drafted tokens accepted / rejected
         self.rejected = 0.0
-        self.cost: dict[int, float] = {}  # pass size m -> decayed mean seconds
+        self.one: float | None = None  # mean seconds of a one-token pass (None: none timed yet)
+        self.per_token: float | None = None  # mean seconds per extra token of a pass (None: the prior)
+        self._n_one = self._n_per_token = 0  # samples so far (a mean's first samples weigh 1/n)
 
     @property
     def rate(self) -> float:
@@ -247,24 +260,32 @@ class DraftLength:
             self._probing = False
             self.probe_every = self._probe_base if accepted else min(2 * self.probe_every, self.PROBE_EVERY_MAX)
 
+    def _mean(self, old: float | None, sample: float, n: int) -> float:
+        """Running mean: the first samples weigh 1/n, later ones (1 - DECAY)."""
+        return sample if old is None else old + (sample - old) * max(1.0 / n, 1.0 - self.DECAY)
+
     def timed(self, m: int, seconds: float) -> None:
-        old = self.cost.get(m)
-        self.cost[m] = seconds if old is None else old * self.DECAY + seconds * (1 - self.DECAY)
+        """A pass of m tokens took `seconds`."""
+        if m == 1:
+            self._n_one += 1
+            self.one = self._mean(self.one, seconds, self._n_one)
+            return
+        if self.one is None:  # no one-token pass timed yet: split this one by the prior
+            self.one = seconds / (1.0 + self.PRIOR_PER_TOKEN * (m - 1))
+            self._n_one = 1
+        # a stall (a descheduled thread) can stretch one pass many times over; no extra row costs more than a
+        # whole one-token pass, so a sample is clipped there and one stall moves the mean by a bounded step
+        sample = min(max((seconds - self.one) / (m - 1), 0.0), self.one)
+        if self.per_token is None:  # the prior counts as the first sample
+            self.per_token, self._n_per_token = self.PRIOR_PER_TOKEN * self.one, 1
+        self._n_per_token += 1
+        self.per_token = self._mean(self.per_token, sample, self._n_per_token)
 
     def estimate(self, m: int) -> float:
-        """Seconds for a pass of m tokens: measured; else interpolated between measured sizes; else, past the
-        largest measured size (or with none), half a one-token pass per extra token. The last guess is on the
-        cheap side on purpose, so that a longer draft is tried once and from then on measured."""
-        if m in self.cost:
-            return self.cost[m]
-        one = self.cost.get(1, 1.0)
-        lo = [x for x in self.cost if x < m]
-        hi = [x for x in self.cost if x > m]
-        if lo and hi:
-            a, b = max(lo), min(hi)
-            return self.cost[a] + (self.cost[b] - self.cost[a]) * (m - a) / (b - a)
-        last = max(lo) if lo else 1
-        return self.cost.get(last, one) + 0.5 * one * (m - last)
+        """Seconds for a pass of m tokens (before any pass is timed, in units of a one-token pass)."""
+        one = 1.0 if self.one is None else self.one
+        per_token = self.PRIOR_PER_TOKEN * one if self.per_token is None else self.per_token
+        return one + per_token * (m - 1)
 
     def choose(self, available: int) -> int:
         """Tokens to draft this pass, given that `available` can be drafted."""

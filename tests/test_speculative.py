@@ -297,6 +297,22 @@ def test_draft_length_adapts_to_acceptance_and_cost():
     assert probing.probe_every == 4
 
 
+def test_draft_length_tries_longer_drafts_and_survives_a_stalled_pass():
+    """Passes cost 10 ms + 3 ms per extra token (SmolLM2-135M's proportions at 2 threads) and every draft is
+    accepted: the draft length climbs to the most allowed, sizes never timed included, and two passes stretched 20x
+    by a descheduled thread do not keep long drafts away for good."""
+    dl = DraftLength(k_max=10, adaptive=True)
+    picks = []
+    for i in range(60):
+        k = dl.choose(10)
+        dl.observe(max(k, 1), max(k, 1))
+        dl.timed(k + 1, (0.010 + 0.003 * k) * (20.0 if i in (2, 3) else 1.0))  # two passes in a row stall
+        picks.append(k)
+    assert picks[0] < picks[2] < 10 and picks[2] >= 4  # the stalls hit long drafts, tried before ever timed
+    assert picks[-20:] == [10] * 20
+    assert abs(dl.estimate(11) - 0.040) < 0.004
+
+
 def test_bad_arguments_are_refused(tiny, tmp_path):
     with pytest.raises(ValueError, match="speculative"):
         tiny.generate(REPEAT, speculative="medusa")

@@ -30,10 +30,10 @@ log-probabilities (logprobs=k) come from each token's own row.
 Draft length. `draft_tokens` is the most tokens drafted per pass. With `adaptive` (the default) each pass drafts
 the k in 0..draft_tokens that maximises expected tokens per second: (1 - a^(k+1)) / (1 - a) tokens for a pass of
 k+1 tokens, with `a` the recent per-token acceptance rate and the pass's cost measured on this machine (a one-token
-pass plus a marginal cost per extra token, DraftLength). When acceptance is low k falls to 0 (plain one-token
-steps, no slower than without speculation). N-gram drafts that are found but not used are still checked against
-the tokens that come, so the rate keeps up with the text; a draft model drafts one token after every 8 plain steps
-for the same purpose, and its drafting time counts in the cost.
+pass, plus a multi-token pass's fixed extra and a cost per extra row: DraftLength). When acceptance is low k falls
+to 0 (plain one-token steps, no slower than without speculation). N-gram drafts that are found but not used are
+still checked against the tokens that come, so the rate keeps up with the text; a draft model drafts one token
+after every 8 plain steps for the same purpose, and its drafting time counts in the cost.
 The gain is bounded by how much cheaper a token is in a batched pass than alone: on a memory-bound machine a pass
 of 8 tokens costs little more than one, on a compute-bound CPU it can cost several times as much.
 """
@@ -220,19 +220,22 @@ class ModelDrafter:
 class DraftLength:
     """Chooses each pass's draft length from the acceptance rate and the measured cost of passes of m tokens.
 
-    A pass of m tokens is modelled as costing `one + per_token * (m - 1)`: the one-token pass's time plus a marginal
-    cost per extra row, both running means of the measured passes. One shared marginal cost, not a table per size:
-    a size whose only measurement was stretched by a busy machine would otherwise look dear forever and never be
-    tried again, and sizes never tried would need a guess. On SmolLM2-135M and Gemma3-270M at 2 threads the
-    marginal row costs 0.22-0.36 of a one-token pass at every m from 2 to 11 (the rows share each weight read).
+    A pass of m tokens is modelled as `one * (1 + a + b * (m - 1))`: `one` the running mean of one-token passes, and
+    a (a multi-token pass's fixed extra) and b (each extra row's) fitted to the measured passes of every size by
+    least squares with decaying weights, pulled towards a = 0, b = PRIOR_PER_TOKEN by one pseudo-pass each. Two
+    numbers shared by all sizes, not a table per size: a size whose only measurement was stretched by a busy machine
+    would otherwise look dear forever and never be tried again, and sizes never tried would need a guess. Where
+    only short passes have been timed (open-ended text, drafts of one or two tokens), their cost is known and
+    longer ones are extrapolated with the prior slope. On SmolLM2-135M and Gemma3-270M at 2 threads an extra row
+    costs 0.22-0.36 of a one-token pass at every m from 2 to 11 (the rows share each weight read).
     """
 
-    DECAY = 0.95  # weight of the past in the acceptance counts and (once warm) the cost means
+    DECAY = 0.95  # weight of the past in the acceptance counts and the cost fit
 
     PROBE_EVERY_MAX = 512  # plain steps between probes, at most, while probes keep failing
 
-    PRIOR_PER_TOKEN = 0.25  # marginal row cost before any multi-token pass is timed, in one-token passes: on the
-    # cheap side of what is measured, so that drafts are tried and from then on measured
+    PRIOR_PER_TOKEN = 0.25  # cost of an extra row before passes are timed, in one-token passes: on the cheap side
+    # of what is measured, so that drafts are tried and from then on measured
 
     def __init__(self, k_max: int, adaptive: bool, probe_every: int = 0):
         self.k_max, self.adaptive = k_max, adaptive
@@ -243,8 +246,10 @@ class DraftLength:
         self.accepted = 0.0  # decayed counts of drafted tokens accepted / rejected
         self.rejected = 0.0
         self.one: float | None = None  # mean seconds of a one-token pass (None: none timed yet)
-        self.per_token: float | None = None  # mean seconds per extra token of a pass (None: the prior)
-        self._n_one = self._n_per_token = 0  # samples so far (a mean's first samples weigh 1/n)
+        self._n_one = 0
+        # decayed sums over multi-token passes of w, x, r, x*x, x*r, with x = m - 1 and r = extra time / one
+        self._sums = np.zeros(5)
+        self.fixed, self.per_token = 0.0, self.PRIOR_PER_TOKEN  # a and b, in one-token passes
 
     @property
     def rate(self) -> float:
@@ -260,32 +265,31 @@ class DraftLength:
             self._probing = False
             self.probe_every = self._probe_base if accepted else min(2 * self.probe_every, self.PROBE_EVERY_MAX)
 
-    def _mean(self, old: float | None, sample: float, n: int) -> float:
-        """Running mean: the first samples weigh 1/n, later ones (1 - DECAY)."""
-        return sample if old is None else old + (sample - old) * max(1.0 / n, 1.0 - self.DECAY)
-
     def timed(self, m: int, seconds: float) -> None:
         """A pass of m tokens took `seconds`."""
-        if m == 1:
+        if m == 1:  # a running mean whose first samples weigh 1/n, later ones 1 - DECAY
             self._n_one += 1
-            self.one = self._mean(self.one, seconds, self._n_one)
+            w = max(1.0 / self._n_one, 1.0 - self.DECAY)
+            self.one = seconds if self.one is None else self.one + (seconds - self.one) * w
             return
-        if self.one is None:  # no one-token pass timed yet: split this one by the prior
-            self.one = seconds / (1.0 + self.PRIOR_PER_TOKEN * (m - 1))
-            self._n_one = 1
-        # a stall (a descheduled thread) can stretch one pass many times over; no extra row costs more than a
-        # whole one-token pass, so a sample is clipped there and one stall moves the mean by a bounded step
-        sample = min(max((seconds - self.one) / (m - 1), 0.0), self.one)
-        if self.per_token is None:  # the prior counts as the first sample
-            self.per_token, self._n_per_token = self.PRIOR_PER_TOKEN * self.one, 1
-        self._n_per_token += 1
-        self.per_token = self._mean(self.per_token, sample, self._n_per_token)
+        x = m - 1
+        if self.one is None:  # no one-token pass timed yet: split this one by the current model
+            self.one, self._n_one = seconds / (1.0 + self.fixed + self.per_token * x), 1
+        # a stall (a descheduled thread) can stretch a pass many times over; no extra row costs more than a whole
+        # one-token pass, so a sample is clipped there and one stall moves the fit by a bounded step
+        r = min(max(seconds / self.one - 1.0, 0.0), float(x))
+        self._sums = self._sums * self.DECAY + np.array([1.0, x, r, x * x, x * r])
+        w, sx, sr, sxx, sxr = self._sums
+        lam = 1.0  # the prior's weight: one pseudo-pass for each of a = 0 and b = PRIOR_PER_TOKEN
+        det = (w + lam) * (sxx + lam) - sx * sx
+        b = ((w + lam) * (sxr + lam * self.PRIOR_PER_TOKEN) - sx * sr) / det
+        a = (sr - sx * b) / (w + lam)
+        self.fixed, self.per_token = max(a, 0.0), max(b, 0.0)
 
     def estimate(self, m: int) -> float:
         """Seconds for a pass of m tokens (before any pass is timed, in units of a one-token pass)."""
         one = 1.0 if self.one is None else self.one
-        per_token = self.PRIOR_PER_TOKEN * one if self.per_token is None else self.per_token
-        return one + per_token * (m - 1)
+        return one if m == 1 else one * (1.0 + self.fixed + self.per_token * (m - 1))
 
     def choose(self, available: int) -> int:
         """Tokens to draft this pass, given that `available` can be drafted."""

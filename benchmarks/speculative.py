@@ -2,6 +2,7 @@
 
     python benchmarks/speculative.py                            # SmolLM2 and Gemma3, n-gram drafts
     python benchmarks/speculative.py --models smollm2-135m-instruct --repeats 3 --threads 2
+    python benchmarks/speculative.py --prompts chat --repeats 9
     python benchmarks/speculative.py --draft PATH               # also a draft model (same vocabulary as the target)
     python benchmarks/speculative.py --draft-layers 8           # also a draft made of the target's first 8 blocks
 
@@ -12,7 +13,7 @@ version of each instead):
     rewrite-csv  the same request on a CSV report module: SmolLM2-135M answers it with other code of its own (about
                  half of its tokens are found in the prompt), so it shows what lookup gains when the copy is partial
     chat         an open-ended request whose answer is new text (target: n-gram >= 0.95x plain, by the adaptive k)
-Each (model, prompt) runs plain and speculative alternately, `repeats` times each, after one warm-up; the speedup
+Each (model, prompt) runs plain and speculative alternately (ABBA), `repeats` times each, after one warm-up; the speedup
 is the median of the per-pair ratios of decode tokens/s (stats.generation_tps: first to last token; the prompt is
 cached after the warm-up, so prefill is the same both ways). Greedy outputs are checked equal. The load average is
 printed: other processes on shared cores slow both sides, and the interleaving spreads that over both.
@@ -178,6 +179,7 @@ def run_once(model, prompt, max_tokens, speculative):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
+    ap.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
     ap.add_argument("--draft", default=None, help="also measure this draft model (must share the target's vocabulary)")
     ap.add_argument("--draft-layers", type=int, default=None,
                     help="also measure a draft made of the target's first N blocks and its output head")  # fmt: skip
@@ -200,7 +202,8 @@ def main() -> int:
             path = truncated_copy(str(model.path), args.draft_layers)
             draft = ggufrun.load(path, n_ctx=1024, n_threads=args.threads, quiet=True)
             kinds[f"first {args.draft_layers} blocks"] = Speculation(draft, draft_tokens=args.draft_tokens)
-        for prompt_name, text in PROMPTS.items():
+        for prompt_name in args.prompts:
+            text = PROMPTS[prompt_name]
             if model.chat_template is None:
                 messages = COMPLETIONS[prompt_name]
             else:
@@ -209,8 +212,12 @@ def main() -> int:
             for kind, spec in kinds.items():
                 plain_tps, spec_tps, ratios, drafted, accepted = [], [], [], [], []
                 for r in range(args.repeats):
-                    base, s0 = run_once(model, messages, args.tokens, None)
-                    out, s1 = run_once(model, messages, args.tokens, spec)
+                    if r % 2 == 0:  # plain first, then speculative first: a drift in the machine's speed
+                        base, s0 = run_once(model, messages, args.tokens, None)  # weighs on both sides alike
+                        out, s1 = run_once(model, messages, args.tokens, spec)
+                    else:
+                        out, s1 = run_once(model, messages, args.tokens, spec)
+                        base, s0 = run_once(model, messages, args.tokens, None)
                     if out != base:
                         raise SystemExit(f"{name} {prompt_name} {kind}: speculative output differs from plain")
                     plain_tps.append(s0.generation_tps)

@@ -623,3 +623,22 @@ def test_bpe_long_runs_cut_into_blocks_match_whole_word(smollm2, char, n, before
     text = before + char * n + after
     words = [w.encode().decode("latin-1").translate(BYTE_TO_CHAR) for w in backend.pre.split(text)]
     assert backend.encode(text) == backend.hf.encode(words, is_pretokenized=True, add_special_tokens=False).ids
+
+
+def test_spm_proto_in_blocks_is_the_one_block_proto(monkeypatch):
+    """spm_model_proto serializes PROTO_BLOCK pieces at a time (to bound its temporaries): any block size gives the
+    same bytes, and a NUL inside a later block is still refused."""
+    from ggufrun.tokenizer import spm
+
+    rng = np.random.default_rng(5)
+    alphabet = ["a", "\u2581", "\u00e9", "\u4e2d", "\U0001f600", "<", "0"]
+    pieces = ["".join(rng.choice(alphabet, int(rng.integers(1, 40)))) for _ in range(1000)]  # 1-byte varints and 2
+    scores = rng.standard_normal(1000).astype(np.float32)
+    types = rng.integers(1, 7, 1000).astype(np.uint8)
+    monkeypatch.setattr(spm, "PROTO_BLOCK", 1 << 30)
+    whole = spm.spm_model_proto(pieces, scores, types, 3, True)
+    for block in (1, 7, 256, 999):
+        monkeypatch.setattr(spm, "PROTO_BLOCK", block)
+        assert spm.spm_model_proto(pieces, scores, types, 3, True) == whole
+    with pytest.raises(TokenizerError, match="NUL"):
+        spm.spm_model_proto([*pieces[:900], "a\x00b", *pieces[901:]], scores, types, 3, True)

@@ -61,6 +61,15 @@ from .spm import SPM_SPACE, SPMBackend
 MAX_VOCAB = 1 << 20
 _ENCODE_CACHE_MAX_LEN = 256  # fragments up to this length are encoded once per tokenize() call
 
+# texts Tokenizer._detect_special_tokens looks up (llama_vocab::impl::load)
+_GPT_OSS_TEXTS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # always rendered as text
+_PHI3_RSTRIP = (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False))
+_MASK_TEXT = "<mask>"
+_DETECTED_TEXTS = frozenset(
+    (*EOT_TEXTS, *EOM_TEXTS, *(t for texts in FIM_TEXTS.values() for t in texts), *EOG_TEXTS, *_GPT_OSS_TEXTS,
+     *(t for t, _ in _PHI3_RSTRIP), _MASK_TEXT)
+)  # fmt: skip
+
 
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Build it with load_tokenizer(metadata).
@@ -85,6 +94,7 @@ class Tokenizer:
         self._backend = None
         self._unsupported: str | None = None
         self._tokens: list[str] = []
+        self._ids_by_text: dict[str, int] | None = None  # built on first use (_text_ids)
         self._attrs = np.zeros(0, dtype=np.uint16)
         self._splitter: SpecialTokenSplitter | None = None
         tokens = md.get("tokenizer.ggml.tokens")
@@ -121,7 +131,6 @@ class Tokenizer:
         for i in [i for i, t in enumerate(self._tokens) if not t]:
             self._tokens[i] = f"[EMPTY_{i}]"
         n = self.n_vocab = len(self._tokens)
-        self._token_to_id = {t: i for i, t in enumerate(self._tokens)}  # a repeated text maps to its last id
         scores = md.get("tokenizer.ggml.scores")
         types = md.get("tokenizer.ggml.token_type")
         try:
@@ -194,7 +203,7 @@ class Tokenizer:
             merges = md.get("tokenizer.ggml.merges")
             if merges is None:
                 raise TokenizerError("tokenizer.ggml.model is 'gpt2' but tokenizer.ggml.merges is missing")
-            self._backend = BPEBackend(self._token_to_id, merges, PreTokenizer(regexes), ignore_merges)
+            self._backend = BPEBackend(self._text_ids(), merges, PreTokenizer(regexes), ignore_merges)
         elif self.model == "llama":
             self._backend = SPMBackend(self._tokens, scores, types, unk_id)
         else:
@@ -202,7 +211,10 @@ class Tokenizer:
 
     def _detect_special_tokens(self, ids: dict, md: dict) -> None:
         """End-of-turn/FIM/end-of-generation ids found by token text, with llama.cpp's attribute fixes."""
-        find = self._token_to_id.get
+        if self._ids_by_text is not None:
+            find = self._ids_by_text.get
+        else:  # one pass over the texts looked up here, instead of a dictionary of the whole vocabulary
+            find = {t: i for i, t in enumerate(self._tokens) if t in _DETECTED_TEXTS}.get
 
         def mark_control(i: int) -> None:
             self._attrs[i] |= Attr.CONTROL
@@ -220,7 +232,7 @@ class Tokenizer:
                 eog.add(i)
                 mark_control(i)
         # gpt-oss: these always render as text
-        for t in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
+        for t in _GPT_OSS_TEXTS:
             if find(t) is not None:
                 self._attrs[find(t)] = Attr.USER_DEFINED
         eog |= {ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None}
@@ -241,7 +253,7 @@ class Tokenizer:
         if "phi-3" in name or "phi3" in name:
             for i in np.flatnonzero(self._attrs & SPECIAL_ATTRS):
                 self._attrs[i] |= Attr.RSTRIP
-            for t, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+            for t, on in _PHI3_RSTRIP:
                 i = find(t)
                 if i is not None:
                     self._attrs[i] = (self._attrs[i] | Attr.RSTRIP) if on else (self._attrs[i] & ~Attr.RSTRIP)
@@ -249,8 +261,8 @@ class Tokenizer:
         if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
             s in arch for s in ("nomic-bert-moe", "jina-bert-v3")
         ):
-            if find("<mask>") is not None:
-                self._attrs[find("<mask>")] |= Attr.LSTRIP
+            if find(_MASK_TEXT) is not None:
+                self._attrs[find(_MASK_TEXT)] |= Attr.LSTRIP
 
     # ---- lookups ----------------------------------------------------------------------------------------------
     def _check_text_model(self) -> None:
@@ -273,7 +285,14 @@ class Tokenizer:
 
     def token_id(self, text: str) -> int | None:
         """The id whose vocabulary string is exactly `text`, or None."""
-        return self._token_to_id.get(text) if self._tokens else None
+        return self._text_ids().get(text) if self._tokens else None
+
+    def _text_ids(self) -> dict[str, int]:
+        """Token text -> id (a repeated text maps to its last id), built on first use: 16 MB for Gemma3's 262k
+        tokens, which a SentencePiece vocabulary needs only for token_id()."""
+        if self._ids_by_text is None:
+            self._ids_by_text = {t: i for i, t in enumerate(self._tokens)}
+        return self._ids_by_text
 
     def is_special(self, token_id: int) -> bool:
         """Control, user-defined or unknown token: these are matched whole inside text (see tokenize)."""

@@ -10,7 +10,7 @@ from collections import Counter
 
 import numpy as np
 
-from .reader import ARRAY, STRING, VALUE_TYPE_NAMES, GGUFFile
+from .reader import ARRAY, STRING, VALUE_TYPE_NAMES, GGUFFile, StringArray
 
 # tokenizer.ggml.model -> what kind of tokenizer it is (llama.cpp src/llama-vocab.cpp, llama_vocab::load)
 TOKENIZER_KINDS = {
@@ -37,7 +37,7 @@ def _plain(v):
         return v.tolist()
     if isinstance(v, np.generic):
         return v.item()
-    if isinstance(v, list):
+    if isinstance(v, (list, StringArray)):
         return [_plain(x) for x in v]
     return v
 
@@ -151,7 +151,9 @@ def summarize(gguf_file: GGUFFile, n_ctx: int | None = None) -> dict:
 
     tok_model = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
-    vocab_size = len(tokens) if isinstance(tokens, list) else _positive_int(_arch_value(meta, arch, "vocab_size"))
+    vocab_size = (
+        len(tokens) if isinstance(tokens, (list, StringArray)) else _positive_int(_arch_value(meta, arch, "vocab_size"))
+    )
     if vocab_size is None and "token_embd.weight" in gguf_file.tensors:
         vocab_size = gguf_file.tensors["token_embd.weight"].shape[0]
     merges = meta.get("tokenizer.ggml.merges")
@@ -160,7 +162,7 @@ def summarize(gguf_file: GGUFFile, n_ctx: int | None = None) -> dict:
         "kind": TOKENIZER_KINDS.get(tok_model, "unknown") if tok_model else None,
         "pre": meta.get("tokenizer.ggml.pre"),
         "vocab_size": vocab_size,
-        "n_merges": len(merges) if isinstance(merges, list) else None,
+        "n_merges": len(merges) if isinstance(merges, (list, StringArray)) else None,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }

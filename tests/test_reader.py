@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import Typed, write_gguf
 
-from ggufrun.reader import GGUFFile
+from ggufrun.reader import LAZY_STRINGS, GGUFFile, StringArray
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 SMALL = sorted(GOLDEN.glob("small-*.gguf"))
@@ -61,6 +61,10 @@ def assert_same_as_gguf_py(path: Path) -> None:
             assert f.value_types[key] == vtype, key
             if isinstance(got, np.ndarray):
                 got = got.tolist()
+            if isinstance(want, list) and want and isinstance(want[0], str):  # long string arrays stay bytes
+                assert isinstance(got, StringArray) == (len(want) >= LAZY_STRINGS), key
+                assert got == want and want == got, key
+                got = list(got)
             assert got == want, key
             assert type(got) is type(want), key
         assert list(f.tensors) == list(facts["tensors"])
@@ -201,6 +205,29 @@ AWKWARD = {
 @pytest.mark.parametrize("kind", list(AWKWARD))
 def test_string_arrays_match_gguf_py(tmp_path, kind):
     _check_strings(tmp_path / f"{kind}.gguf", AWKWARD[kind])
+
+
+def test_long_string_arrays_are_bytes_and_offsets_read_like_lists(tmp_path):
+    """From LAZY_STRINGS strings on, an array is a StringArray: every way a list is read (index, negative index,
+    slices with and without a step, iteration, len, equality both ways) gives the list's strings, and an index out
+    of range raises IndexError."""
+    strings = [["", "a", "▁le", "日本語", "🙂", "Ġthe", "x" * 300][i % 7] + str(i % 11) * (i % 3) for i in range(6000)]
+    strings[5] = strings[5998] = ""
+    path = tmp_path / "long.gguf"
+    _write_strings(path, strings)
+    with GGUFFile(path) as f:
+        got = f.metadata["test.strings"]
+        assert isinstance(got, StringArray) and len(got) == len(strings) and repr(got) == "StringArray(6000 strings)"
+        assert list(got) == strings and got == strings and strings == got and got != strings[:-1]
+        assert [got[i] for i in range(len(strings))] == strings and got[-1] == strings[-1] and got[-6000] == ""
+        assert got[np.int64(3)] == strings[3]
+        for sl in (slice(0, 0), slice(5, 4100), slice(-7, None), slice(None, None, 7), slice(100, 5, -3)):
+            assert got[sl] == strings[sl], sl
+        assert got.lengths().tolist() == [len(t.encode()) for t in strings]
+        for bad in (6000, -6001):
+            with pytest.raises(IndexError):
+                got[bad]
+        assert f.metadata["test.after"] == 7
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

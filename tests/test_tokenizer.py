@@ -642,3 +642,31 @@ def test_spm_proto_in_blocks_is_the_one_block_proto(monkeypatch):
         assert spm.spm_model_proto(pieces, scores, types, 3, True) == whole
     with pytest.raises(TokenizerError, match="NUL"):
         spm.spm_model_proto([*pieces[:900], "a\x00b", *pieces[901:]], scores, types, 3, True)
+    # pieces past the vocabulary (the UNKNOWN piece SPMBackend adds) come last, after any block size
+    assert spm.spm_model_proto(pieces[:997], scores, types, 3, True, extra=pieces[997:]) == whole
+
+
+def test_vocabulary_as_string_array_tokenizes_as_the_list(gemma3_md):
+    """The reader hands a long vocabulary over as a StringArray: the tokenizer reads tokens from it one at a time
+    and gives the same ids and texts as from a list of the same strings, empty tokens renamed as llama.cpp does."""
+    from ggufrun.reader import StringArray
+
+    tokens = gemma3_md["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, StringArray)
+    as_list = load_tokenizer({**gemma3_md, "tokenizer.ggml.tokens": list(tokens)})
+    lazy = load_tokenizer(gemma3_md)
+    assert isinstance(lazy._tokens, StringArray)
+    text = "Hello <start_of_turn>user\n日本語 🙂 tabs\t\tand   spaces<end_of_turn>"
+    assert lazy.tokenize(text) == as_list.tokenize(text) and lazy.eog_ids == as_list.eog_ids
+    ids = lazy.tokenize(text)
+    assert lazy.detokenize(ids) == as_list.detokenize(ids) and lazy.token_text(262143) == tokens[262143]
+    # a vocabulary with empty texts: named [EMPTY_<id>] either way
+    words = ["", "a", "b", "", "ab"]
+    blob = b"".join(b"\x00" + w.encode() for w in words)
+    starts = np.cumsum([1] + [len(w) + 1 for w in words])
+    md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.scores": np.zeros(5, np.float32),
+          "tokenizer.ggml.token_type": np.ones(5, np.int32), "tokenizer.ggml.unk_token_id": 1}  # fmt: skip
+    a = load_tokenizer({**md, "tokenizer.ggml.tokens": StringArray(blob, starts)})
+    b = load_tokenizer({**md, "tokenizer.ggml.tokens": words})
+    assert [a.token_text(i) for i in range(5)] == [b.token_text(i) for i in range(5)] == [
+        "[EMPTY_0]", "a", "b", "[EMPTY_3]", "ab"]  # fmt: skip

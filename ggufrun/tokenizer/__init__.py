@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import TokenizerError
+from ..reader import StringArray
 from .bpe import BPEBackend, decode_byte_level
 from .detokenizer import StreamingDetokenizer, clean_up_spaces
 from .pretokenizer import PRE_TYPES, PreTokenizer
@@ -93,7 +94,7 @@ class Tokenizer:
         self.eog_ids: frozenset[int] = frozenset()
         self._backend = None
         self._unsupported: str | None = None
-        self._tokens: list[str] = []
+        self._tokens: Sequence[str] = []  # a list, or the reader's StringArray
         self._ids_by_text: dict[str, int] | None = None  # built on first use (_text_ids)
         self._attrs = np.zeros(0, dtype=np.uint16)
         self._splitter: SpecialTokenSplitter | None = None
@@ -118,17 +119,22 @@ class Tokenizer:
 
     def _read_vocabulary(self, md: dict, tokens) -> tuple[np.ndarray, np.ndarray]:
         """Token texts (empty ones renamed as llama.cpp does), their attributes; returns (scores, types)."""
-        if not isinstance(tokens, (list, tuple)):
+        if not isinstance(tokens, (list, tuple, StringArray)):
             raise TokenizerError(f"tokenizer.ggml.tokens is a {type(tokens).__name__}, expected an array of strings")
         if len(tokens) > MAX_VOCAB:
             raise TokenizerError(
                 f"tokenizer.ggml.tokens has {len(tokens)} tokens, more than the {MAX_VOCAB} this loader accepts"
             )
-        if not all(isinstance(t, str) for t in tokens):
-            bad = next(t for t in tokens if not isinstance(t, str))
-            raise TokenizerError(f"tokenizer.ggml.tokens holds a {type(bad).__name__}, expected strings only")
-        self._tokens = list(tokens)
-        for i in [i for i, t in enumerate(self._tokens) if not t]:
+        if isinstance(tokens, StringArray):  # the reader's bytes and offsets, decoded per token when read
+            empty = np.flatnonzero(tokens.lengths() == 0).tolist()
+            self._tokens = tokens if not empty else list(tokens)
+        else:
+            if not all(isinstance(t, str) for t in tokens):
+                bad = next(t for t in tokens if not isinstance(t, str))
+                raise TokenizerError(f"tokenizer.ggml.tokens holds a {type(bad).__name__}, expected strings only")
+            self._tokens = list(tokens)
+            empty = [i for i, t in enumerate(self._tokens) if not t]
+        for i in empty:
             self._tokens[i] = f"[EMPTY_{i}]"
         n = self.n_vocab = len(self._tokens)
         scores = md.get("tokenizer.ggml.scores")

@@ -10,6 +10,8 @@ merge loop and llama.cpp's token ids (Gemma3).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..errors import TokenizerError
@@ -72,19 +74,22 @@ def _pieces_proto(pieces: list[str], scores: np.ndarray, piece_types: np.ndarray
     return out.tobytes()
 
 
-def spm_model_proto(pieces: list[str], scores: np.ndarray, piece_types: np.ndarray, unk_id: int, byte_fallback: bool):
+def spm_model_proto(pieces: Sequence[str], scores: np.ndarray, piece_types: np.ndarray, unk_id: int,
+                    byte_fallback: bool, extra: Sequence[str] = ()) -> bytes:  # fmt: skip
     """Serialize a sentencepiece ModelProto (BPE, identity normalizer) without the protobuf package.
 
     ModelProto: pieces=1 {piece=1 string, score=2 float, type=3 enum}, trainer_spec=2 {model_type=3,
     byte_fallback=35, unk_id=40, bos_id=41, eos_id=42, pad_id=43}, normalizer_spec=3 {name=1,
-    add_dummy_prefix=3, remove_extra_whitespaces=4, escape_whitespaces=5}. Vectorised, PROTO_BLOCK pieces at a
-    time: 262k pieces in ~50 ms; in one block the temporaries took Gemma3's load +61 MB at their peak (and +41 MB
-    that the allocator kept), in blocks +4 MB.
+    add_dummy_prefix=3, remove_extra_whitespaces=4, escape_whitespaces=5}. The pieces are `pieces` then `extra`
+    (scores and piece_types cover both). Vectorised, PROTO_BLOCK pieces at a time: 262k pieces in ~50 ms; in one
+    block the temporaries took Gemma3's load +61 MB at their peak (and +41 MB that the allocator kept), in blocks
+    +4 MB; `pieces` may be the reader's StringArray, read a block at a time.
     """
-    parts = [
-        _pieces_proto(pieces[i : i + PROTO_BLOCK], scores[i : i + PROTO_BLOCK], piece_types[i : i + PROTO_BLOCK])
-        for i in range(0, len(pieces), PROTO_BLOCK)
-    ]
+    n = len(pieces)
+    bounds = [(i, min(i + PROTO_BLOCK, n)) for i in range(0, n, PROTO_BLOCK)]
+    parts = [_pieces_proto(pieces[a:b], scores[a:b], piece_types[a:b]) for a, b in bounds]
+    if extra:
+        parts.append(_pieces_proto(list(extra), scores[n:], piece_types[n:]))
 
     def field(num: int, v: int) -> bytes:
         return _varint(num << 3) + _varint(v)
@@ -101,7 +106,7 @@ class SPMBackend:
     pair merging, ties to the left, unknown characters as <0xNN> bytes). Every token is a NORMAL piece so
     that, as in llama.cpp, any vocabulary entry (control tokens included) can be the result of a merge."""
 
-    def __init__(self, tokens: list[str], scores: np.ndarray, types: np.ndarray, unk_id: int | None):
+    def __init__(self, tokens: Sequence[str], scores: np.ndarray, types: np.ndarray, unk_id: int | None):
         import sentencepiece
 
         n = len(tokens)
@@ -110,15 +115,15 @@ class SPMBackend:
         piece_types = np.ones(n, dtype=np.uint8)
         if byte_fallback:
             piece_types[byte_ids] = 6  # BYTE
-        pieces = tokens
+        extra = []
         if unk_id is None or not 0 <= unk_id < n or piece_types[unk_id] != 1:
             # sentencepiece needs one UNKNOWN piece; add one past the vocabulary that no text can produce
-            pieces = [*tokens, "\x01<unk>\x01"]
+            extra = ["\x01<unk>\x01"]
             scores = np.append(scores, np.float32(0))
             piece_types = np.append(piece_types, np.uint8(1))
             unk_id = n
         piece_types[unk_id] = 2  # UNKNOWN
-        proto = spm_model_proto(pieces, scores, piece_types, unk_id, byte_fallback)
+        proto = spm_model_proto(tokens, scores, piece_types, unk_id, byte_fallback, extra)
         self.sp = sentencepiece.SentencePieceProcessor()
         try:
             self.sp.LoadFromSerializedProto(proto)

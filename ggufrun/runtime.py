@@ -48,6 +48,7 @@ a decode step has ~150 such regions, so 2-thread decode fell to 0.2-0.7 tok/s wh
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -109,16 +110,21 @@ class ThreadGovernor:
     to 1 thread (qwen2.5-1.5b's shape, decode 15.2 tok/s against 20.3 without the governor). After two stalled steps
     in a row (or one, within RECENT_LOAD_S of a probe that brought the full count back), steps run on 1 thread (a
     lone stall is this process's own other threads waking once per token: on a quiet machine, reacting to those
-    cost SmolLM2 decode 7%), provided the full count no longer pays: the running mean of full-count steps' time
-    over their key's 1-thread time, stalls included (COST_WEIGHT per step), is above 1. After `backoff` seconds one
-    step probes the full count again; unless it takes PROBE_RATIO times its 1-thread time (it also wakes the worker
-    threads, asleep while steps ran on 1 thread: 1.0-2.0x a 1-thread step on a quiet machine; a descheduled thread
-    holds it for a time slice, tens of 1-thread steps) the full count is back and the backoff halves (down to
-    probe_min_s), else it doubles (up to probe_max_s), and the next probe waits at least 50x the time the failed
-    one lost (PROBE_BUDGET: a busy machine's stalls can last tens of milliseconds). On a 2-core VM whose steps
-    often take 1.5-3x their usual time with nothing else running, stall ratios of 1.5, no cost test and probes
-    judged as stalls sent 20-99% of a generation's steps to 1 thread (decode at 0.70-0.95x the speed without the
-    governor). Counters: steps, steps_one (steps run on 1 thread), stalls, probes.
+    cost SmolLM2 decode 7%), provided the full count no longer pays: over the last ~COST_WINDOW_S of full-count
+    steps, their time, stalls included, is above COST_LIMIT times what the same steps take on 1 thread (their keys'
+    mean 1-thread times). A time window, not a mean of per-step ratios: a VM's occasional 1-16 ms deschedule of a
+    250 us step is a ratio of 4-60 that held a 16-step mean above the limit, while in time it is a few percent; a
+    real load stalls every step and passes the limit within ~20 stalls (84 ms in tests/test_runtime_threads.py).
+    After `backoff` seconds one step probes the full count again; unless it takes PROBE_RATIO times its 1-thread
+    time (it also wakes the worker threads, asleep while steps ran on 1 thread: 1.0-2.0x a 1-thread step on a quiet
+    machine; a descheduled thread holds it for a time slice, tens of 1-thread steps) the full count is back and the
+    backoff halves (down to probe_min_s), else it doubles (up to probe_max_s), and the next probe waits at least 50x
+    the time the failed one lost (PROBE_BUDGET: a busy machine's stalls can last tens of milliseconds). On a 2-core
+    VM whose steps often take 1.5-3x their usual time with nothing else running, stall ratios of 1.5, no cost test
+    and probes judged as stalls sent 20-99% of a generation's steps to 1 thread (decode at 0.70-0.95x the speed
+    without the governor); a cost limit of 1 against the fastest 1-thread sample still sent 50-100% of a quiet
+    machine's SmolLM2 decode steps to 1 thread (0.78x the speed without the governor, 2026-12-02). Counters: steps,
+    steps_one (steps run on 1 thread), stalls, probes.
 
     clock / get_threads / set_threads are injectable for tests (default: time.perf_counter and Numba's per-thread
     count). The thread count only changes how a kernel's rows are dealt to threads, never a row's bits.
@@ -129,7 +135,12 @@ class ThreadGovernor:
     PROBE_WAIT_MAX_S = 10.0  # ...unless that would mean waiting longer than this for the next one
     RECENT_LOAD_S = 2.0  # this soon after a probe brought the full count back, one stall is taken for the load
     TYPICAL_RATIO = 2.0  # a stalled step is also this much slower than the key's typical full-count step
-    COST_WEIGHT = 1 / 16  # weight of a step in the running mean of full-count steps' cost (self._cost)
+    COST_WINDOW_S = 0.1  # the full count's cost is its steps' time over their 1-thread time in about this much time
+    # the cost above which 1 thread pays: a 1-thread step sampled now and then between full-count steps is faster
+    # than one in a run of them (SmolLM2's layer: 327 against ~410 us, the worker's core and caches idle), so
+    # full-count steps costing 1.0-1.2x the sampled time still beat 1 thread (decode 95 against 70 tok/s, when a
+    # limit of 1 sent 50-100% of a quiet machine's steps to 1 thread); a descheduled thread costs 5-50x
+    COST_LIMIT = 1.25
     PROBE_RATIO = 3.0  # a probe fails above this times its key's 1-thread time (waking the workers costs ~1-2x)
 
     def __init__(
@@ -157,7 +168,8 @@ class ThreadGovernor:
             float(stall_ratio), float(probe_min_s), float(probe_max_s), float(refresh_s))  # fmt: skip
         self.enabled = True
         self._clock, self._get, self._set = clock, get_threads, set_threads
-        self._one: dict = {}  # key -> 1-thread seconds
+        self._one: dict = {}  # key -> 1-thread seconds (its fastest recent step: the stall test's reference)
+        self._one_mean: dict = {}  # key -> running mean of its 1-thread steps (the cost test's reference)
         self._limit: dict = {}  # key -> stall_ratio * 1-thread seconds: a full-count step above it stalled
         self._fresh_until: dict = {}  # key -> when its 1-thread time is due to be measured again
         self._typical: dict = {}  # key -> running mean of its full-count steps that did not stall (seconds)
@@ -166,7 +178,9 @@ class ThreadGovernor:
         self._backoff = self.probe_min_s
         self._probe_at = 0.0
         self._last_stall = -2  # self.steps when the last step at the full count stalled
-        self._cost = 0.0  # running mean of full-count steps' time over their key's 1-thread time, stalls included
+        # the full count's cost: its steps' time, stalls included, over what the same steps take on 1 thread (their
+        # keys' 1-thread means), both summed with weights that decay by e every COST_WINDOW_S of steps
+        self._full_s = self._one_s = 0.0
         self._restored_at = -_INF  # when a probe last brought the full count back
         self._active = False
         self._n_full = self._n_now = 1
@@ -222,9 +236,11 @@ class ThreadGovernor:
         """The step of `key` that started at self._t0 ended now."""
         dt = (now - self._t0) / self._size
         if self._n_now > 1:
-            one = self._one.get(key)
+            one = self._one_mean.get(key)
             if one:
-                self._cost += (dt / one - self._cost) * self.COST_WEIGHT
+                decay = math.exp(-(now - self._t0) / self.COST_WINDOW_S)
+                self._full_s = self._full_s * decay + dt * self._size
+                self._one_s = self._one_s * decay + one * self._size
         # the common case (full count, no stall, fresh 1-thread time) is this test and the typical time's update
         if self._n_now == 1 or self._probing or dt > self._limit.get(key, _INF):
             self._record(key, dt, now)
@@ -257,7 +273,13 @@ class ThreadGovernor:
                 self._limit.clear()
                 self._fresh_until.clear()
                 self._typical.clear()
+                self._one_mean.clear()
             one = self._one[key] = dt if old is None or dt < old else old + (dt - old) * 0.125
+            if old is not None:  # (the first sample may hold a compilation: left out of the mean)
+                mean = self._one_mean.get(key)
+                mean = dt if mean is None else mean + (dt - mean) * 0.125
+                # at most the stall limit: a mean started by descheduled samples comes down with the fastest one
+                self._one_mean[key] = min(mean, self._limit[key])
             self._limit[key] = self.stall_ratio * one
             # a key's first sample may hold a JIT compilation or page faults: its next step is sampled again
             self._fresh_until[key] = now if old is None else now + self.refresh_s
@@ -269,7 +291,7 @@ class ThreadGovernor:
         if stalled:
             self.stalls += 1
             lone = self._last_stall != self.steps - 1 and now - self._restored_at > self.RECENT_LOAD_S
-            if not self._probing and not self._reduced and (lone or self._cost <= 1.0):
+            if not self._probing and not self._reduced and (lone or self._full_s <= self.COST_LIMIT * self._one_s):
                 # a lone stall: this process's other threads (a server's event loop, a stream's reader) wake up
                 # once per token and take a core for a moment; a load that lasts stalls the next step too. Soon
                 # after a load (a probe just brought the full count back) one stall is enough. Either way the
@@ -287,7 +309,7 @@ class ThreadGovernor:
             self._note_typical(key, dt)
             if self._probing:
                 self._reduced = False
-                self._restored_at = now  # self._cost is still about 1 or above: until steps without stalls
+                self._restored_at = now  # the cost is still about COST_LIMIT or above: until steps without stalls
                 # bring it down, the next stall goes back to 1 thread
                 self._backoff = max(self.probe_min_s, self._backoff / 2)
         self._probing = False

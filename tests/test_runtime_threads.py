@@ -53,11 +53,18 @@ class Machine:
                 self.prev_n = self.n
         return counts
 
-    def one_stall(self, gov: ThreadGovernor) -> float:
-        """Two stalled steps on a busy machine (one alone is ignored), then quiet passes until the full count is
-        back (at most 10 s simulated): the seconds from the stall to then."""
+    def load_until_reduced(self, gov: ThreadGovernor, limit: int = 200) -> int:
+        """Busy-machine steps until the governor drops to 1 thread (at most `limit`); returns the steps it took."""
         self.busy = True
-        self.run_pass(gov, keys=(3, 3))
+        for i in range(limit):
+            if self.run_pass(gov, keys=(3,)) == [1]:
+                return i
+        raise AssertionError(f"still on the full count after {limit} stalled steps")
+
+    def one_stall(self, gov: ThreadGovernor) -> float:
+        """A load that lasts until the governor drops to 1 thread, then quiet passes until the full count is back
+        (at most 10 s simulated): the seconds from the drop to then."""
+        self.load_until_reduced(gov)
         self.busy = False
         t_stall = self.t
         while gov.reduced and self.t < t_stall + 10:
@@ -84,16 +91,32 @@ def test_quiet_machine_runs_at_full_count():
     assert gov.steps == len(counts) and gov.steps_one == counts.count(1)
 
 
-def test_two_stalls_in_a_row_drop_to_one_thread():
+def test_a_load_drops_to_one_thread_within_the_cost_window():
+    """A load stalls every full-count step: once the stalls make the last ~COST_WINDOW_S of full-count steps cost
+    COST_LIMIT times their 1-thread time, steps run on 1 thread (here after 21 stalls, 84 ms), and stay there."""
     m = Machine()
     gov = m.governor()
     m.run_for(gov, 0.5)
     m.busy = True
-    counts = m.run_pass(gov, keys=(3,) * 10)
-    assert counts[:2] == [2, 2]  # these two stall...
-    assert counts[2:] == [1] * 8  # ...and the next step already runs on 1 thread
-    assert gov.stalls == 2 and gov.reduced
+    counts = m.run_pass(gov, keys=(3,) * 60)
+    first = counts.index(1)
+    assert 2 < first and first * SLICE < gov.COST_WINDOW_S and counts[first:] == [1] * (60 - first)
+    assert gov.stalls == first and gov.reduced
     assert m.n == 2  # restored for the caller at the end of the pass
+
+
+def test_stalls_that_cost_less_than_the_limit_keep_the_full_count():
+    """Two, then five stalls in a row, once in a while: the full count's steps, stalls included, still cost less than
+    COST_LIMIT times 1-thread steps over the window (a VM descheduling a thread now and then, 1-16 ms)."""
+    m = Machine()
+    gov = m.governor()
+    m.run_for(gov, 0.5)
+    for n_stalls in (2, 5, 2, 5):
+        m.busy = True
+        assert m.run_pass(gov, keys=(3,) * n_stalls) == [2] * n_stalls
+        m.busy = False
+        m.run_for(gov, 0.3)
+    assert gov.stalls == 14 and not gov.reduced
 
 
 def test_soon_after_a_load_one_stall_is_enough():
@@ -101,8 +124,7 @@ def test_soon_after_a_load_one_stall_is_enough():
     m = Machine()
     gov = m.governor()
     m.run_for(gov, 0.5)
-    m.busy = True
-    m.run_pass(gov, keys=(3,) * 4)  # two stalls: down to 1 thread
+    m.load_until_reduced(gov)
     m.busy = False
     while gov.reduced:
         m.run_pass(gov)  # a probe brings the full count back
@@ -148,22 +170,22 @@ def test_bandwidth_bound_noise_is_not_a_stall():
     assert gov.stalls == 0 and not gov.reduced
     assert counts.count(2) > 0.98 * len(counts)
     m.cost = lambda key, n: 2.2e-3 if n == 1 else 2.5e-3 + SLICE  # another process takes a core
-    assert m.run_pass(gov, keys=(3,) * 4) == [2, 2, 1, 1] and gov.reduced
+    assert m.load_until_reduced(gov) <= 20 and gov.reduced
 
 
 def test_persistent_load_costs_about_one_stall_per_second():
     m = Machine()
     gov = m.governor()
     m.run_for(gov, 0.5)
-    m.busy = True
+    onset = m.load_until_reduced(gov)
     seconds = 20.0
     t0 = m.t
     counts = m.run_for(gov, seconds)
     stalls = counts.count(2)
     # probes after 0.05, 0.1, 0.2, ... s, then once every probe_max_s
     assert stalls <= seconds / gov.probe_max_s + 8
-    assert gov.probes == stalls - 2  # the first two stalls were not probes
-    wasted = stalls * (SLICE - QUIET_ONE)
+    assert gov.probes == stalls and gov.stalls == onset + stalls  # after the onset, every stall was a probe
+    wasted = (onset + stalls) * (SLICE - QUIET_ONE)
     assert wasted < 0.02 * (m.t - t0)
 
 
@@ -234,7 +256,7 @@ def test_pairs_of_slow_steps_that_still_beat_one_thread_keep_the_full_count():
     assert gov.stalls > 0
     assert counts.count(2) > 0.97 * len(counts)
     m.cost = lambda key, n: QUIET_ONE if n == 1 else SLICE  # a real load still sends the steps to 1 thread
-    m.run_pass(gov, keys=(3,) * 4)
+    m.run_pass(gov, keys=(3,) * 40)
     assert gov.reduced
 
 
@@ -263,9 +285,7 @@ def test_inflated_one_thread_time_is_brought_down():
     m.run_pass(gov)
     m.cost = quiet
     m.run_for(gov, 5.0)
-    m.busy = True
-    counts = m.run_pass(gov, keys=(3,) * 10)
-    assert gov.stalls == 2 and counts[2:] == [1] * 8
+    assert m.load_until_reduced(gov) * SLICE < 2 * gov.COST_WINDOW_S
 
 
 def test_first_step_with_a_compilation_does_not_hide_stalls():
@@ -325,7 +345,7 @@ def test_sizes_of_one_key_are_compared_per_unit():
     counts = run(3.0)
     assert gov.stalls == 0 and counts.count(2) > 0.99 * len(counts)
     m.busy = True
-    run(0.01)
+    run(0.2)
     assert gov.stalls >= 1 and gov.reduced
 
 
@@ -336,7 +356,7 @@ def test_restores_the_count_when_the_pass_raises():
     m.busy = True
     with pytest.raises(KeyboardInterrupt):
         with gov:
-            for _ in range(3):
+            for _ in range(40):  # stalls until the governor drops to 1 thread
                 gov.step(3)
                 m.t += m.cost(3, m.n)
             raise KeyboardInterrupt

@@ -22,6 +22,7 @@ first shard and the tensors are spread over all of them.
 from __future__ import annotations
 
 import mmap
+import operator
 import os
 import re
 import struct
@@ -138,7 +139,7 @@ class StringArray(Sequence[str]):
             # one decode and one split for the run (no string holds a NUL: the reader checked)
             return self._data[int(self._starts[a]) - 1 : int(self._starts[b]) - 1].decode("utf-8").split("\x00")[1:]
         n = len(self)
-        i = int(i)  # an int-like index (NumPy integers included)
+        i = operator.index(i)  # an integer (NumPy integers included), as a list takes
         if i < 0:
             i += n
         if not 0 <= i < n:

@@ -279,7 +279,7 @@ class ThreadGovernor:
                 mean = self._one_mean.get(key)
                 mean = dt if mean is None else mean + (dt - mean) * 0.125
                 # at most the stall limit: a mean started by descheduled samples comes down with the fastest one
-                self._one_mean[key] = min(mean, self._limit[key])
+                self._one_mean[key] = min(mean, self.stall_ratio * one)
             self._limit[key] = self.stall_ratio * one
             # a key's first sample may hold a JIT compilation or page faults: its next step is sampled again
             self._fresh_until[key] = now if old is None else now + self.refresh_s

@@ -221,6 +221,8 @@ def test_long_string_arrays_are_bytes_and_offsets_read_like_lists(tmp_path):
         assert list(got) == strings and got == strings and strings == got and got != strings[:-1]
         assert [got[i] for i in range(len(strings))] == strings and got[-1] == strings[-1] and got[-6000] == ""
         assert got[np.int64(3)] == strings[3]
+        with pytest.raises(TypeError):
+            got[1.0]
         for sl in (slice(0, 0), slice(5, 4100), slice(-7, None), slice(None, None, 7), slice(100, 5, -3)):
             assert got[sl] == strings[sl], sl
         assert got.lengths().tolist() == [len(t.encode()) for t in strings]

@@ -114,7 +114,7 @@ class ThreadGovernor:
     steps, their time, stalls included, is above COST_LIMIT times what the same steps take on 1 thread (their keys'
     mean 1-thread times). A time window, not a mean of per-step ratios: a VM's occasional 1-16 ms deschedule of a
     250 us step is a ratio of 4-60 that held a 16-step mean above the limit, while in time it is a few percent; a
-    real load stalls every step and passes the limit within ~20 stalls (84 ms in tests/test_runtime_threads.py).
+    real load stalls every step and passes the limit within ~11 stalls (44 ms in tests/test_runtime_threads.py).
     After `backoff` seconds one step probes the full count again; unless it takes PROBE_RATIO times its 1-thread
     time (it also wakes the worker threads, asleep while steps ran on 1 thread: 1.0-2.0x a 1-thread step on a quiet
     machine; a descheduled thread holds it for a time slice, tens of 1-thread steps) the full count is back and the
@@ -135,7 +135,10 @@ class ThreadGovernor:
     PROBE_WAIT_MAX_S = 10.0  # ...unless that would mean waiting longer than this for the next one
     RECENT_LOAD_S = 2.0  # this soon after a probe brought the full count back, one stall is taken for the load
     TYPICAL_RATIO = 2.0  # a stalled step is also this much slower than the key's typical full-count step
-    COST_WINDOW_S = 0.1  # the full count's cost is its steps' time over their 1-thread time in about this much time
+    # the full count's cost is its steps' time over their 1-thread time in about this much time (0.1 s: quiet runs
+    # alike, a load recognised after ~20 stalls, and with 1 of 2 cores busy Gemma3 decode 0.84-0.91x the 1-thread
+    # speed against 0.99-1.13x at 0.05 s)
+    COST_WINDOW_S = 0.05
     # the cost above which 1 thread pays: a 1-thread step sampled now and then between full-count steps is faster
     # than one in a run of them (SmolLM2's layer: 327 against ~410 us, the worker's core and caches idle), so
     # full-count steps costing 1.0-1.2x the sampled time still beat 1 thread (decode 95 against 70 tok/s, when a

@@ -93,7 +93,7 @@ def test_quiet_machine_runs_at_full_count():
 
 def test_a_load_drops_to_one_thread_within_the_cost_window():
     """A load stalls every full-count step: once the stalls make the last ~COST_WINDOW_S of full-count steps cost
-    COST_LIMIT times their 1-thread time, steps run on 1 thread (here after 21 stalls, 84 ms), and stay there."""
+    COST_LIMIT times their 1-thread time, steps run on 1 thread (here after 11 stalls, 44 ms), and stay there."""
     m = Machine()
     gov = m.governor()
     m.run_for(gov, 0.5)

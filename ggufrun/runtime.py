@@ -242,7 +242,7 @@ class ThreadGovernor:
             one = self._one_mean.get(key)
             if one:
                 decay = math.exp(-(now - self._t0) / self.COST_WINDOW_S)
-                self._full_s = self._full_s * decay + dt * self._size
+                self._full_s = self._full_s * decay + (now - self._t0)
                 self._one_s = self._one_s * decay + one * self._size
         # the common case (full count, no stall, fresh 1-thread time) is this test and the typical time's update
         if self._n_now == 1 or self._probing or dt > self._limit.get(key, _INF):
@@ -278,12 +278,12 @@ class ThreadGovernor:
                 self._typical.clear()
                 self._one_mean.clear()
             one = self._one[key] = dt if old is None or dt < old else old + (dt - old) * 0.125
+            self._limit[key] = self.stall_ratio * one
             if old is not None:  # (the first sample may hold a compilation: left out of the mean)
                 mean = self._one_mean.get(key)
                 mean = dt if mean is None else mean + (dt - mean) * 0.125
                 # at most the stall limit: a mean started by descheduled samples comes down with the fastest one
-                self._one_mean[key] = min(mean, self.stall_ratio * one)
-            self._limit[key] = self.stall_ratio * one
+                self._one_mean[key] = min(mean, self._limit[key])
             # a key's first sample may hold a JIT compilation or page faults: its next step is sampled again
             self._fresh_until[key] = now if old is None else now + self.refresh_s
             return

@@ -240,6 +240,20 @@ def test_ngram_drafter_takes_the_latest_longest_match():
     assert d.propose(np.array([1, 1, 1, 1]), 5).tolist() == [1]  # overlapping: only what follows is drafted
 
 
+def test_ngram_drafter_default_tells_repeated_code_apart_by_the_longer_context():
+    """Two methods that share their last 4 tokens and continue differently: the default drafter matches the 6 tokens
+    that say which method it is in, where 4-grams would take the latest (wrong) one; matches of LONG_MATCH or more
+    tokens count as one source."""
+    a = [10, 11, 1, 2, 3, 4, 20, 21]  # "class A ... def push(self, item): <body A>"
+    b = [12, 13, 1, 2, 3, 4, 30, 31]  # "class B ... def push(self, item): <body B>"
+    h = np.array(a + b + [10, 11, 1, 2, 3, 4], dtype=np.int64)
+    assert NgramDrafter(ngram_max=4).propose(h, 2).tolist() == [30, 31]
+    d = NgramDrafter()
+    assert d.propose(h, 2).tolist() == [20, 21] and d.matched == 6
+    assert d.source == NgramDrafter.LONG_MATCH
+    assert Speculation().ngram_max == d.ngram_max == 16
+
+
 def test_ngram_drafter_index_matches_a_full_scan_as_the_history_grows():
     """The drafter's index, grown call by call (and started over for another history), proposes what a scan of
     every earlier window proposes."""

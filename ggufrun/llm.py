@@ -27,7 +27,7 @@ import numpy as np
 from . import generate as _gen
 from .chat_template import ChatTemplate, chat_template_from_metadata
 from .reader import GGUFFile
-from .runtime import compile_kernels, physical_cores, set_threads
+from .runtime import compile_kernels, physical_cores, set_threads, start_compile_helpers
 from .sampling import SamplingParams
 from .tokenizer import load_tokenizer
 
@@ -67,15 +67,21 @@ class Model:
         self.n_threads = n_threads or physical_cores()
         set_threads(self.n_threads)
         self.gguf = GGUFFile(self.path)
+        helpers = None
         try:
+            helpers = start_compile_helpers(self.n_threads)  # the first run ever: they warm up while the file loads
             self.metadata = self.gguf.metadata
             self.architecture = self.gguf.architecture
             self.tokenizer = load_tokenizer(self.metadata)
             self._chat_template_override = chat_template
             self._chat_template: ChatTemplate | None | bool = False  # False = not looked up yet
             self.transformer = Transformer(self.gguf, n_ctx=n_ctx, n_batch=n_batch, kv_dtype=kv_dtype)
-            compile_kernels(self.transformer, self.n_threads, verbose)
+            compile_kernels(self.transformer, self.n_threads, verbose, helpers)  # stops the helpers
         except BaseException:
+            if helpers is not None:
+                from .quants.jit import stop_helpers
+
+                stop_helpers(helpers)  # a second stop (compile_kernels raised) finds nothing left
             self.gguf.close()
             raise
         self.cache = self.transformer.cache  # the K/V and token ids of what this model last ran, for prefix reuse

@@ -7,6 +7,7 @@
     check_threading_layer()     warn when Numba fell back to its slow workqueue layer
     compile_kernels(tf)         compile or load from Numba's on-disk cache every kernel a Transformer uses, with a
                                 progress line and helper processes on the first run ever
+    start_compile_helpers(n)    on the first run ever, start those helpers before the model file is read
     signals_to_main_thread()    a context in which the threads started (OpenMP's pool, helper threads) never take
                                 Ctrl-C: SIGINT then always reaches the main thread, which Python needs to raise
                                 KeyboardInterrupt out of a blocking read (input() at a chat prompt)
@@ -459,14 +460,36 @@ class CompileProgress:
             self.stream.flush()
 
 
-def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float:
+def _n_helpers(n_threads: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(n_threads, cores) - 1)
+
+
+def start_compile_helpers(n_threads: int):
+    """compile_kernels' helper processes, started now when Numba's cache has never held ggufrun's kernels (the
+    first run ever): they import the kernels' modules and warm up Numba's compiler (~1 s) while this process reads
+    the model file, and take the compile list as soon as it exists. Returns what compile_kernels(helpers=) takes,
+    or None (a warm cache, one thread: nothing started). jit.stop_helpers stops them if the load fails first."""
+    from .quants import jit
+
+    n = _n_helpers(n_threads)
+    if n == 0 or not jit.cache_is_cold():
+        return None
+    try:
+        return jit.start_helpers(None, n)
+    except OSError:  # no temporary directory: compile_kernels starts them itself, or does without
+        return None
+
+
+def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=None) -> float:
     """Compile (or load from Numba's on-disk cache) every kernel `transformer` uses; return the seconds it took.
 
     A forward pass in recording mode (quants.jit.record_calls, microseconds) lists the kernels and argument types
     the prefill and decode passes use (and the greedy sampler's kernels.exp_sum). They are then compiled in
     jit.balanced's order (long kernels at both ends), with a progress line per real compilation (CompileProgress)
     and, from the first one on, helper processes (one per extra thread) compiling the list from its end into the
-    same on-disk cache; this process loads what they did.
+    same on-disk cache; this process loads what they did. `helpers` (start_compile_helpers) are helpers started
+    earlier, which get the list at once; they are stopped on return whatever happens.
     Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there). When this
     process has every kernel already (another model loaded before), the recording pass itself was the warm-up.
     The transformer's ThreadGovernor is off meanwhile: the recording pass skips the kernels it records, and its
@@ -477,8 +500,7 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
 
     from .quants import jit
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    n_helpers = max(0, min(n_threads, cores) - 1)
+    n_helpers = _n_helpers(n_threads)
     progress = CompileProgress()
 
     class Late(event.Listener):  # a kernel the recording missed: still say why the wait
@@ -499,16 +521,20 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False) -> float
         exp_sum(np.zeros(8, np.float32), np.float32(0.0))
 
     def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C
+        started = None
         governor = transformer.governor
         enabled, governor.enabled = governor.enabled, False
         try:
             calls = jit.record_calls(forward_and_sample)
             if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
-                jit.compile_calls(jit.balanced(calls), n_helpers, progress)
+                started = helpers
+                jit.compile_calls(jit.balanced(calls), n_helpers, progress, started)  # stops them
                 with event.install_listener("numba:compile", Late()):
                     transformer.warmup()
         finally:
             governor.enabled = enabled
+            if helpers and not started:
+                jit.stop_helpers(helpers)
 
     t0 = time.perf_counter()
     try:

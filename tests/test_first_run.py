@@ -223,3 +223,33 @@ def test_balanced_order_puts_the_parallel_kernels_at_both_ends_of_the_list():
     order = [c.dispatcher.name for c in jit.balanced(calls)]
     assert order == ["dot1", "dot2", "a", "b", "att"]  # helpers take the list from its end: att first
     assert jit.balanced([]) == []
+
+
+EARLY = """
+import os, shutil, sys
+from ggufrun.quants import jit
+from ggufrun.runtime import start_compile_helpers
+assert jit.cache_is_cold()
+assert start_compile_helpers(1) is None  # one thread: no helper
+directory, procs = start_compile_helpers(2)
+assert len(procs) == 1 and os.path.isdir(directory) and procs[0].poll() is None  # waiting for its list
+shutil.rmtree(directory)  # the load failed before the list: a helper whose directory went leaves by itself
+assert procs[0].wait(timeout=120) == 0
+started = start_compile_helpers(2)
+jit.stop_helpers(started)
+assert not os.path.exists(started[0]) and started[1][0].returncode is not None
+print("ok")
+"""
+
+
+def test_helpers_start_before_the_model_file_is_read_only_on_a_cold_cache(tmp_path):
+    if (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) < 2:
+        pytest.skip("one core: no compile helpers")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    out = subprocess.run([sys.executable, "-c", EARLY], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
+    from ggufrun.quants import jit
+    from ggufrun.runtime import start_compile_helpers
+
+    if not jit.cache_is_cold():  # this process's cache holds the kernels already: nothing is started
+        assert start_compile_helpers(2) is None

@@ -249,13 +249,15 @@ def _done_path(directory: str, i: int) -> str:
 _HELPER = "import sys; from ggufrun.quants import jit; jit.helper(sys.argv[1])"
 
 
-def start_helpers(calls: list[KernelCall], n: int) -> tuple[str, list]:
-    """Write `calls` to a new claims directory and start n helper processes compiling them from the last one
-    backwards; returns (directory, processes). The caller removes the directory when done."""
+def start_helpers(calls: list[KernelCall] | None, n: int) -> tuple[str, list]:
+    """Start n helper processes compiling `calls` from the last one backwards, in a new claims directory; returns
+    (directory, processes). calls=None starts them ahead of the list (publish_calls gives it to them later): they
+    import the kernels' modules and warm up Numba's compiler meanwhile. The caller removes the directory when done
+    (stop_helpers)."""
     directory = tempfile.mkdtemp(prefix="ggufrun-compile-")
     try:
-        with open(os.path.join(directory, "calls.pickle"), "wb") as f:
-            pickle.dump([(_qualified_name(c.dispatcher), c.argtypes) for c in calls], f)
+        if calls is not None:
+            publish_calls(directory, calls)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
@@ -269,20 +271,63 @@ def start_helpers(calls: list[KernelCall], n: int) -> tuple[str, list]:
     return directory, procs
 
 
+def publish_calls(directory: str, calls: list[KernelCall]) -> None:
+    """Give the helpers of `directory` their list (written whole, then renamed into place: a helper never reads
+    half a list)."""
+    path = os.path.join(directory, "calls.pickle")
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump([(_qualified_name(c.dispatcher), c.argtypes) for c in calls], f)
+    os.replace(path + ".tmp", path)
+
+
+def stop_helpers(started: tuple[str, list] | None) -> None:
+    """Stop the helpers start_helpers started (what they still compile is not needed) and remove their directory."""
+    if not started:
+        return
+    directory, procs = started
+    for p in procs:
+        p.kill()
+        p.wait()
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def cache_is_cold() -> bool:
+    """Whether Numba's on-disk cache has never held ggufrun's kernels (the first run ever, or a new NUMBA_CACHE_DIR):
+    rmsnorm, which every architecture's forward pass uses, has no index file where Numba would look for it. False
+    when that cannot be told (another Numba's cache layout)."""
+    from ..model.kernels import rmsnorm
+
+    try:
+        return not os.path.exists(rmsnorm._cache._cache_file._index_path)
+    except AttributeError:
+        return False
+
+
 def compile_calls(
     calls: list[KernelCall],
     n_helpers: int = 0,
     on_compile: Callable[[int, int], None] | None = None,
+    started: tuple[str, list] | None = None,
 ) -> bool:
     """Compile (or load from Numba's on-disk cache) every entry of `calls`, in order; return whether any compiled.
 
     At the first real compilation (not a cache load), starts n_helpers helper processes that compile the list
-    from its end into the on-disk cache, and from then on takes from them what they have claimed. on_compile(i, n)
-    is called when entry i (0-based) of n starts a real compilation.
+    from its end into the on-disk cache, and from then on takes from them what they have claimed; helpers started
+    ahead (start_helpers(None, n), `started`) get the list at once instead. Either way they are stopped on return.
+    on_compile(i, n) is called when entry i (0-based) of n starts a real compilation.
     """
     from numba.core import event
 
     state = {"index": 0, "compiled": False, "announced": -1, "dir": None, "procs": []}
+    if started:
+        try:
+            publish_calls(started[0], calls)
+        except (OSError, pickle.PicklingError, TypeError, AttributeError):  # they wait for nothing: this process
+            stop_helpers(started)  # does it all
+            n_helpers, started = 0, None
+        else:
+            state["dir"], state["procs"] = started
 
     class Listener(event.Listener):
         def on_start(self, ev):
@@ -311,12 +356,8 @@ def compile_calls(
                 if directory and not _claim(directory, i):
                     _wait_for_helper(directory, i, state["procs"])
                 call.dispatcher.compile(call.argtypes)
-    finally:
-        for p in state["procs"]:  # every entry is compiled by now: what a helper still does is not needed
-            p.kill()
-            p.wait()
-        if state["dir"]:
-            shutil.rmtree(state["dir"], ignore_errors=True)
+    finally:  # every entry is compiled by now: what a helper still does is not needed
+        stop_helpers((state["dir"], state["procs"]))
     return state["compiled"]
 
 
@@ -328,8 +369,18 @@ def _wait_for_helper(directory: str, i: int, procs: list) -> None:
 
 
 def helper(directory: str) -> None:
-    """A helper process: compile the claims directory's list from the end, every entry no one has claimed."""
-    with open(os.path.join(directory, "calls.pickle"), "rb") as f:
+    """A helper process: compile the claims directory's list from the end, every entry no one has claimed. Started
+    ahead of its list, it first imports the kernels' modules and compiles a trivial function (Numba's one-time set-up,
+    ~0.5 s), then waits for the list; it leaves when its directory goes or its parent dies."""
+    path = os.path.join(directory, "calls.pickle")
+    if not os.path.exists(path):
+        parent = os.getppid()
+        _warm_up()
+        while not os.path.exists(path):
+            if os.getppid() != parent or not os.path.isdir(directory):
+                return
+            time.sleep(0.005)
+    with open(path, "rb") as f:
         entries = pickle.load(f)
     for i in reversed(range(len(entries))):
         if not _claim(directory, i):
@@ -341,3 +392,18 @@ def helper(directory: str) -> None:
             pass
         finally:
             open(_done_path(directory, i), "wb").close()
+
+
+def _warm_up() -> None:
+    """Import the kernels' modules and compile one trivial function, not cached: what every first compilation in a
+    process pays for once (Numba's typing and target contexts, LLVM's set-up)."""
+    import numba
+
+    from ..model import kernels  # noqa: F401
+    from . import dot  # noqa: F401
+
+    numba.njit(nogil=True)(_no_op_int)(1)
+
+
+def _no_op_int(x):
+    return x + 1

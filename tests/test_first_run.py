@@ -253,3 +253,72 @@ def test_helpers_start_before_the_model_file_is_read_only_on_a_cold_cache(tmp_pa
 
     if not jit.cache_is_cold():  # this process's cache holds the kernels already: nothing is started
         assert start_compile_helpers(2) is None
+
+
+class _Compiling:
+    """A stand-in for quants.jit.Background: attend_rows becomes ready on the `after`-th look."""
+
+    def __init__(self, after: int):
+        self.after = after
+
+    def ready(self) -> bool:
+        self.after -= 1
+        return self.after < 0
+
+
+@pytest.mark.parametrize("stem", ["small-gemma2-q8_0", "small-llama-q4_1"])  # sliding window 8 + softcap; plain
+def test_prefill_while_attend_rows_compiles_gives_the_same_bits(stem, monkeypatch):
+    """While a helper still compiles attend_rows (Transformer.pending), a span of several rows runs attend_one per
+    row: every logit is the bits attend_rows gives, and attend_rows is taken up once ready."""
+    import numpy as np
+    from test_model_golden import GOLDEN
+
+    from ggufrun.model import Transformer, kernels
+    from ggufrun.reader import GGUFFile
+
+    tf = Transformer(GGUFFile(GOLDEN / f"{stem}.gguf"), n_ctx=64)
+    ids = np.random.default_rng(5).integers(3, tf.config.n_vocab, 40)
+    ref = tf.logits(ids)  # attend_rows: prefill in one pass
+    real = kernels.attend_rows
+
+    def not_yet(*args):
+        raise AssertionError("attend_rows called while it compiles")
+
+    monkeypatch.setattr(kernels, "attend_rows", not_yet)
+    tf.pending = _Compiling(after=10**9)
+    assert np.array_equal(tf.logits(ids), ref)
+    monkeypatch.setattr(kernels, "attend_rows", real)
+    tf.pending = _Compiling(after=2)  # ready at the third pass: chunks before and after it
+    cache = tf.new_cache()
+    rows = [tf.forward(ids[a : a + 10], all_logits=True, cache=cache) for a in range(0, 40, 10)]
+    assert np.array_equal(np.concatenate(rows), ref) and tf.pending is None
+
+
+def test_background_compile_is_used_when_done_and_done_here_when_its_helper_is_gone(tmp_path):
+    import numba
+
+    from ggufrun.quants import jit
+
+    @numba.njit
+    def plus_two(x):
+        return x + 2
+
+    calls = jit.record_calls(lambda: plus_two(1))
+    directory = tmp_path / "claims"
+    directory.mkdir()
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    b = jit.Background(calls, (str(directory), [waiting]))
+    assert not b.ready() and not plus_two.overloads  # its helper is still at it
+    open(jit._done_path(str(directory), 0), "wb").close()
+    assert b.ready() and plus_two(1) == 3  # done: loaded (here compiled: this test's helper wrote no cache)
+    assert waiting.poll() is not None and not directory.exists()  # the helper stopped, its directory gone
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+
+    @numba.njit
+    def plus_three(x):
+        return x + 3
+
+    directory.mkdir()
+    b = jit.Background(jit.record_calls(lambda: plus_three(1)), (str(directory), [gone]))
+    assert b.ready() and plus_three(1) == 4  # no helper left, nothing done: compiled here

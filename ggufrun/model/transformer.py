@@ -165,6 +165,9 @@ class Transformer:
         self.state = RunState.allocate(c, n_ctx, self.n_batch)
         self.lock = threading.RLock()
         self.governor = ThreadGovernor()  # per step: the caller's thread count, or 1 while that count stalls
+        # the first run ever: kernels.attend_rows, which a helper process still compiles (runtime.compile_kernels;
+        # a quants.jit.Background); until it is ready, a multi-row span runs attend_one per query row, same bits
+        self.pending = None
         self._project = Projector(self.n_batch)
         self._batch_projectors: dict[int, Projector] = {}  # forward_batch passes of other row counts
         self._batch_logits = np.zeros((0, c.n_vocab), np.float32)  # [n_seqs, n_vocab] grown on demand
@@ -406,10 +409,11 @@ class Transformer:
             np.multiply(x, self._embed_scale, out=x)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
         groups, grouped = self._decode_groups(spans)
+        rows = self.pending is None or self._pending_ready()  # kernels.attend_rows can be called
         step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
             step(bucket + kinds[il], m)
-            self._attention_block(il, lw, m, spans, project, groups, grouped)
+            self._attention_block(il, lw, m, spans, project, groups, grouped, rows)
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
             self._ffn_block(lw, m, next_norm, project)
 
@@ -432,10 +436,17 @@ class Transformer:
             groups.append((group_kv, rows, slots, pos, starts, pos + 1))
         return groups, frozenset(int(r) for g in groups for r in g[1])
 
+    def _pending_ready(self) -> bool:
+        if self.pending.ready():  # loads what the helper compiled
+            self.pending = None
+            return True
+        return False
+
     def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector, groups=(),
-                         grouped=frozenset()) -> None:  # fmt: skip
+                         grouped=frozenset(), rows: bool = True) -> None:  # fmt: skip
         """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x). `groups`, `grouped`:
-        _decode_groups(spans)."""
+        _decode_groups(spans). rows=False: kernels.attend_rows is not compiled yet (self.pending), a span of
+        several rows runs kernels.attend_one per row (the bits attend_rows gives each query)."""
         c, s = self.config, self.state
         h, q, k, v, att, o = s.h[:m], s.q[:m], s.k[:m], s.v[:m], s.att[:m], s.o[:m]
         project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
@@ -458,6 +469,10 @@ class Transformer:
             t0 = max(0, pos0 - window + 1) if window else 0
             if r1 - r0 == 1:
                 kernels.attend_one(q[r0], k_cache, v_cache, t0, end, softcap, s.head_scores, att[r0])
+            elif not rows:
+                for r, p in zip(range(r0, r1), range(pos0, end)):  # row r: its decode step's attention
+                    t = max(0, p - window + 1) if window else 0
+                    kernels.attend_one(q[r], k_cache, v_cache, t, p + 1, softcap, s.head_scores, att[r])
             else:
                 kernels.attend_rows(
                     q[r0:r1], k_cache, v_cache, pos0, t0, end - t0, window, softcap, s.block_scores, att[r0:r1]

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -359,6 +360,56 @@ def compile_calls(
     finally:  # every entry is compiled by now: what a helper still does is not needed
         stop_helpers((state["dir"], state["procs"]))
     return state["compiled"]
+
+
+class Background:
+    """Kernels a helper process compiles into Numba's on-disk cache while this process goes on without them
+    (compile_in_background): ready() says, without waiting, whether they can be used, and loads them once the
+    helper has marked them done (or compiles them here if no helper is left to). At interpreter exit (or when the
+    object is collected) it waits for the helper to finish, so that the next process finds them cached, and removes
+    its directory."""
+
+    def __init__(self, calls: list[KernelCall], started: tuple[str, list]):
+        self.calls = calls
+        self._started = started
+        self._done = [_done_path(started[0], i) for i in range(len(calls))]
+        self._finalizer = weakref.finalize(self, _finish_helpers, started)
+
+    def ready(self) -> bool:
+        if self._finalizer.alive:
+            if not all(map(os.path.exists, self._done)) and any(p.poll() is None for p in self._started[1]):
+                return False
+            self._finalizer.detach()
+            stop_helpers(self._started)  # done (or gone): nothing of theirs is needed any more
+        for c in self.calls:  # from the cache the helper wrote (compiled here where it failed)
+            c.dispatcher.compile(c.argtypes)
+        return True
+
+
+def compile_in_background(calls: list[KernelCall], n_helpers: int) -> Background | None:
+    """Start a helper compiling `calls` (all of them, from the end) into Numba's on-disk cache; None where none can
+    start (the caller compiles them itself)."""
+    if n_helpers < 1 or not calls:
+        return None
+    try:
+        started = start_helpers(calls, 1)
+    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+        return None
+    if not started[1]:
+        stop_helpers(started)
+        return None
+    return Background(calls, started)
+
+
+def _finish_helpers(started: tuple[str, list], timeout: float = 120.0) -> None:
+    """Let the helpers finish what they compile (bounded), then stop them and remove their directory."""
+    deadline = time.monotonic() + timeout
+    try:
+        for p in started[1]:
+            p.wait(max(0.0, deadline - time.monotonic()))
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        pass
+    stop_helpers(started)
 
 
 def _wait_for_helper(directory: str, i: int, procs: list) -> None:

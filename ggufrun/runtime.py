@@ -533,13 +533,14 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
             calls = jit.record_calls(forward_and_sample)
             if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
                 started = helpers
-                later = [c for c in calls if c.dispatcher is kernels.attend_rows]  # the forward pass can wait
-                first = [c for c in calls if c.dispatcher is not kernels.attend_rows]
+                # what the forward pass can go without for a while, when there is a helper to compile it
+                later = [c for c in calls if c.dispatcher is kernels.attend_rows] if n_helpers else []
+                first = [c for c in calls if c not in later]
                 compiled = jit.compile_calls(jit.balanced(first), n_helpers, progress, started)  # stops them
-                if later and compiled:  # the first run: a helper compiles them while this process goes on
-                    transformer.pending = jit.compile_in_background(later, n_helpers)
-                if later and transformer.pending is None:
-                    jit.compile_calls(later, 0, progress)
+                if later:  # the first run: a helper compiles them while this process goes on
+                    transformer.pending = jit.compile_in_background(later, n_helpers) if compiled else None
+                    if transformer.pending is None:  # a cache load, or (a run stopped early before) compiled here
+                        jit.compile_calls(later, 0, progress)
                 with event.install_listener("numba:compile", Late()):
                     transformer.warmup()
         finally:

@@ -479,8 +479,11 @@ def test_special_split_matches_reference(attrs, parts, cuts, parse_special):
         ((t, i, int(a)) for i, (t, a) in enumerate(zip(SPLIT_SPECIALS, attrs_arr)) if a & SPECIAL_ATTRS),
         key=lambda e: (-len(e[0].encode()), e[1]),
     )
+    expected = partition_reference(entries, text, parse_special, spans)
     splitter = SpecialTokenSplitter(SPLIT_SPECIALS, attrs_arr)
-    assert splitter.split(text, parse_special, spans) == partition_reference(entries, text, parse_special, spans)
+    assert splitter.split(text, parse_special, spans) == expected  # a short text: the trie walk
+    splitter._scanner()  # the regex, as after a text longer than WALK_CHARS
+    assert splitter.split(text, parse_special, spans) == expected
 
 
 SPECIAL_ALPHABET = PRE_ALPHABET + ["<|im_start|>", "<start_of_turn>", "<end_of_turn>", "<|im_end|>", "<bos>", "\n\n\n"]
@@ -498,9 +501,21 @@ def test_real_special_split_matches_reference(tokenizers, parts):
             ((tok.token_text(i), int(i), int(tok._attrs[i])) for i in special),
             key=lambda e: (-len(e[0].encode("utf-8", "surrogatepass")), e[1]),
         )
+        walking = _walking_splitter(tok)  # the session's splitter may have compiled its regex already
         for parse_special in (False, True):
             ref = partition_reference(entries, text, parse_special)
             assert tok._splitter.split(text, parse_special) == ref
+            assert walking.split(text, parse_special) == ref and walking._scan is None
+
+
+_WALKING: dict = {}
+
+
+def _walking_splitter(tok) -> SpecialTokenSplitter:
+    """A splitter of tok's vocabulary that has not compiled its regex (scans short texts by walking its trie)."""
+    if id(tok) not in _WALKING:
+        _WALKING[id(tok)] = SpecialTokenSplitter(tok._tokens, tok._attrs)
+    return _WALKING[id(tok)]
 
 
 # 10 MB of special-token text or of whitespace tokenizes in under 10 s on both models (measured: see the commit

@@ -28,7 +28,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from ..quants.dot import F32x8
+from ..quants.dot import F32x8, bits_f32
 from ..quants.launch import call_worker, launcher
 
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says.
@@ -63,17 +63,6 @@ def _f32_to_f16(typingctx, x):
 
     def codegen(context, builder, signature, args):
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-
-    return sig, codegen
-
-
-@intrinsic
-def _i32_as_f32(typingctx, i):
-    """Reinterpret int32 bits as float32."""
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
 
     return sig, codegen
 
@@ -227,7 +216,7 @@ def _expf(x):
     # j * 2^n in two exact steps (like _mm512_scalef_ps, including overflow to inf and gradual underflow)
     n1 = np.int32(n) >> np.int32(1)
     n2 = np.int32(n) - n1
-    return j * _i32_as_f32((n1 + np.int32(127)) << np.int32(23)) * _i32_as_f32((n2 + np.int32(127)) << np.int32(23))
+    return j * bits_f32((n1 + np.int32(127)) << np.int32(23)) * bits_f32((n2 + np.int32(127)) << np.int32(23))
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)

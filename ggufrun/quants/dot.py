@@ -1946,7 +1946,7 @@ def f32_bits(typingctx, x):
 
 @intrinsic
 def bits_f32(typingctx, i):
-    """IEEE bits (the low 32 of an integer) -> the float32 they encode (a bitcast)."""
+    """IEEE bits (the low 32 of an integer) -> the float32 they encode (a bitcast); also model.kernels' _expf."""
     if not isinstance(i, types.Integer):
         return None
 

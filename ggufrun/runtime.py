@@ -490,10 +490,12 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     and, from the first one on, helper processes (one per extra thread) compiling the list from its end into the
     same on-disk cache; this process loads what they did. `helpers` (start_compile_helpers) are helpers started
     earlier, which get the list at once; they are stopped on return whatever happens.
-    Prefill attention (kernels.attend_rows, ~3 s of CPU) is left out of that list when it compiles for real: a
-    helper compiles it in the background (jit.compile_in_background, transformer.pending) while the model answers,
-    its multi-row spans running attend_one per row meanwhile (the same bits), and the process waits for that helper
-    at exit so the next run finds it cached. Gemma3's first run to the first token: 10.0-11.0 -> 8.7-9.6 s.
+    The multi-row kernels (prefill attention, kernels.attend_rows, and the tiled products of the repacked matrices,
+    whose one-row kernels compile in a third of their time: ~11 s of CPU for Gemma3) are left out of that list when
+    they compile for real: a helper compiles them in the background (jit.compile_in_background, transformer.pending)
+    while the model answers, passes of several rows running one row at a time meanwhile (the same bits), and the
+    process waits for that helper at exit so the next run finds them cached. Gemma3's first run to the first token:
+    10.0-11.0 -> 8.7-9.6 s (attention), then 9.8-11.2 -> 8.7-10.5 s (the products; alternating runs).
     Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there). When this
     process has every kernel already (another model loaded before), the recording pass itself was the warm-up.
     The transformer's ThreadGovernor is off meanwhile: the recording pass skips the kernels it records, and its
@@ -503,7 +505,7 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     from numba.core import event
 
     from .model import kernels
-    from .quants import jit
+    from .quants import jit, repack
 
     n_helpers = _n_helpers(n_threads)
     progress = CompileProgress()
@@ -533,11 +535,14 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
             calls = jit.record_calls(forward_and_sample)
             if calls:  # else every kernel was compiled in this process already, and the recording pass ran them
                 started = helpers
-                # what the forward pass can go without for a while, when there is a helper to compile it
-                later = [c for c in calls if c.dispatcher is kernels.attend_rows] if n_helpers else []
+                # what the forward pass can go without for a while, when there is a helper to compile it: the
+                # multi-row kernels, whose passes run one row at a time meanwhile (Transformer.pending)
+                multi_row = {kernels.attend_rows, *repack.ONE_ROW}
+                later = [c for c in calls if c.dispatcher in multi_row] if n_helpers else []
                 first = [c for c in calls if c not in later]
                 compiled = jit.compile_calls(jit.balanced(first), n_helpers, progress, started)  # stops them
                 if later:  # the first run: a helper compiles them while this process goes on
+                    later = jit.balanced(later)  # for Background.finish, which takes from the front
                     transformer.pending = jit.compile_in_background(later, n_helpers) if compiled else None
                     if transformer.pending is None:  # a cache load, or (a run stopped early before) compiled here
                         jit.compile_calls(later, 0, progress)

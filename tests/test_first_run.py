@@ -256,42 +256,78 @@ def test_helpers_start_before_the_model_file_is_read_only_on_a_cold_cache(tmp_pa
 
 
 class _Compiling:
-    """A stand-in for quants.jit.Background: attend_rows becomes ready on the `after`-th look."""
+    """A stand-in for quants.jit.Background: the multi-row kernels become ready on the `after`-th look, or when
+    finish() is called."""
 
-    def __init__(self, after: int):
-        self.after = after
+    def __init__(self, after: int, on_ready=None):
+        self.after, self.on_ready, self.finished = after, on_ready, False
 
     def ready(self) -> bool:
         self.after -= 1
+        if self.after < 0 and self.on_ready is not None:
+            self.on_ready()
         return self.after < 0
+
+    def finish(self) -> bool:
+        self.finished, self.after = True, 0
+        return self.ready()
+
+
+def _multi_row_kernels_raise(tf, monkeypatch):
+    """Make tf's multi-row kernels (kernels.attend_rows, each repacked matrix's tiled dot) raise when called; returns
+    a function that puts the real ones back and the number of matrices that have a one-row kernel."""
+    from dataclasses import replace
+
+    from ggufrun.model import kernels
+    from ggufrun.model.linear import Linear
+
+    def not_yet(*args):
+        raise AssertionError("a multi-row kernel called while it compiles")
+
+    real, owners = kernels.attend_rows, [tf.weights, *tf.weights.layers]
+    monkeypatch.setattr(kernels, "attend_rows", not_yet)
+    swapped = []
+    for owner in owners:
+        for name, lin in list(vars(owner).items()):
+            if isinstance(lin, Linear) and lin.dot is not lin.dot_one:
+                swapped.append((owner, name, lin))
+                object.__setattr__(owner, name, replace(lin, dot=not_yet))
+
+    def restore():
+        monkeypatch.setattr(kernels, "attend_rows", real)
+        for owner, name, lin in swapped:
+            object.__setattr__(owner, name, lin)
+
+    return restore, len(swapped)
 
 
 @pytest.mark.parametrize("stem", ["small-gemma2-q8_0", "small-llama-q4_1"])  # sliding window 8 + softcap; plain
-def test_prefill_while_attend_rows_compiles_gives_the_same_bits(stem, monkeypatch):
-    """While a helper still compiles attend_rows (Transformer.pending), a span of several rows runs attend_one per
-    row: every logit is the bits attend_rows gives, and attend_rows is taken up once ready."""
+def test_prefill_while_the_multi_row_kernels_compile_gives_the_same_bits(stem, monkeypatch):
+    """While a helper still compiles the multi-row kernels (Transformer.pending), a pass of several rows runs
+    attend_one per row and each product's one-row kernel: every logit is the bits of the prefill in one pass, and
+    the multi-row kernels are taken up once ready; a pass of more than PENDING_ROWS_MAX rows waits for them."""
     import numpy as np
     from test_model_golden import GOLDEN
 
-    from ggufrun.model import Transformer, kernels
+    from ggufrun.model import Transformer, transformer
     from ggufrun.reader import GGUFFile
 
-    tf = Transformer(GGUFFile(GOLDEN / f"{stem}.gguf"), n_ctx=64)
+    tf = Transformer(GGUFFile(GOLDEN / f"{stem}.gguf"), n_ctx=128)
     ids = np.random.default_rng(5).integers(3, tf.config.n_vocab, 40)
-    ref = tf.logits(ids)  # attend_rows: prefill in one pass
-    real = kernels.attend_rows
-
-    def not_yet(*args):
-        raise AssertionError("attend_rows called while it compiles")
-
-    monkeypatch.setattr(kernels, "attend_rows", not_yet)
+    ref = tf.logits(ids)  # the multi-row kernels: prefill in one pass
+    restore, n_swapped = _multi_row_kernels_raise(tf, monkeypatch)
+    assert n_swapped >= 7 * tf.config.n_layer  # every matrix of every block is repacked
     tf.pending = _Compiling(after=10**9)
     assert np.array_equal(tf.logits(ids), ref)
-    monkeypatch.setattr(kernels, "attend_rows", real)
-    tf.pending = _Compiling(after=2)  # ready at the third pass: chunks before and after it
+    tf.pending = _Compiling(after=2, on_ready=restore)  # ready at the third pass: chunks before and after it
     cache = tf.new_cache()
     rows = [tf.forward(ids[a : a + 10], all_logits=True, cache=cache) for a in range(0, 40, 10)]
     assert np.array_equal(np.concatenate(rows), ref) and tf.pending is None
+    long_ids = np.random.default_rng(6).integers(3, tf.config.n_vocab, transformer.PENDING_ROWS_MAX + 1)
+    ref = tf.logits(long_ids)
+    restore, _ = _multi_row_kernels_raise(tf, monkeypatch)
+    tf.pending = pending = _Compiling(after=10**9, on_ready=restore)
+    assert np.array_equal(tf.logits(long_ids), ref) and pending.finished and tf.pending is None
 
 
 def test_background_compile_is_used_when_done_and_done_here_when_its_helper_is_gone(tmp_path):

@@ -1,5 +1,5 @@
 """Weights in the interleaved layouts of ggufrun.quants.repack (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) give the same
-bits as in the file's."""
+bits as in the file's, through each layout's kernel and its one-row kernel."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from test_quants import random_weights
 import ggufrun.quants as Q
 from ggufrun.model import Transformer
 from ggufrun.model.linear import Linear
-from ggufrun.quants.repack import REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
+from ggufrun.quants.repack import ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
 from ggufrun.reader import GGUFFile
 
 K_TYPES = {T.Q4_K, T.Q6_K}  # 256-value super-blocks
@@ -52,6 +52,9 @@ def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
         Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
         kernel(w8, *qx.arrays, got)
         assert np.array_equal(want.view(np.int32), got.view(np.int32)), (m, np.abs(want - got).max())
+        got[:] = np.nan
+        ONE_ROW[kernel](w8, *qx.arrays, got)  # one row at a time: decode's kernel, the tiles' first-run stand-in
+        assert np.array_equal(want.view(np.int32), got.view(np.int32)), ("one row", m, np.abs(want - got).max())
 
 
 def test_repack_layout_holds_every_byte_once():

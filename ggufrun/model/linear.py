@@ -31,6 +31,13 @@ class Linear:
     n_out: int
     n_in: int
     packed: bool = False  # w is in ggufrun.quants.repack's interleaved layout [n_out / 8, 8 x row_bytes]
+    # the same product one activation row at a time, the same bits (repack.ONE_ROW: the interleaved layouts'
+    # decode kernels, which compile in a third of their tiles' time); else dot itself
+    dot_one: Callable | None = None
+
+    def __post_init__(self):
+        if self.dot_one is None:
+            object.__setattr__(self, "dot_one", self.dot)
 
     @classmethod
     def of(cls, t: TensorInfo, expert: int | None = None, rows: tuple[int, int] | None = None) -> Linear:
@@ -56,7 +63,7 @@ class Linear:
         if rows_too and self.qtype not in repack.ROW_LOOKUP_TYPES:
             return self
         r = repack.repack(self.w, self.qtype, release)
-        return self if r is None else replace(self, w=r[0], dot=r[1], packed=True)
+        return self if r is None else replace(self, w=r[0], dot=r[1], dot_one=repack.ONE_ROW.get(r[1]), packed=True)
 
     def rows(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Rows `ids` of the matrix as float32 (the token-embedding lookup), whatever its layout."""
@@ -69,11 +76,14 @@ class Projector:
     """Runs Linear products, quantizing each input once per activation format.
 
     Quantized-activation buffers for one row (decode) and for `max_rows` rows (full prefill chunks) are kept
-    and reused; other row counts (the last prefill chunk) get fresh ones.
+    and reused; other row counts (the last prefill chunk) get fresh ones. One row goes to each matrix's dot_one;
+    several to its dot, or to dot_one too while `tiles` is False (the first run ever, while a helper process still
+    compiles the tiled kernels: Transformer.pending).
     """
 
     def __init__(self, max_rows: int):
         self.max_rows = max_rows
+        self.tiles = True
         self._buffers: dict[tuple[str, int, int], quants.QuantizedActivations] = {}
 
     def quantize(self, x: np.ndarray, lin: Linear) -> quants.QuantizedActivations:
@@ -91,7 +101,8 @@ class Projector:
     def __call__(self, x: np.ndarray, *pairs: tuple[Linear, np.ndarray]) -> None:
         """out = x @ W.T for each (W, out) pair; x [M, K], each out float32 [M, n_out] C-contiguous."""
         qx = None
+        tiles = self.tiles and x.shape[0] > 1
         for lin, out in pairs:
             if qx is None or qx.format != lin.act:
                 qx = self.quantize(x, lin)
-            lin.dot(lin.w, *qx.arrays, out)
+            (lin.dot if tiles else lin.dot_one)(lin.w, *qx.arrays, out)

@@ -50,6 +50,9 @@ from .weights import LayerWeights, Weights, load_weights
 # forward_batch keeps the quantized-activation buffers of passes up to this many rows (the decode batches of a
 # server: a few hundred KB in all) instead of allocating them in every pass
 BATCH_PROJECTOR_ROWS = 64
+# on the first run ever, a pass of more rows than this waits for the multi-row kernels (Transformer.pending) instead
+# of running its rows one at a time
+PENDING_ROWS_MAX = 64
 
 
 @dataclass
@@ -165,8 +168,9 @@ class Transformer:
         self.state = RunState.allocate(c, n_ctx, self.n_batch)
         self.lock = threading.RLock()
         self.governor = ThreadGovernor()  # per step: the caller's thread count, or 1 while that count stalls
-        # the first run ever: kernels.attend_rows, which a helper process still compiles (runtime.compile_kernels;
-        # a quants.jit.Background); until it is ready, a multi-row span runs attend_one per query row, same bits
+        # the first run ever: the multi-row kernels (kernels.attend_rows, the tiled products), which a helper
+        # process still compiles (runtime.compile_kernels; a quants.jit.Background); until they are ready, a pass of
+        # several rows runs attend_one per query row and each product's dot_one (the same bits)
         self.pending = None
         self._project = Projector(self.n_batch)
         self._batch_projectors: dict[int, Projector] = {}  # forward_batch passes of other row counts
@@ -386,10 +390,12 @@ class Transformer:
     def _project_rows(self, m: int) -> Projector:
         """The Projector for passes of m rows: its buffers are kept for the common sizes."""
         if m in (1, self.n_batch) or m > BATCH_PROJECTOR_ROWS:
-            return self._project
-        project = self._batch_projectors.get(m)
-        if project is None:
-            project = self._batch_projectors[m] = Projector(m)
+            project = self._project
+        else:
+            project = self._batch_projectors.get(m)
+            if project is None:
+                project = self._batch_projectors[m] = Projector(m)
+        project.tiles = self.pending is None
         return project
 
     def _softcap(self, logits: np.ndarray) -> None:
@@ -409,7 +415,7 @@ class Transformer:
             np.multiply(x, self._embed_scale, out=x)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
         groups, grouped = self._decode_groups(spans)
-        rows = self.pending is None or self._pending_ready()  # kernels.attend_rows can be called
+        rows = project.tiles = self._multi_row_ready(m)
         step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
             step(bucket + kinds[il], m)
@@ -436,8 +442,14 @@ class Transformer:
             groups.append((group_kv, rows, slots, pos, starts, pos + 1))
         return groups, frozenset(int(r) for g in groups for r in g[1])
 
-    def _pending_ready(self) -> bool:
-        if self.pending.ready():  # loads what the helper compiled
+    def _multi_row_ready(self, m: int) -> bool:
+        """Whether a pass of m rows may call the multi-row kernels: yes, unless a helper still compiles them (the
+        first run ever, self.pending). A pass of more than PENDING_ROWS_MAX rows then finishes that compilation
+        first, with this process compiling what the helper has not started (one row at a time, a long prompt would
+        take longer than that: Gemma3 ~15 ms a row)."""
+        if self.pending is None:
+            return True
+        if self.pending.ready() or (m > PENDING_ROWS_MAX and self.pending.finish()):  # loads what was compiled
             self.pending = None
             return True
         return False

@@ -2355,16 +2355,17 @@ def _dot32_x8(kind, u, qs, xo):
 
 
 @njit(inline="always", **DOT)
-def _group_x8_one(kind, bsize, w, go, d1, s1, sums1, qs, nb, off):
-    """_rows_x8's lanes for one activation row (row 0) and the group of 8 rows at byte go: the tile loop's float
-    steps with both accumulators in registers."""
+def _group_x8_one(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, m):
+    """_rows_x8's lanes for activation row m and the group of 8 rows at byte go: the tile loop's float steps with
+    both accumulators in registers."""
     accd, accm = fzero(), fzero()
+    xo, bo = m * 32 * nb, m * nb  # row m's quants (bytes) and blocks
     for b in range(nb):
         o = go + b * bsize
-        p = isubs(_dot32_x8(kind, _codes32_x8(kind, w, o), qs, 32 * b), off * sums1[b])
-        accd = fma_v(accd, fcvt(p), fscale(ld_f16x8(w, o), d1[b]))
+        p = isubs(_dot32_x8(kind, _codes32_x8(kind, w, o), qs, xo + 32 * b), off * sums1[bo + b])
+        accd = fma_v(accd, fcvt(p), fscale(ld_f16x8(w, o), d1[bo + b]))
         if kind == Q4_1:
-            accm = fma_v(accm, ld_f16x8(w, o + 16), fbcast(s1[b]))
+            accm = fma_v(accm, ld_f16x8(w, o + 16), fbcast(s1[bo + b]))
     return fadd_v(accd, accm)
 
 
@@ -2390,6 +2391,22 @@ def _group_x8_two(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, K):
 
 
 @njit(inline="always", **DOT)
+def _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1):
+    """out[:, 8 g0 : 8 g1] one activation row at a time (decode: the accumulators stay in registers; no software
+    prefetch, X8K note): each row gets the bits _rows_x8's tiles give it. The one-row launchers (dot_*_x8_one) hold
+    only this, which compiles in a third of the tiles' time: a first run's first token waits for these alone, the
+    tiles compile in the background (ggufrun.runtime.compile_kernels)."""
+    rb = w.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nb = K // 32
+    off = _offset32(kind)
+    d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)
+    for g in range(g0, g1):  # a group's weights (a few KB) stay in L1 for the rows after the first
+        for m in range(M):
+            st_f32x8(out, 4 * (m * N + 8 * g), _group_x8_one(kind, bsize, w, g * rb, d1, s1, sums1, qs, nb, off, m))
+
+
+@njit(inline="always", **DOT)
 def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0): each
     block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
@@ -2402,9 +2419,8 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     # per tile row: the 8 lanes of d terms, then the 8 of m terms (Q4_1)
     acc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)) if M <= X8_STACK_ROWS else np.empty((MT, 16), np.float32)
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)  # flat: the row loop steps one index
-    if M == 1:  # decode: the accumulators stay in registers; no software prefetch (X8K note)
-        for g in range(g0, g1):
-            st_f32x8(out, 4 * 8 * g, _group_x8_one(kind, bsize, w, g * rb, d1, s1, sums1, qs, nb, off))
+    if M == 1:
+        _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
     if M == 2:
         for g in range(g0, g1):
@@ -3034,6 +3050,39 @@ def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
 
 
 @njit(inline="always", **DOT)
+def _group_k_x8_one(kind, w, go, d1, b16, b32, qs, nsb, m):
+    """_rowsk_x8's lanes for activation row m and the group of 8 Q4_K / Q6_K rows at byte go: per super-block the
+    integer lanes (_sbk_x8), then the tile loop's float steps with both accumulators in registers."""
+    sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
+    n16, n32 = b16.shape[1], b32.shape[1]
+    K = 256 * nsb
+    ad, am = fzero(), fzero()
+    for b in range(nsb):
+        o = go + b * sbytes  # no software prefetch: one contiguous stream per thread (X8K note)
+        i = m * nsb + b
+        s = _sbk_x8(kind, w, o, qs, m * K + 256 * b)
+        if kind == Q4_K:
+            am = fma_v(am, fcvt(_kmin_sum_x8(w, o, b32, 4 * (m * n32 + 8 * b))), fscale(ld_f16x8(w, o + 16), -d1[i]))
+        else:
+            s = iaddmul(s, _koff6_sum_x8(w, o, b16, 4 * (m * n16 + 16 * b)), -32)
+        ad = fma_v(ad, fcvt(s), fscale(ld_f16x8(w, o), d1[i]))
+    return fadd_v(ad, am)
+
+
+@njit(inline="always", **DOT)
+def _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1):
+    """out[:, 8 g0 : 8 g1] one activation row at a time, each row the bits _rowsk_x8's tiles give it (as
+    _rows_x8_one: what the one-row launchers hold)."""
+    rb = w.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nsb = K // 256
+    d1 = d.reshape(-1)
+    for g in range(g0, g1):
+        for m in range(M):
+            st_f32x8(out, 4 * (m * N + 8 * g), _group_k_x8_one(kind, w, g * rb, d1, b16, b32, qs, nsb, m))
+
+
+@njit(inline="always", **DOT)
 def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved Q4_K / Q6_K rows: each super-block of a group is
     decoded once per tile of activation rows (all of them for decode); per super-block and tile row the 8 rows'
@@ -3044,6 +3093,9 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     nsb = K // 256
     sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
     MT = _m_tile(K)
+    if M == 1:
+        _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1)
+        return
     if M == 2:
         _rowsk_x8_two(kind, w, d.reshape(-1), b16, b32, qs, out, g0, g1)
         return
@@ -3549,6 +3601,20 @@ def dot_q4_0_x8(w, d, s, qs, sums, out):
 
 
 @njit(**DOT)
+def _one_q4_0_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8_one(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_one_q4_0_x8, DOT_PARALLEL)
+def dot_q4_0_x8_one(w, d, s, qs, sums, out):
+    """dot_q4_0_x8 one activation row at a time (the same bits): decode's kernel, dot_q4_0_x8's stand-in while its
+    tiles compile."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_one_q4_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
 def _rows_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
     _rows_x8(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
 
@@ -3559,6 +3625,20 @@ def dot_q4_1_x8(w, d, s, qs, sums, out):
     G = w.shape[0]
     for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
         call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
+def _one_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8_one(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_one_q4_1_x8, DOT_PARALLEL)
+def dot_q4_1_x8_one(w, d, s, qs, sums, out):
+    """dot_q4_1_x8 one activation row at a time (the same bits): decode's kernel, dot_q4_1_x8's stand-in while its
+    tiles compile."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_one_q4_1_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
 
 
 @njit(**DOT)
@@ -3575,6 +3655,20 @@ def dot_q5_0_x8(w, d, s, qs, sums, out):
 
 
 @njit(**DOT)
+def _one_q5_0_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8_one(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_one_q5_0_x8, DOT_PARALLEL)
+def dot_q5_0_x8_one(w, d, s, qs, sums, out):
+    """dot_q5_0_x8 one activation row at a time (the same bits): decode's kernel, dot_q5_0_x8's stand-in while its
+    tiles compile."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_one_q5_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
 def _rows_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
     _rows_x8(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
 
@@ -3585,6 +3679,20 @@ def dot_q8_0_x8(w, d, s, qs, sums, out):
     G = w.shape[0]
     for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
         call_worker("_rows_q8_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
+def _one_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8_one(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_one_q8_0_x8, DOT_PARALLEL)
+def dot_q8_0_x8_one(w, d, s, qs, sums, out):
+    """dot_q8_0_x8 one activation row at a time (the same bits): decode's kernel, dot_q8_0_x8's stand-in while its
+    tiles compile."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_one_q8_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
 
 
 @njit(**DOT)
@@ -3737,6 +3845,20 @@ def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
 
 
 @njit(**DOT)
+def _one_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8_one(Q4_K, w, d, b16, b32, qs, out, g0, g1)
+
+
+@launcher(_one_q4_k_x8, DOT_PARALLEL)
+def dot_q4_k_x8_one(w, qu, d, b16, b32, qs, out):
+    """dot_q4_k_x8 one activation row at a time (the same bits): decode's kernel, dot_q4_k_x8's stand-in while its
+    tiles compile."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_one_q4_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
 def _rows_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
     _rowsk_x8(Q6_K, w, d, b16, b32, qs, out, g0, g1)
 
@@ -3747,6 +3869,31 @@ def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
     G = w.shape[0]
     for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
         call_worker("_rows_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
+def _one_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8_one(Q6_K, w, d, b16, b32, qs, out, g0, g1)
+
+
+@launcher(_one_q6_k_x8, DOT_PARALLEL)
+def dot_q6_k_x8_one(w, qu, d, b16, b32, qs, out):
+    """dot_q6_k_x8 one activation row at a time (the same bits): decode's kernel, dot_q6_k_x8's stand-in while its
+    tiles compile."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_one_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+# each interleaved layout's full kernel -> its one-row kernel (ggufrun.model.linear.Linear.dot_one)
+ONE_ROW = {
+    dot_q4_0_x8: dot_q4_0_x8_one,
+    dot_q4_1_x8: dot_q4_1_x8_one,
+    dot_q5_0_x8: dot_q5_0_x8_one,
+    dot_q8_0_x8: dot_q8_0_x8_one,
+    dot_q4_k_x8: dot_q4_k_x8_one,
+    dot_q6_k_x8: dot_q6_k_x8_one,
+}
 
 
 @njit(**DOT)

@@ -385,6 +385,14 @@ class Background:
             c.dispatcher.compile(c.argtypes)
         return True
 
+    def finish(self) -> bool:
+        """Wait until every kernel can be used, compiling here the ones the helper has not started (from the
+        front, as it works from the end), then load them; returns True."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            compile_calls(self.calls, started=self._started)  # waits for the helper's entries, then stops it
+        return self.ready()
+
 
 def compile_in_background(calls: list[KernelCall], n_helpers: int) -> Background | None:
     """Start a helper compiling `calls` (all of them, from the end) into Numba's on-disk cache; None where none can
@@ -404,6 +412,9 @@ def compile_in_background(calls: list[KernelCall], n_helpers: int) -> Background
 def _finish_helpers(started: tuple[str, list], timeout: float = 120.0) -> None:
     """Let the helpers finish what they compile (bounded), then stop them and remove their directory."""
     deadline = time.monotonic() + timeout
+    if any(p.poll() is None for p in started[1]):
+        print("ggufrun: saving the kernels still compiling for the next run (first run only)...", file=sys.stderr,
+              flush=True)  # fmt: skip
     try:
         for p in started[1]:
             p.wait(max(0.0, deadline - time.monotonic()))

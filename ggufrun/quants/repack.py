@@ -4,6 +4,7 @@ rows interleaved.
     w8, dot = repack(w, qtype)   # w [N, row_bytes] uint8 blocks, N % 8 == 0 -> a new array and its kernel,
                                  # or None when qtype has no interleaved layout (or N % 8 != 0)
     dot(w8, *qx.arrays, out)     # the same activation arrays and the same out[m, n] bits as REGISTRY[qtype].dot
+    ONE_ROW[dot](w8, ...)        # the same again, one activation row at a time (decode's kernel)
 
 Layout (ggufrun.quants.dot section 4, `_rows_x8`): row group g (rows 8g..8g+7) is one row of the new array; per
 32-value block: the 8 rows' d (8 halves), for Q4_1 their m (8 halves), for Q5_0 a 32-byte plane of the fifth bits
@@ -50,6 +51,8 @@ _K_LAYOUTS: dict[T, tuple[int, int, Callable]] = {
     T.Q6_K: (210, dot.Q6_K_X8_BYTES, dot.dot_q6_k_x8),
 }
 REPACKED_TYPES = frozenset(_LAYOUTS) | frozenset(_K_LAYOUTS)
+# each layout's kernel -> its one-row kernel (the same bits, one activation row at a time; compiles faster)
+ONE_ROW: dict[Callable, Callable] = dot.ONE_ROW
 # layouts that only move bytes (not Q5_0's bit plane, not Q4_K's unpacked scales): rows can be read back (get_rows)
 ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0, T.Q6_K})
 

@@ -14,6 +14,7 @@ from test_quants import random_weights
 import ggufrun.quants as Q
 from ggufrun.model import Transformer
 from ggufrun.model.linear import Linear
+from ggufrun.model.weights import FUSED
 from ggufrun.quants.repack import ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
 from ggufrun.reader import GGUFFile
 
@@ -146,10 +147,34 @@ def test_model_matrices_are_repacked_and_their_file_pages_released(name, monkeyp
     for L in plain.weights.layers:
         for f in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
             object.__setattr__(L, f, Linear.of(plain.gguf.tensors[getattr(L, f).name]))
+        for f in FUSED:
+            object.__setattr__(L, f, None)
     for f, lin in file_layout.items():
         object.__setattr__(plain.weights, f, lin)
     assert not any(lin.packed for L in plain.weights.layers for lin in L.matrices) and not plain.weights.output.packed
     assert np.array_equal(plain.logits(ids).view(np.int32), logits.view(np.int32))
+    # decode (one row: the fused Q/K/V and gate/up products where the block has them) against the file's layout
+    a, b = tf.new_cache(), plain.new_cache()
+    for i in ids:
+        assert np.array_equal(tf.forward([i], cache=a).view(np.int32), plain.forward([i], cache=b).view(np.int32))
+
+
+@pytest.mark.parametrize("name", ["small-llama-q4_1", "small-llama-q4_k_s"])
+def test_a_blocks_q_k_v_and_gate_up_are_views_of_one_fused_matrix(name):
+    tf = Transformer(GGUFFile(GOLDEN / f"{name}.gguf"))
+    fused = 0
+    for L in tf.weights.layers:
+        for f, parts in FUSED.items():
+            whole = getattr(L, f)
+            if whole is None:
+                continue
+            fused += 1
+            lins = [getattr(L, p) for p in parts]
+            assert whole.n_out == sum(lin.n_out for lin in lins) and whole.packed and all(lin.packed for lin in lins)
+            assert all(np.shares_memory(lin.w, whole.w) for lin in lins)  # views: no second copy
+            assert np.array_equal(np.concatenate([lin.w for lin in lins]), whole.w)
+        assert not any(m is L.attn_qkv or m is L.ffn_gate_up for m in L.matrices)  # not counted twice
+    assert fused > 0
 
 
 def test_release_pages_only_touches_its_own_map():

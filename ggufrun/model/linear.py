@@ -65,6 +65,26 @@ class Linear:
         r = repack.repack(self.w, self.qtype, release)
         return self if r is None else replace(self, w=r[0], dot=r[1], dot_one=repack.ONE_ROW.get(r[1]), packed=True)
 
+    @staticmethod
+    def repacked_together(parts: list[Linear | None], release=None) -> tuple[Linear, ...] | None:
+        """(fused, *parts): the matrices `parts` (one type with an interleaved layout, the same n_in, not packed yet)
+        copied into consecutive rows of one matrix in that layout, `fused`, and each of them as a view of its rows;
+        None where they cannot be (another type, a missing part...)."""
+        if any(p is None or p.packed for p in parts) or len({(p.qtype, p.n_in, p.w.shape[1]) for p in parts}) != 1:
+            return None
+        shapes = [repack.packed_shape(p.w, p.qtype) for p in parts]
+        if None in shapes:
+            return None
+        fused = np.empty((sum(g for g, _ in shapes), shapes[0][1]), np.uint8)
+        views, g0 = [], 0
+        for p, (g, _) in zip(parts, shapes):
+            _, kernel = repack.repack(p.w, p.qtype, release, out=fused[g0 : g0 + g])
+            views.append(replace(p, w=fused[g0 : g0 + g], dot=kernel, dot_one=repack.ONE_ROW.get(kernel), packed=True))
+            g0 += g
+        name = "+".join(p.name for p in parts)
+        first = views[0]
+        return (replace(first, name=name, w=fused, n_out=sum(p.n_out for p in parts)), *views)
+
     def rows(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Rows `ids` of the matrix as float32 (the token-embedding lookup), whatever its layout."""
         if self.packed:

@@ -70,6 +70,8 @@ class RunState:
     o: np.ndarray  # [n_batch, n_embd] attention or FFN output, before the residual add
     gate: np.ndarray  # [n_batch, n_ff] (then act(gate) * up, in place)
     up: np.ndarray  # [n_batch, n_ff]
+    qkv1: np.ndarray  # [1, q + k + v] a decode step's Q, K, V from one product (LayerWeights.attn_qkv)
+    gate_up1: np.ndarray  # [1, 2 n_ff] its gate and up (LayerWeights.ffn_gate_up)
     head_scores: np.ndarray  # [n_head, n_ctx + KV_PAD] attention scores, then probabilities (decode)
     block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx + KV_PAD] the same for blocks of queries (prefill)
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
@@ -103,6 +105,8 @@ class RunState:
             o=np.zeros((n_batch, c.n_embd), f32),
             gate=np.zeros((n_batch, c.n_ff), f32),
             up=np.zeros((n_batch, c.n_ff), f32),
+            qkv1=np.zeros((1, c.n_head * c.head_dim_k + c.n_head_kv * (c.head_dim_k + c.head_dim_v)), f32),
+            gate_up1=np.zeros((1, 2 * c.n_ff), f32),
             head_scores=np.zeros((c.n_head, n_ctx + kernels.KV_PAD), f32),
             # one slot per thread Numba may ever run (the thread count can change between calls)
             block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx + kernels.KV_PAD), f32),
@@ -172,6 +176,11 @@ class Transformer:
         # process still compiles (runtime.compile_kernels; a quants.jit.Background); until they are ready, a pass of
         # several rows runs attend_one per query row and each product's dot_one (the same bits)
         self.pending = None
+        # a decode step's Q / K / V and gate / up: views of RunState.qkv1 and gate_up1 ([1, n], C-contiguous)
+        nq, nk = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k
+        qkv1, gate_up1 = self.state.qkv1, self.state.gate_up1
+        self._qkv1 = (qkv1[:, :nq], qkv1[:, nq : nq + nk], qkv1[:, nq + nk :])
+        self._gate_up1 = (gate_up1[:, : c.n_ff], gate_up1[:, c.n_ff :])
         self._project = Projector(self.n_batch)
         self._batch_projectors: dict[int, Projector] = {}  # forward_batch passes of other row counts
         self._batch_logits = np.zeros((0, c.n_vocab), np.float32)  # [n_seqs, n_vocab] grown on demand
@@ -460,14 +469,19 @@ class Transformer:
         _decode_groups(spans). rows=False: kernels.attend_rows is not compiled yet (self.pending), a span of
         several rows runs kernels.attend_one per row (the bits attend_rows gives each query)."""
         c, s = self.config, self.state
-        h, q, k, v, att, o = s.h[:m], s.q[:m], s.k[:m], s.v[:m], s.att[:m], s.o[:m]
-        project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
+        h, att, o = s.h[:m], s.att[:m], s.o[:m]
+        if m == 1 and lw.attn_qkv is not None:  # decode: Q, K and V from one product
+            q, k, v = self._qkv1
+            project(h, (lw.attn_qkv, s.qkv1))
+        else:
+            q, k, v = s.q[:m], s.k[:m], s.v[:m]
+            project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))
         cos, sin = self._rope[il]
         window = self._window[il]
         softcap = self._attn_softcap
         for cache, r0, r1, pos0 in spans:
             if cache.quantized:
-                self._attend_q8_0(il, lw, cache, r0, r1, pos0)
+                self._attend_q8_0(il, lw, q[r0:r1], k[r0:r1], v[r0:r1], cache, r0, r1, pos0)
                 continue
             if r0 in grouped:
                 continue  # after the loop, with the rest of its group
@@ -499,17 +513,17 @@ class Transformer:
         project(att, (lw.attn_output, o))
         kernels.add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 
-    def _attend_q8_0(self, il: int, lw: LayerWeights, cache: KVCache, r0: int, r1: int, pos0: int) -> None:
-        """Rows r0..r1-1 of one sequence on a q8_0 cache (kernels' q8_0 section): Q, K, V rotated (Walsh-Hadamard,
-        as llama.cpp does for a quantized cache), Q quantized, K/V stored as Q8_0 rows, att = attention over the
-        quantized cache with the attention scale applied to the scores, rotated back."""
+    def _attend_q8_0(self, il: int, lw: LayerWeights, q, k, v, cache: KVCache, r0: int, r1: int, pos0: int) -> None:
+        """Rows r0..r1-1 of one sequence on a q8_0 cache (kernels' q8_0 section), their Q, K, V in q, k, v: Q, K, V
+        rotated (Walsh-Hadamard, as llama.cpp does for a quantized cache), Q quantized, K/V stored as Q8_0 rows, att
+        = attention over the quantized cache with the attention scale applied to the scores, rotated back."""
         c, s = self.config, self.state
         cos, sin = self._rope[il]
         window = self._window[il]
         qs, qd = s.q_qs[r0:r1], s.q_d[r0:r1]
         kq, kd, vq, vd = cache.k[il], cache.k_scale[il], cache.v[il], cache.v_scale[il]
         kernels.qkv_rope_store_q8_0(
-            s.q[r0:r1], s.k[r0:r1], s.v[r0:r1],
+            q, k, v,
             lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
             cos, sin, c.spec.rope_neox, pos0, self._rot_k, self._rot_v, qs, qd, kq, kd, vq, vd,
         )  # fmt: skip
@@ -527,11 +541,16 @@ class Transformer:
     def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray, project: Projector) -> None:
         """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))) (or the experts' mix); then h = next_norm(x)."""
         c, s = self.config, self.state
-        h, gate, up, o = s.h[:m], s.gate[:m], s.up[:m], s.o[:m]
+        h, o = s.h[:m], s.o[:m]
         if lw.ffn_gate_inp is not None:
             self._moe(lw, m, project)
         else:
-            project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
+            if m == 1 and lw.ffn_gate_up is not None:  # decode: gate and up from one product
+                gate, up = self._gate_up1
+                project(h, (lw.ffn_gate_up, s.gate_up1))
+            else:
+                gate, up = s.gate[:m], s.up[:m]
+                project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
             if self._gelu_table is not None:
                 kernels.geglu(gate, up, self._gelu_table)
             else:

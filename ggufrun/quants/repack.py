@@ -57,24 +57,40 @@ ONE_ROW: dict[Callable, Callable] = dot.ONE_ROW
 ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0, T.Q6_K})
 
 
-def repack(w: np.ndarray, qtype: T, release: Callable[[np.ndarray], object] | None = None):
+def _blocks_of(qtype: T) -> tuple[int, int, Callable]:
+    """(bytes per block of one row in the file, bytes per block of 8 interleaved rows, the layout's kernel)."""
+    if qtype in _K_LAYOUTS:
+        return _K_LAYOUTS[qtype]
+    _, bsize, kernel = _LAYOUTS[qtype]
+    return bsize, 8 * bsize, kernel
+
+
+def packed_shape(w: np.ndarray, qtype: T) -> tuple[int, int] | None:
+    """The shape of w [N, row_bytes] in the interleaved layout ([N / 8, bytes of 8 rows]), or None if `qtype` has
+    none or w has not 8k rows of whole blocks."""
+    if qtype not in REPACKED_TYPES or w.ndim != 2 or w.dtype != np.uint8 or w.shape[0] % 8:
+        return None
+    bsize, sbytes, _ = _blocks_of(qtype)
+    return None if w.shape[1] % bsize else (w.shape[0] // 8, w.shape[1] // bsize * sbytes)
+
+
+def repack(w: np.ndarray, qtype: T, release: Callable[[np.ndarray], object] | None = None, out=None):
     """(w in the interleaved layout, its dot kernel), or None if `qtype` has none or w has not 8k rows.
 
     release(part): called with each part of w (consecutive rows, about PART_BYTES) once it is copied, so that the
     caller can drop the pages it came from (GGUFFile.release_pages) while the rest is copied: the process then never
-    holds much more than one copy of a large matrix (a 262,144-row embedding table)."""
-    if qtype not in REPACKED_TYPES or w.ndim != 2 or w.dtype != np.uint8 or w.shape[0] % 8:
+    holds much more than one copy of a large matrix (a 262,144-row embedding table). out: where to write it (uint8,
+    C-contiguous, packed_shape(w, qtype)), e.g. rows of a larger matrix; default a new array."""
+    shape = packed_shape(w, qtype)
+    if shape is None:
         return None
-    if qtype in _K_LAYOUTS:
-        bsize, sbytes, kernel = _K_LAYOUTS[qtype]
-    else:
-        _, bsize, kernel = _LAYOUTS[qtype]
-        sbytes = 8 * bsize
-    if w.shape[1] % bsize:
-        return None
+    bsize, _, kernel = _blocks_of(qtype)
     blocks = w.reshape(w.shape[0] // 8, 8, -1, bsize)
     g = blocks.shape[0]
-    out = np.empty((g, w.shape[1] // bsize * sbytes), np.uint8)
+    if out is None:
+        out = np.empty(shape, np.uint8)
+    elif out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"repack: out must be uint8 C-contiguous {shape}, got {out.dtype} {out.shape}")
     step = max(1, PART_BYTES // max(1, 8 * w.shape[1]))  # groups per part
     cuts = list(range(0, g, step)) + [g]
 

@@ -504,8 +504,8 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     """
     from numba.core import event
 
-    from .model import kernels
-    from .quants import jit, repack
+    from .model.transformer import ROWS, TILED
+    from .quants import jit
 
     n_helpers = _n_helpers(n_threads)
     progress = CompileProgress()
@@ -537,12 +537,12 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
                 started = helpers
                 # what the forward pass can go without for a while, when there is a helper to compile it: the
                 # multi-row kernels, whose passes run one row at a time meanwhile (Transformer.pending)
-                multi_row = {kernels.attend_rows, *repack.ONE_ROW}
-                later = [c for c in calls if c.dispatcher in multi_row] if n_helpers else []
+                later = [c for c in calls if c.dispatcher in TILED | ROWS] if n_helpers else []
                 first = [c for c in calls if c not in later]
                 compiled = jit.compile_calls(jit.balanced(first), n_helpers, progress, started)  # stops them
-                if later:  # the first run: a helper compiles them while this process goes on
-                    later = jit.balanced(later)  # for Background.finish, which takes from the front
+                if later:  # the first run: a helper compiles them while this process goes on, from the end of
+                    # the list: the products first (a long prompt's rows gain the most from them), attention last
+                    later.sort(key=lambda c: c.dispatcher not in ROWS)
                     transformer.pending = jit.compile_in_background(later, n_helpers) if compiled else None
                     if transformer.pending is None:  # a cache load, or (a run stopped early before) compiled here
                         jit.compile_calls(later, 0, progress)

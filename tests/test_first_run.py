@@ -256,21 +256,20 @@ def test_helpers_start_before_the_model_file_is_read_only_on_a_cold_cache(tmp_pa
 
 
 class _Compiling:
-    """A stand-in for quants.jit.Background: the multi-row kernels become ready on the `after`-th look, or when
-    finish() is called."""
+    """A stand-in for quants.jit.Background: the multi-row kernels become ready on the `after`-th pass that looks."""
 
     def __init__(self, after: int, on_ready=None):
-        self.after, self.on_ready, self.finished = after, on_ready, False
+        self.after, self.on_ready = after, on_ready
 
-    def ready(self) -> bool:
-        self.after -= 1
+    def ready(self, which=None) -> bool:
+        from ggufrun.model.transformer import TILED
+
+        if which is TILED:  # a pass looks at the products once, first
+            self.after -= 1
         if self.after < 0 and self.on_ready is not None:
             self.on_ready()
+            self.on_ready = None
         return self.after < 0
-
-    def finish(self) -> bool:
-        self.finished, self.after = True, 0
-        return self.ready()
 
 
 def _multi_row_kernels_raise(tf, monkeypatch):
@@ -305,14 +304,14 @@ def _multi_row_kernels_raise(tf, monkeypatch):
 def test_prefill_while_the_multi_row_kernels_compile_gives_the_same_bits(stem, monkeypatch):
     """While a helper still compiles the multi-row kernels (Transformer.pending), a pass of several rows runs
     attend_one per row and each product's one-row kernel: every logit is the bits of the prefill in one pass, and
-    the multi-row kernels are taken up once ready; a pass of more than PENDING_ROWS_MAX rows waits for them."""
+    the multi-row kernels are taken up once ready."""
     import numpy as np
     from test_model_golden import GOLDEN
 
-    from ggufrun.model import Transformer, transformer
+    from ggufrun.model import Transformer
     from ggufrun.reader import GGUFFile
 
-    tf = Transformer(GGUFFile(GOLDEN / f"{stem}.gguf"), n_ctx=128)
+    tf = Transformer(GGUFFile(GOLDEN / f"{stem}.gguf"), n_ctx=64)
     ids = np.random.default_rng(5).integers(3, tf.config.n_vocab, 40)
     ref = tf.logits(ids)  # the multi-row kernels: prefill in one pass
     restore, n_swapped = _multi_row_kernels_raise(tf, monkeypatch)
@@ -323,11 +322,6 @@ def test_prefill_while_the_multi_row_kernels_compile_gives_the_same_bits(stem, m
     cache = tf.new_cache()
     rows = [tf.forward(ids[a : a + 10], all_logits=True, cache=cache) for a in range(0, 40, 10)]
     assert np.array_equal(np.concatenate(rows), ref) and tf.pending is None
-    long_ids = np.random.default_rng(6).integers(3, tf.config.n_vocab, transformer.PENDING_ROWS_MAX + 1)
-    ref = tf.logits(long_ids)
-    restore, _ = _multi_row_kernels_raise(tf, monkeypatch)
-    tf.pending = pending = _Compiling(after=10**9, on_ready=restore)
-    assert np.array_equal(tf.logits(long_ids), ref) and pending.finished and tf.pending is None
 
 
 def test_background_compile_is_used_when_done_and_done_here_when_its_helper_is_gone(tmp_path):
@@ -358,3 +352,30 @@ def test_background_compile_is_used_when_done_and_done_here_when_its_helper_is_g
     directory.mkdir()
     b = jit.Background(jit.record_calls(lambda: plus_three(1)), (str(directory), [gone]))
     assert b.ready() and plus_three(1) == 4  # no helper left, nothing done: compiled here
+
+
+def test_background_kernels_are_taken_up_as_each_is_done(tmp_path):
+    import numba
+
+    from ggufrun.quants import jit
+
+    @numba.njit
+    def plus_four(x):
+        return x + 4
+
+    @numba.njit
+    def plus_five(x):
+        return x + 5
+
+    calls = jit.record_calls(lambda: (plus_four(1), plus_five(1)))
+    directory = tmp_path / "claims"
+    directory.mkdir()
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    b = jit.Background(calls, (str(directory), [helper]))
+    assert not b.ready({plus_four}) and not b.ready()
+    open(jit._done_path(str(directory), 0), "wb").close()  # the helper's first entry done
+    assert b.ready({plus_four}) and plus_four(1) == 5  # loaded (here: compiled) while the helper goes on
+    assert not b.ready() and not b.ready({plus_five}) and helper.poll() is None and not plus_five.overloads
+    open(jit._done_path(str(directory), 1), "wb").close()
+    assert b.ready() and plus_five(1) == 6
+    assert helper.poll() is not None and not directory.exists()

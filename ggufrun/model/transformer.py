@@ -39,6 +39,7 @@ import numba
 import numpy as np
 
 from ..errors import ContextOverflowError
+from ..quants.repack import ONE_ROW
 from ..runtime import ThreadGovernor, on_compute_thread
 from . import kernels
 from .config import ModelConfig
@@ -50,9 +51,8 @@ from .weights import LayerWeights, Weights, load_weights
 # forward_batch keeps the quantized-activation buffers of passes up to this many rows (the decode batches of a
 # server: a few hundred KB in all) instead of allocating them in every pass
 BATCH_PROJECTOR_ROWS = 64
-# on the first run ever, a pass of more rows than this waits for the multi-row kernels (Transformer.pending) instead
-# of running its rows one at a time
-PENDING_ROWS_MAX = 64
+TILED = frozenset(ONE_ROW)  # the multi-row kernels Transformer.pending can hold: the tiled products...
+ROWS = frozenset({kernels.attend_rows})  # ...and prefill attention
 
 
 @dataclass
@@ -424,7 +424,7 @@ class Transformer:
             np.multiply(x, self._embed_scale, out=x)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
         groups, grouped = self._decode_groups(spans)
-        rows = project.tiles = self._multi_row_ready(m)
+        project.tiles, rows = self._multi_row_ready() if m > 1 else (True, True)
         step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
             step(bucket + kinds[il], m)
@@ -451,17 +451,19 @@ class Transformer:
             groups.append((group_kv, rows, slots, pos, starts, pos + 1))
         return groups, frozenset(int(r) for g in groups for r in g[1])
 
-    def _multi_row_ready(self, m: int) -> bool:
-        """Whether a pass of m rows may call the multi-row kernels: yes, unless a helper still compiles them (the
-        first run ever, self.pending). A pass of more than PENDING_ROWS_MAX rows then finishes that compilation
-        first, with this process compiling what the helper has not started (one row at a time, a long prompt would
-        take longer than that: Gemma3 ~15 ms a row)."""
-        if self.pending is None:
-            return True
-        if self.pending.ready() or (m > PENDING_ROWS_MAX and self.pending.finish()):  # loads what was compiled
+    def _multi_row_ready(self) -> tuple[bool, bool]:
+        """Whether a pass of several rows may call (the tiled products, kernels.attend_rows): yes, unless a helper
+        still compiles them (the first run ever, self.pending); its rows then run one at a time (each product's
+        dot_one, attend_one per query), which is never worth waiting for: Gemma3, first run, a 600-token prompt's
+        first token 3.9 s after load that way, 11.9 s when it waited for the products' compilation (~6 ms a row
+        against ~1.5 ms tiled, while the helper needs ~10 s; the helper compiles the products first)."""
+        pending = self.pending
+        if pending is None:
+            return True, True
+        tiles, rows = pending.ready(TILED), pending.ready(ROWS)  # each loads what was compiled
+        if tiles and rows and pending.ready():
             self.pending = None
-            return True
-        return False
+        return tiles, rows
 
     def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector, groups=(),
                          grouped=frozenset(), rows: bool = True) -> None:  # fmt: skip

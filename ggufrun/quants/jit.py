@@ -364,34 +364,35 @@ def compile_calls(
 
 class Background:
     """Kernels a helper process compiles into Numba's on-disk cache while this process goes on without them
-    (compile_in_background): ready() says, without waiting, whether they can be used, and loads them once the
-    helper has marked them done (or compiles them here if no helper is left to). At interpreter exit (or when the
-    object is collected) it waits for the helper to finish, so that the next process finds them cached, and removes
-    its directory."""
+    (compile_in_background): ready(which) says, without waiting, whether the kernels `which` (dispatchers; None:
+    all) can be used, and loads them once the helper has marked them done (or compiles them here if no helper is
+    left to). At interpreter exit (or when the object is collected) it waits for the helper to finish, so that the
+    next process finds everything cached, and removes its directory."""
 
     def __init__(self, calls: list[KernelCall], started: tuple[str, list]):
         self.calls = calls
         self._started = started
         self._done = [_done_path(started[0], i) for i in range(len(calls))]
+        self._loaded = [False] * len(calls)
         self._finalizer = weakref.finalize(self, _finish_helpers, started)
 
-    def ready(self) -> bool:
-        if self._finalizer.alive:
-            if not all(map(os.path.exists, self._done)) and any(p.poll() is None for p in self._started[1]):
-                return False
-            self._finalizer.detach()
-            stop_helpers(self._started)  # done (or gone): nothing of theirs is needed any more
-        for c in self.calls:  # from the cache the helper wrote (compiled here where it failed)
-            c.dispatcher.compile(c.argtypes)
-        return True
+    def _entries(self, which) -> list[int]:
+        return [i for i, c in enumerate(self.calls) if which is None or c.dispatcher in which]
 
-    def finish(self) -> bool:
-        """Wait until every kernel can be used, compiling here the ones the helper has not started (from the
-        front, as it works from the end), then load them; returns True."""
+    def ready(self, which=None) -> bool:
+        entries = self._entries(which)
         if self._finalizer.alive:
-            self._finalizer.detach()
-            compile_calls(self.calls, started=self._started)  # waits for the helper's entries, then stops it
-        return self.ready()
+            alive = any(p.poll() is None for p in self._started[1])
+            if alive and not all(os.path.exists(self._done[i]) for i in entries):
+                return False
+            if not alive or all(map(os.path.exists, self._done)):
+                self._finalizer.detach()
+                stop_helpers(self._started)  # done (or gone): nothing of theirs is needed any more
+        for i in entries:  # from the cache the helper wrote (compiled here where it failed)
+            if not self._loaded[i]:
+                self.calls[i].dispatcher.compile(self.calls[i].argtypes)
+                self._loaded[i] = True
+        return True
 
 
 def compile_in_background(calls: list[KernelCall], n_helpers: int) -> Background | None:

@@ -455,7 +455,7 @@ class Transformer:
         """Whether a pass of several rows may call (the tiled products, kernels.attend_rows): yes, unless a helper
         still compiles them (the first run ever, self.pending); its rows then run one at a time (each product's
         dot_one, attend_one per query), which is never worth waiting for: Gemma3, first run, a 600-token prompt's
-        first token 3.9 s after load that way, 11.9 s when it waited for the products' compilation (~6 ms a row
+        first token 3.6-4.8 s after load that way, 11.9 s when it waited for the products' compilation (~6 ms a row
         against ~1.5 ms tiled, while the helper needs ~10 s; the helper compiles the products first)."""
         pending = self.pending
         if pending is None:

@@ -28,7 +28,8 @@ from .config import ModelConfig
 from .linear import Linear
 
 NONE = np.zeros(0, dtype=np.float32)  # an absent optional vector
-FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}  # LayerWeights' fused
+# LayerWeights' fused matrices (a decode step's one kernel call) -> the matrices whose rows they hold
+FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ class LayerWeights:
 
     @property
     def matrices(self) -> list[Linear]:
-        """Every matrix this block multiplies by (absent ones left out, each expert of a 3-D tensor; not the fused
-        views of others), in field order: roughly the order of the forward pass."""
+        """Every matrix this block multiplies by (absent ones left out, each expert of a 3-D tensor; not attn_qkv or
+        ffn_gate_up, whose rows are others), in field order: roughly the order of the forward pass."""
         found = []
         for f in fields(self):
             if f.name in FUSED:

@@ -2413,15 +2413,15 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     in L1; lane r of a tile row is rows8x1's lane r."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    if M == 1:
+        _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1)
+        return
     nb = K // 32
     MT = _m_tile(K)
     off = _offset32(kind)
     # per tile row: the 8 lanes of d terms, then the 8 of m terms (Q4_1)
     acc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)) if M <= X8_STACK_ROWS else np.empty((MT, 16), np.float32)
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)  # flat: the row loop steps one index
-    if M == 1:
-        _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1)
-        return
     if M == 2:
         for g in range(g0, g1):
             r0, r1 = _group_x8_two(kind, bsize, w, g * rb, d1, s1, sums1, qs, nb, off, K)
@@ -3091,11 +3091,11 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nsb = K // 256
-    sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
-    MT = _m_tile(K)
     if M == 1:
         _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1)
         return
+    sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
+    MT = _m_tile(K)
     if M == 2:
         _rowsk_x8_two(kind, w, d.reshape(-1), b16, b32, qs, out, g0, g1)
         return

@@ -318,6 +318,9 @@ def test_prefill_while_the_multi_row_kernels_compile_gives_the_same_bits(stem, m
     assert n_swapped >= 7 * tf.config.n_layer  # every matrix of every block is repacked
     tf.pending = _Compiling(after=10**9)
     assert np.array_equal(tf.logits(ids), ref)
+    a, b = tf.new_cache(), tf.new_cache()  # two sequences in one pass, both ending in it: a 2-row output product
+    rows = tf.forward_batch([(a, ids[:20]), (b, ids[:30])])
+    assert np.array_equal(rows[0], ref[19]) and np.array_equal(rows[1], ref[29])
     tf.pending = _Compiling(after=2, on_ready=restore)  # ready at the third pass: chunks before and after it
     cache = tf.new_cache()
     rows = [tf.forward(ids[a : a + 10], all_logits=True, cache=cache) for a in range(0, 40, 10)]

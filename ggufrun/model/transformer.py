@@ -391,7 +391,9 @@ class Transformer:
                     last_rows = np.take(s.h, [row for _, row in done], axis=0, out=s.o[:k])
                 out = logits[first : first + k]
                 self.governor.step(k.bit_length() * 3 + 2, k)
-                self._project_rows(k)(last_rows, (w.output, out))
+                project_out = self._project_rows(k)
+                project_out.tiles = project.tiles  # what _blocks found for this pass
+                project_out(last_rows, (w.output, out))
                 self._softcap(out)
         for piece, (cache, *_) in zip(pieces, spans):
             cache.commit(piece)
@@ -399,12 +401,10 @@ class Transformer:
     def _project_rows(self, m: int) -> Projector:
         """The Projector for passes of m rows: its buffers are kept for the common sizes."""
         if m in (1, self.n_batch) or m > BATCH_PROJECTOR_ROWS:
-            project = self._project
-        else:
-            project = self._batch_projectors.get(m)
-            if project is None:
-                project = self._batch_projectors[m] = Projector(m)
-        project.tiles = self.pending is None
+            return self._project
+        project = self._batch_projectors.get(m)
+        if project is None:
+            project = self._batch_projectors[m] = Projector(m)
         return project
 
     def _softcap(self, logits: np.ndarray) -> None:
@@ -461,7 +461,7 @@ class Transformer:
         if pending is None:
             return True, True
         tiles, rows = pending.ready(TILED), pending.ready(ROWS)  # each loads what was compiled
-        if tiles and rows and pending.ready():
+        if tiles and rows:  # every kernel it holds (runtime.compile_kernels defers only these)
             self.pending = None
         return tiles, rows
 

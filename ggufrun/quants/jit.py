@@ -248,6 +248,9 @@ def _done_path(directory: str, i: int) -> str:
 
 
 _HELPER = "import sys; from ggufrun.quants import jit; jit.helper(sys.argv[1])"
+# what starting helpers or giving them a list can raise (no temporary directory, a kernel that cannot be pickled):
+# this process then compiles without them
+_CANNOT_START = (OSError, pickle.PicklingError, TypeError, AttributeError)
 
 
 def start_helpers(calls: list[KernelCall] | None, n: int) -> tuple[str, list]:
@@ -324,8 +327,8 @@ def compile_calls(
     if started:
         try:
             publish_calls(started[0], calls)
-        except (OSError, pickle.PicklingError, TypeError, AttributeError):  # they wait for nothing: this process
-            stop_helpers(started)  # does it all
+        except _CANNOT_START:  # they wait for nothing: this process does it all
+            stop_helpers(started)
             n_helpers, started = 0, None
         else:
             state["dir"], state["procs"] = started
@@ -342,7 +345,7 @@ def compile_calls(
                 state["dir"] = ""  # one try: without helpers (no temporary directory...), this process does it all
                 try:
                     state["dir"], state["procs"] = start_helpers(calls, n_helpers)
-                except (OSError, pickle.PicklingError, TypeError, AttributeError):
+                except _CANNOT_START:
                     return
                 _claim(state["dir"], i)
 
@@ -402,7 +405,7 @@ def compile_in_background(calls: list[KernelCall], n_helpers: int) -> Background
         return None
     try:
         started = start_helpers(calls, 1)
-    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+    except _CANNOT_START:
         return None
     if not started[1]:
         stop_helpers(started)

@@ -245,6 +245,37 @@ def test_attention_softcap_against_numpy(kv_dtype):
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("hd", [64, 96, 136])
+def test_attend_one_long_rows_and_wide_heads_give_attend_rows_bits(kv_dtype, hd):
+    """attend_one's 64-position score tiles (then 32-position ones near the end of the row's KV_PAD) and 64-dimension
+    value tiles (then 32, then single dimensions) give each query attend_rows' bits: 100 positions, head dimensions
+    64 (one wide tile), 96 (wide + 32) and 136 (wide, 64, then 8 single); a tolerance against float64 NumPy."""
+    rng = np.random.default_rng(7)
+    n_head, n_kv, n = 4, 2, 100
+    store = np.uint16 if kv_dtype == np.float16 else np.float32
+    k = rng.standard_normal((n_kv, hd, n)).astype(kv_dtype)
+    v = rng.standard_normal((n_kv, n, hd)).astype(kv_dtype)
+    k_cache = np.zeros((n_kv, hd, n + kernels.KV_PAD), store)
+    k_cache[..., :n] = k.view(store)
+    v_cache = np.ascontiguousarray(v.view(store))
+    q = (rng.standard_normal((n, n_head * hd)) / np.sqrt(hd)).astype(kv_dtype).astype(np.float32)
+    rows = np.zeros((n, n_head * hd), np.float32)
+    scores = np.zeros((2, kernels.QUERY_BLOCK, n + kernels.KV_PAD), np.float32)
+    kernels.attend_rows(q, k_cache, v_cache, 0, 0, n, 0, np.float32(0.0), scores, rows)
+    for p in (31, 32, 63, 64, 65, 70, 99):  # 1..100 visible keys: every mix of wide and narrow tiles
+        one = np.zeros(n_head * hd, np.float32)
+        head_scores = np.zeros((n_head, n + kernels.KV_PAD), np.float32)
+        kernels.attend_one(q[p], k_cache, v_cache, 0, p + 1, np.float32(0.0), head_scores, one)
+        np.testing.assert_array_equal(one, rows[p])
+        for h in range(n_head):
+            g = h // (n_head // n_kv)
+            s = q[p, h * hd : (h + 1) * hd].astype(np.float64) @ k[g, :, : p + 1].astype(np.float64)
+            prob = np.exp(s - s.max())
+            want = (prob / prob.sum()) @ v[g, : p + 1].astype(np.float64)
+            np.testing.assert_allclose(one[h * hd : (h + 1) * hd], want, atol=3e-3 if store is np.uint16 else 1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("n_head,n_kv", [(4, 2), (10, 2), (9, 3), (4, 1), (3, 3)])
 def test_batched_decode_attention_by_heads_or_blocks_of_heads_gives_attend_rows_bits(kv_dtype, n_head, n_kv):
     """attend_group runs the decoding sequences' query heads one by one or, when there are enough work items for

@@ -9,6 +9,7 @@ when gated, lets the engine run only as many steps as the test allows, so interl
 from __future__ import annotations
 
 import math
+import mmap
 import threading
 
 import numpy as np
@@ -135,6 +136,38 @@ def test_kv_cache_group_slots_are_independent_caches(model_dir):
     assert a.nbytes == tf.new_cache().nbytes
     with pytest.raises(ValueError, match="n must be a positive integer"):
         tf.new_caches(0)
+
+
+def _vm_flags(array: np.ndarray) -> set[str] | None:
+    """The kernel's VmFlags of the mapping holding array's first byte (Linux), else None."""
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    address, inside = array.__array_interface__["data"][0], False
+    for line in lines:
+        head = line.split()[0] if line else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return set(line.split()[1:])
+    return None
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no madvise(MADV_HUGEPAGE) on this platform")
+def test_a_groups_keys_ask_for_huge_pages_and_a_single_caches_do_not(model_dir):
+    """The keys of a group of slots are madvised for transparent huge pages (batched decode writes a position into
+    every key row of every slot); a single cache's keys and every value array keep 4 KB pages."""
+    tf = _transformer(model_dir, "llama", n_ctx=32)
+    group = tf.new_caches(2)[0]
+    flags = _vm_flags(group.group_kv[0])
+    if flags is None:
+        pytest.skip("no /proc/self/smaps")
+    assert "hg" in flags
+    assert "hg" not in _vm_flags(group.group_kv[1])
+    assert "hg" not in _vm_flags(tf.new_cache().k)
 
 
 def test_kv_cache_copy_prefix(model_dir):

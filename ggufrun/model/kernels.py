@@ -142,6 +142,24 @@ def _fma_v(typingctx, acc, a, b):
     return F32x8(F32x8, F32x8, F32x8), codegen
 
 
+@intrinsic
+def _prefetch(typingctx, a, i):
+    """Start loading the cache line of element i (flat index into a C-contiguous array) into every level
+    (llvm.prefetch: no fault, no effect on any value)."""
+    if not (isinstance(a, types.Array) and a.layout == "C"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        ptr = builder.bitcast(_elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), i8p)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(a, i), codegen
+
+
 def _kv_load(v):  # pragma: no cover - replaced by the overload in compiled code
     raise NotImplementedError
 
@@ -614,6 +632,28 @@ def _attend_head(q, qo, keys, values, t0, n, softcap, s, out, oo):
     _values_one(p, values, t0, n, out, oo)
 
 
+PREFETCH_POSITIONS = 128  # attend_group loads this many positions of the next work item ahead
+
+
+@numba.njit(inline="always", **ATT)
+def _prefetch_item(k_cache, v_cache, t0, t1, grouped, item, n_head):
+    """Start loading the first PREFETCH_POSITIONS keys and values of positions t0..t1-1 that work item `item` of
+    attend_group (_attend_item) reads. Its key rows are n_ctx positions apart: hd_k streams, more than the hardware
+    prefetcher follows, and a batched decode step finds them out of cache (the products in between stream the
+    weights): SmolLM2, 16 slots decoding at 64 positions, attend_group 5.4 -> 3.5-3.9 ms a step."""
+    n_kv, hd_k, hd_v = k_cache.shape[0], k_cache.shape[1], v_cache.shape[2]
+    group = n_head // n_kv
+    g = item // ((group + QUERY_BLOCK - 1) // QUERY_BLOCK) if grouped else item // group  # its K/V head
+    stride = k_cache.shape[2]
+    end = min(t1, t0 + PREFETCH_POSITIONS)
+    for d in range(hd_k):
+        row = (g * hd_k + d) * stride
+        for t in range(t0, end, 32):  # 32 f16 positions a cache line (f32: every other line)
+            _prefetch(k_cache, row + t)
+    for e in range((g * v_cache.shape[1] + t0) * hd_v, (g * v_cache.shape[1] + end) * hd_v, 32):
+        _prefetch(v_cache, e)
+
+
 @numba.njit(**ATT)
 def _attend_group_tasks(q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, out, task0, task1):
     """attend_group's tasks task0..task1-1."""
@@ -624,6 +664,10 @@ def _attend_group_tasks(q, k_group, v_group, rows, slots, t0s, t1s, softcap, sco
     for task in range(task0, task1):
         for item in range(task, n_items, n_tasks):
             i, j = item // per_seq, item % per_seq
+            ahead = item + n_tasks  # this task's next item: its first keys and values on their way meanwhile
+            if ahead < n_items:
+                a = ahead // per_seq
+                _prefetch_item(k_group[slots[a]], v_group[slots[a]], t0s[a], t1s[a], grouped, ahead % per_seq, n_head)
             _attend_item(q[rows[i]], k_group[slots[i]], v_group[slots[i]], t0s[i], t1s[i], softcap, grouped, j,
                          scores[task], out[rows[i]])  # fmt: skip
 

@@ -3596,12 +3596,33 @@ def _rows_q4_0_x8(w, d, s, qs, sums, out, g0, g1):
     _rows_x8(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
 
 
+X8_TILE_BYTES = 1 << 21  # a multi-row work item's weights: up to about L2's size...
+X8_MIN_ITEMS = 32  # ...in at least this many work items (threads take them in turn; a constant, not the thread
+# count: numba.get_num_threads in a launcher keeps Numba from caching it)
+
+
+@njit(inline="always", **DOT)
+def _x8_chunk(G, group_bytes, M):
+    """Groups of 8 interleaved weight rows per parallel work item of a tiled kernel: X8_GROUPS for decode and small
+    batches (M <= X8_STACK_ROWS); for more activation rows, up to X8_TILE_BYTES of weights, at least X8_MIN_ITEMS
+    work items. A work item sweeps every activation tile over its groups, so with X8_GROUPS (2) each 16 weight rows read
+    all M activation rows again (an ffn_down's 512 x 8 KB from L3); larger items read them once per item, their
+    weights staying in L2. 512-token prefill, Q4_K / Q6_K launchers, Intel Xeon, 2 threads, alternating processes:
+    qwen2.5-1.5b 96.5 / 100.3 -> 109.6 / 107.6 tok/s at 512 KB and 105.8 / 110.3 at 2 MB (its 8960 x 1536 gate / up
+    2.74 / 2.58 -> 2.20-2.32 s), llama3.2-1b 141-145 -> 147-149 tok/s. The rows' arithmetic is unchanged."""
+    if M <= X8_STACK_ROWS:
+        return X8_GROUPS
+    per = max(X8_GROUPS, X8_TILE_BYTES // group_bytes)
+    return max(X8_GROUPS, min(per, G // X8_MIN_ITEMS))
+
+
 @launcher(_rows_q4_0_x8, DOT_PARALLEL)
 def dot_q4_0_x8(w, d, s, qs, sums, out):
     """dot_q4_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 144]."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_rows_q4_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    for c in prange((G + per - 1) // per):
+        call_worker("_rows_q4_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -3627,8 +3648,9 @@ def _rows_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
 def dot_q4_1_x8(w, d, s, qs, sums, out):
     """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    for c in prange((G + per - 1) // per):
+        call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -3654,8 +3676,9 @@ def _rows_q5_0_x8(w, d, s, qs, sums, out, g0, g1):
 def dot_q5_0_x8(w, d, s, qs, sums, out):
     """dot_q5_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 176]."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_rows_q5_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    for c in prange((G + per - 1) // per):
+        call_worker("_rows_q5_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -3681,8 +3704,9 @@ def _rows_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
 def dot_q8_0_x8(w, d, s, qs, sums, out):
     """dot_q8_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 272]."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_rows_q8_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    for c in prange((G + per - 1) // per):
+        call_worker("_rows_q8_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -3844,8 +3868,9 @@ def _rows_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
 def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q4_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1184]."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_rows_q4_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    for c in prange((G + per - 1) // per):
+        call_worker("_rows_q4_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -3871,8 +3896,9 @@ def _rows_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
 def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q6_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1680]."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_rows_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    for c in prange((G + per - 1) // per):
+        call_worker("_rows_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)

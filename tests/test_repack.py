@@ -225,3 +225,21 @@ def test_interleaved_kernels_on_a_cpu_without_avx2(tmp_path):
     code = PORTABLE.replace("TESTS", repr(str(Path(__file__).parent)))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_the_interleaved_kernels_can_be_cached_on_disk():
+    """Every compiled version of the interleaved kernels and their one-row twins can go to Numba's on-disk cache: a
+    launcher that reads a dynamic global (numba.get_num_threads, a ctypes pointer) is compiled again in every
+    process, with a NumbaWarning 'Cannot cache' nobody sees. Compiles what the other tests of this file have not."""
+    rng = np.random.default_rng(3)
+    for qtype in sorted(REPACKED_TYPES):
+        k = 256
+        w8, kernel = repack(_random_blocks(qtype, 16, k, rng), qtype)
+        for m in (1, 9):  # one row, and the tiles with their multi-row work items
+            qx = Q.quantize_activations(rng.standard_normal((m, k)).astype(np.float32), qtype)
+            for f in (kernel, ONE_ROW[kernel]):
+                f(w8, *qx.arrays, np.zeros((m, 16), np.float32))
+        for f in (kernel, ONE_ROW[kernel]):
+            assert f.overloads, f
+            for cres in f.overloads.values():
+                assert not cres.library.has_dynamic_globals, (qtype, f.py_func.__name__)

@@ -18,7 +18,7 @@ from ggufrun.model.weights import FUSED
 from ggufrun.quants.repack import ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
 from ggufrun.reader import GGUFFile
 
-K_TYPES = {T.Q4_K, T.Q6_K}  # 256-value super-blocks
+K_TYPES = {T.Q4_K, T.Q5_K, T.Q6_K}  # 256-value super-blocks
 
 
 def _random_blocks(qtype: T, n: int, k: int, rng) -> np.ndarray:
@@ -43,7 +43,7 @@ def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
     rng = np.random.default_rng(n + k)
     w = _random_blocks(qtype, n, k, rng)
     w8, kernel = repack(w, qtype)
-    extra = 32 * (k // 256) * n // 8 if qtype == T.Q4_K else 0  # Q4_K's scales and mins unpacked: 16 bytes, not 12
+    extra = 32 * (k // 256) * n // 8 if qtype in (T.Q4_K, T.Q5_K) else 0  # scales and mins unpacked: 16 bytes, not 12
     assert w8.shape == (n // 8, w.shape[1] * 8 + 8 * extra // n) and w8.nbytes == w.nbytes + extra
     for m in (1, 2, 3, 4, 5, 8, 70):  # decode, two rows (_group_x8_two), the rows8x1 / tile split, several tiles
         x = rng.standard_normal((m, k)).astype(np.float32)
@@ -71,7 +71,7 @@ def test_repack_layout_holds_every_byte_once():
 
 def test_repack_leaves_other_types_and_shapes_alone():
     assert repack(np.zeros((12, 20), np.uint8), T.Q4_1) is None  # 12 rows: not groups of 8
-    assert repack(np.zeros((16, 176), np.uint8), T.Q5_K) is None  # no interleaved layout
+    assert repack(np.zeros((16, 110), np.uint8), T.Q3_K) is None  # no interleaved layout
     assert repack(np.zeros((16, 21), np.uint8), T.Q4_1) is None  # not whole blocks
 
 

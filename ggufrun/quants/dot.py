@@ -2925,7 +2925,26 @@ def sb6_x8(typingctx, a, off, x, xo):
 dot4k_x8 = _dot_k_x8(4, 32)  # Q4_K: low nibbles values 4c.., high nibbles 32 + 4c.. of a 64-value group
 dot6k_x8 = _dot_k_x8(2, 64)  # Q6_K: ql's low nibbles values 4c.., high nibbles 64 + 4c.. of a 128-value half
 
-Q4_K_X8_BYTES, Q6_K_X8_BYTES = 1184, 1680  # one super-block of 8 interleaved rows (repack's layouts)
+Q4_K_X8_BYTES, Q5_K_X8_BYTES, Q6_K_X8_BYTES = 1184, 1440, 1680  # one super-block of 8 interleaved rows (repack)
+
+
+@njit(inline="always", **DOT)
+def _kx8_bytes(kind):
+    """Bytes of one super-block of 8 interleaved rows of an interleaved K-quant layout."""
+    if kind == Q4_K:
+        return Q4_K_X8_BYTES
+    if kind == Q5_K:
+        return Q5_K_X8_BYTES
+    return Q6_K_X8_BYTES
+
+
+@njit(inline="always", **DOT)
+def _kx8_codes(kind, w, o, jj, half):
+    """Q4_K / Q5_K: the 8 code vectors of half `half` of 64-value group jj of the super-block at byte o (Q5_K's
+    with their fifth bits from the plane before the chunks, as Q5_0's: codes5_x8)."""
+    if kind == Q5_K:
+        return codes5_x8(w, o + 160 + 320 * jj + 160 * half)
+    return codes_x8(w, o + 160 + 256 * jj + 128 * half)
 
 
 @njit(inline="always", **DOT)
@@ -2933,11 +2952,11 @@ def _sbk_x8(kind, w, o, qs, xo):
     """Int32 lane r: row r's codes . the activation quants at byte xo, scaled, of the super-block of 8 interleaved
     rows at byte o (before Q6_K's offset): _rowsk_x8's integer part for one activation row, in registers."""
     s = izero()
-    if kind == Q4_K:
+    if kind == Q4_K or kind == Q5_K:
         for jj in range(4):
             sclo, schi = ksc_x8(w, o + 32 + 16 * jj, 0), ksc_x8(w, o + 32 + 16 * jj, 1)
             for half in range(2):
-                u = codes_x8(w, o + 160 + 256 * jj + 128 * half)
+                u = _kx8_codes(kind, w, o, jj, half)
                 s = iadd(s, dot4k_x8(u, qs, xo + 64 * jj + 16 * half, sclo, schi))
     else:
         s = sb6_x8(w, o, qs, xo)
@@ -2950,11 +2969,11 @@ def _sbk_tile_x8(kind, w, o, qs, xo, K, rows, isc):
     code vector decoded once for all of them."""
     for a in range(0, 32 * rows, 32):
         st_i32x8(isc, a, izero())
-    if kind == Q4_K:
+    if kind == Q4_K or kind == Q5_K:
         for jj in range(4):  # 64-value group jj: sub-blocks 2jj (low nibbles), 2jj + 1 (high)
             sclo, schi = ksc_x8(w, o + 32 + 16 * jj, 0), ksc_x8(w, o + 32 + 16 * jj, 1)
             for half in range(2):
-                u = codes_x8(w, o + 160 + 256 * jj + 128 * half)
+                u = _kx8_codes(kind, w, o, jj, half)
                 x = xo + 64 * jj + 16 * half
                 for a in range(0, 32 * rows, 32):
                     st_i32x8(isc, a, iadd(ld_i32x8(isc, a), dot4k_x8(u, qs, x, sclo, schi)))
@@ -2978,11 +2997,11 @@ def _sbk_x8_two(kind, w, o, qs, xo, K):
     """_sbk_x8 for two activation rows (quants at bytes xo and xo + K), each code vector decoded once for both and
     both lane vectors in registers (Q6_K through the tile form's codes6_x8 / dot6k_x8: the same integers)."""
     s0, s1 = izero(), izero()
-    if kind == Q4_K:
+    if kind == Q4_K or kind == Q5_K:
         for jj in range(4):
             sclo, schi = ksc_x8(w, o + 32 + 16 * jj, 0), ksc_x8(w, o + 32 + 16 * jj, 1)
             for half in range(2):
-                u = codes_x8(w, o + 160 + 256 * jj + 128 * half)
+                u = _kx8_codes(kind, w, o, jj, half)
                 x = xo + 64 * jj + 16 * half
                 s0 = iadd(s0, dot4k_x8(u, qs, x, sclo, schi))
                 s1 = iadd(s1, dot4k_x8(u, qs, x + K, sclo, schi))
@@ -3027,7 +3046,7 @@ def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
     rb = w.shape[1]
     N, K = out.shape[1], qs.shape[1]
     nsb = K // 256
-    sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
+    sbytes = _kx8_bytes(kind)
     n16, n32 = b16.shape[1], b32.shape[1]
     for g in range(g0, g1):
         ad0, ad1, am0, am1 = fzero(), fzero(), fzero(), fzero()
@@ -3035,7 +3054,7 @@ def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
             o = g * rb + b * sbytes
             dw = ld_f16x8(w, o)
             s0, s1 = _sbk_x8_two(kind, w, o, qs, 256 * b, K)
-            if kind == Q4_K:
+            if kind == Q4_K or kind == Q5_K:
                 dm = ld_f16x8(w, o + 16)
                 mn0, mn1 = _kmin_sum_x8(w, o, b32, 4 * (8 * b)), _kmin_sum_x8(w, o, b32, 4 * (n32 + 8 * b))
                 am0 = fma_v(am0, fcvt(mn0), fscale(dm, -d1[b]))
@@ -3053,7 +3072,7 @@ def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
 def _group_k_x8_one(kind, w, go, d1, b16, b32, qs, nsb, m):
     """_rowsk_x8's lanes for activation row m and the group of 8 Q4_K / Q6_K rows at byte go: per super-block the
     integer lanes (_sbk_x8), then the tile loop's float steps with both accumulators in registers."""
-    sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
+    sbytes = _kx8_bytes(kind)
     n16, n32 = b16.shape[1], b32.shape[1]
     K = 256 * nsb
     ad, am = fzero(), fzero()
@@ -3061,7 +3080,7 @@ def _group_k_x8_one(kind, w, go, d1, b16, b32, qs, nsb, m):
         o = go + b * sbytes  # no software prefetch: one contiguous stream per thread (X8K note)
         i = m * nsb + b
         s = _sbk_x8(kind, w, o, qs, m * K + 256 * b)
-        if kind == Q4_K:
+        if kind == Q4_K or kind == Q5_K:
             am = fma_v(am, fcvt(_kmin_sum_x8(w, o, b32, 4 * (m * n32 + 8 * b))), fscale(ld_f16x8(w, o + 16), -d1[i]))
         else:
             s = iaddmul(s, _koff6_sum_x8(w, o, b16, 4 * (m * n16 + 16 * b)), -32)
@@ -3094,7 +3113,7 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     if M == 1:
         _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1)
         return
-    sbytes = Q4_K_X8_BYTES if kind == Q4_K else Q6_K_X8_BYTES
+    sbytes = _kx8_bytes(kind)
     MT = _m_tile(K)
     if M == 2:
         _rowsk_x8_two(kind, w, d.reshape(-1), b16, b32, qs, out, g0, g1)
@@ -3113,13 +3132,13 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
             for b in range(nsb):
                 o = g * rb + b * sbytes  # no software prefetch: one contiguous stream per thread (X8K note)
                 dw = ld_f16x8(w, o)
-                dm = ld_f16x8(w, o + 16) if kind == Q4_K else fzero()
+                dm = ld_f16x8(w, o + 16) if kind == Q4_K or kind == Q5_K else fzero()
                 if t1 - t > 1:
                     _sbk_tile_x8(kind, w, o, qs, t * K + 256 * b, K, t1 - t, isc)
                 for m in range(t, t1):
                     a, i = m - t, m * nsb + b
                     s = _sbk_x8(kind, w, o, qs, m * K + 256 * b) if t1 - t == 1 else ld_i32x8(isc, 32 * a)
-                    if kind == Q4_K:
+                    if kind == Q4_K or kind == Q5_K:
                         mn = _kmin_sum_x8(w, o, b32, 4 * (m * n32 + 8 * b))
                         st_f32x8(acc, 64 * a + 32, fma_v(ld_f32x8(acc, 64 * a + 32), fcvt(mn), fscale(dm, -d1[i])))
                     else:
@@ -3888,6 +3907,34 @@ def dot_q4_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 
 @njit(**DOT)
+def _rows_q5_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8(Q5_K, w, d, b16, b32, qs, out, g0, g1)
+
+
+@launcher(_rows_q5_k_x8, DOT_PARALLEL)
+def dot_q5_k_x8(w, qu, d, b16, b32, qs, out):
+    """dot_q5_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1440]."""
+    G = w.shape[0]
+    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    for c in prange((G + per - 1) // per):
+        call_worker("_rows_q5_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
+
+
+@njit(**DOT)
+def _one_q5_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8_one(Q5_K, w, d, b16, b32, qs, out, g0, g1)
+
+
+@launcher(_one_q5_k_x8, DOT_PARALLEL)
+def dot_q5_k_x8_one(w, qu, d, b16, b32, qs, out):
+    """dot_q5_k_x8 one activation row at a time (the same bits): decode's kernel, dot_q5_k_x8's stand-in while its
+    tiles compile."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_one_q5_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
+@njit(**DOT)
 def _rows_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
     _rowsk_x8(Q6_K, w, d, b16, b32, qs, out, g0, g1)
 
@@ -3922,6 +3969,7 @@ ONE_ROW = {
     dot_q5_0_x8: dot_q5_0_x8_one,
     dot_q8_0_x8: dot_q8_0_x8_one,
     dot_q4_k_x8: dot_q4_k_x8_one,
+    dot_q5_k_x8: dot_q5_k_x8_one,
     dot_q6_k_x8: dot_q6_k_x8_one,
 }
 

@@ -1,5 +1,5 @@
-"""Weights repacked at load into layouts the dot kernels read faster: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K with 8
-rows interleaved.
+"""Weights repacked at load into layouts the dot kernels read faster: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K
+with 8 rows interleaved.
 
     w8, dot = repack(w, qtype)   # w [N, row_bytes] uint8 blocks, N % 8 == 0 -> a new array and its kernel,
                                  # or None when qtype has no interleaved layout (or N % 8 != 0)
@@ -19,7 +19,9 @@ dmin (8 halves), the integer scales as bytes in pairs of sub-blocks ([pair][row]
 mins, unpacked from their 12 bytes of 6-bit fields, 1184 bytes per super-block instead of 8 x 144; Q6_K: its 16 int8
 scales, moved), then the codes in chunks of 32 bytes, 4 bytes of each row: Q4_K: per 64-value group (32 bytes of
 qs per row) its 8 chunks, low nibbles values 4c.. of the group, high nibbles 32 + 4c..; Q6_K: per 128-value half, 8
-chunks of ql bytes 0-31 of the half, 8 of ql bytes 32-63, 8 of qh (1680 bytes, the same as 8 x 210).
+chunks of ql bytes 0-31 of the half, 8 of ql bytes 32-63, 8 of qh (1680 bytes, the same as 8 x 210). Q5_K: Q4_K's
+fields (its 12 bytes of scales and mins are Q4_K's), then per 64-value group and half of it a 32-byte plane of the
+fifth bits (as Q5_0's, from qh) before its 4 code chunks (1440 bytes against 8 x 176).
 
 The repacked copy is ordinary memory of the same size as the blocks (Q4_K: 2.8% more, its scales unpacked); the model
 file's pages it was made from are no longer needed by the kernels (GGUFFile.release_pages lets the OS drop them from
@@ -48,6 +50,7 @@ _LAYOUTS: dict[T, tuple[int, int, Callable]] = {
 # K-quants: type -> (bytes per original super-block, bytes per super-block of 8 interleaved rows, the kernel)
 _K_LAYOUTS: dict[T, tuple[int, int, Callable]] = {
     T.Q4_K: (144, dot.Q4_K_X8_BYTES, dot.dot_q4_k_x8),
+    T.Q5_K: (176, dot.Q5_K_X8_BYTES, dot.dot_q5_k_x8),
     T.Q6_K: (210, dot.Q6_K_X8_BYTES, dot.dot_q6_k_x8),
 }
 REPACKED_TYPES = frozenset(_LAYOUTS) | frozenset(_K_LAYOUTS)
@@ -119,6 +122,8 @@ def _interleave(blocks: np.ndarray, qtype: T, out: np.ndarray | None = None) -> 
     bytes x 8] in the interleaved layout."""
     if qtype == T.Q4_K:
         return _interleave_q4_k(blocks, out)
+    if qtype == T.Q5_K:
+        return _interleave_q5_k(blocks, out)
     if qtype == T.Q6_K:
         return _interleave_q6_k(blocks, out)
     scales, bsize, _ = _LAYOUTS[qtype]
@@ -186,6 +191,35 @@ def _interleave_q4_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.nd
     np.copyto(_words(o, 96, 160, 2, (4, 8)), _pairs(mn.view(np.uint8)))
     qs = _units(blocks[:, :, :, 16:144], 4).reshape(g, 8, nb, 4, 8)  # [g, row, block, 64-value group, chunk]
     np.copyto(_words(o, 160, dot.Q4_K_X8_BYTES, 4, (4, 8, 8)), qs.transpose(0, 2, 3, 4, 1))
+    return out
+
+
+def _interleave_q5_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Q5_K blocks [g, 8, nb, 176] -> [g, nb x 1440]: Q4_K's d, dmin, scale and min pairs (its 12 bytes of fields are
+    at the same place), then per 64-value group and half its fifth-bit plane (plane byte 4r + k, bit 2c + e: bit
+    2 jj + e of row r's qh byte 16 half + 4c + k, e = 0 for the low nibble's value, 1 for the high one's: llama.cpp's
+    dequantize_row_q5_K) and its 4 code chunks, as Q4_K's (module doc)."""
+    g, _, nb, _ = blocks.shape
+    if out is None:
+        out = np.empty((g, nb * dot.Q5_K_X8_BYTES), np.uint8)
+    o = out.reshape(g, nb, dot.Q5_K_X8_BYTES)
+    head = np.empty((g, 8, nb, 144), np.uint8)  # Q4_K's block fields: d, dmin, scales, then the nibbles
+    head[..., :16] = blocks[..., :16]
+    head[..., 16:] = blocks[..., 48:176]
+    h = _interleave_q4_k(head)[:, : nb * dot.Q4_K_X8_BYTES].reshape(g, nb, dot.Q4_K_X8_BYTES)
+    o[:, :, :160] = h[:, :, :160]
+    codes = h[:, :, 160:].reshape(g, nb, 4, 2, 128)  # [group jj, half, 4 chunks x 32 bytes]
+    qh = np.ascontiguousarray(blocks[..., 16:48]).reshape(g, 8, nb, 2, 4, 4)  # [g, row, block, half, chunk c, k]
+    for jj in range(4):
+        for half in range(2):
+            at = 160 + 320 * jj + 160 * half
+            plane = np.zeros((g, 8, nb, 4), np.uint8)  # [g, row r, block, k]
+            for c in range(4):
+                for e in range(2):
+                    bit = (qh[:, :, :, half, c, :] >> np.uint8(2 * jj + e)) & np.uint8(1)
+                    plane |= bit << np.uint8(2 * c + e)
+            o[:, :, at : at + 32] = plane.transpose(0, 2, 1, 3).reshape(g, nb, 32)
+            o[:, :, at + 32 : at + 160] = codes[:, :, jj, half]
     return out
 
 

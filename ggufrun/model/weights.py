@@ -1,7 +1,7 @@
 """The model's tensors, looked up by their GGUF names and checked against the config.
 
 Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear), except those of a type
-with an interleaved layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: repack_matrices copies them into it once and
+with an interleaved layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K: repack_matrices copies them into it once and
 releases the file pages); only 1-D vectors (norm weights, biases) become small float32 arrays. Attribute names are
 the GGUF names without `blk.N.` and `.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length
 array, which the kernels read as "not there".
@@ -286,13 +286,14 @@ def load_weights(gguf, cfg: ModelConfig) -> Weights:
 
 
 def repack_matrices(weights: Weights, gguf) -> Weights:
-    """`weights` with every matrix whose type has an interleaved layout (ggufrun.quants.repack: Q4_0, Q4_1, Q5_0,
-    Q8_0, Q4_K, Q6_K) copied into it, the file pages each came from released (GGUFFile.release_pages), so the process
-    holds one copy. token_embd only when it is also the output (tied) and its rows can be read back from that layout
-    (Q4_0, Q4_1, Q8_0, Q6_K: the embedding lookup reads them); an embedding table used for lookups alone gains nothing
-    from it. A block's attn_q / attn_k / attn_v (ffn_gate / ffn_up) of one such type are copied into one matrix,
-    attn_qkv (ffn_gate_up), of which they are views: a decode step takes them in one kernel call (SmolLM2, 2 threads:
-    24.2 -> 14.8 us for Q / K / V, 47.7 -> 40.0 us for gate / up)."""
+    """`weights` with every matrix whose type has an interleaved layout (ggufrun.quants.repack: Q4_0, Q4_1, Q5_0, Q8_0,
+    Q4_K, Q5_K, Q6_K) copied into it, the file pages each came from released (GGUFFile.release_pages), so the
+    process holds one copy. token_embd only when it is also the output (tied) and its rows can be read back from
+    that layout (Q4_0, Q4_1, Q8_0, Q6_K: the embedding lookup reads them); an embedding table used for lookups alone
+    gains nothing from it. A block's attn_q / attn_k / attn_v (ffn_gate / ffn_up) of one such type are copied into
+    one matrix, attn_qkv (ffn_gate_up), of which they are views: a decode step takes them in one kernel call
+    (SmolLM2, 2 threads: 24.2 -> 14.8 us for Q / K / V, 47.7 -> 40.0 us for gate / up).
+    """
 
     def pack(lin, rows_too=False):
         if isinstance(lin, tuple):

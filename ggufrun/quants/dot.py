@@ -2721,7 +2721,7 @@ def rowkx4(kind, bsize, w, wo, qu, m, d, bsums16, bsums32, qs):
     )  # fmt: skip
 
 
-# ---- Q4_K and Q6_K with 8 weight rows interleaved (ggufrun.quants.repack): per super-block, the 8 rows' d (and
+# ---- Q4_K, Q5_K and Q6_K with 8 weight rows interleaved (ggufrun.quants.repack): per super-block, the 8 rows' d (and
 # Q4_K's dmin), their integer scales as bytes in pairs of sub-blocks ([pair][row][2]: Q4_K's 8 scales and 8 mins
 # unpacked from their 6 bits, Q6_K's 16 int8 scales), then chunks of 32 bytes holding 4 code bytes of each row
 # (row r at bytes 4r..4r+3). A chunk's codes meet 4 activation quants broadcast to the 8 rows (as dot_x8's), their

@@ -14,10 +14,10 @@ their low nibbles (values 4c..4c+3), 2c + 1 their high nibbles (values 16+4c..16
 the same way for its AVX2 / NEON GEMM kernels (ggml-cpu/repack.cpp, block_q4_0x8 with 8-byte groups; ggufrun uses
 4-byte groups, one dword of activations per vpmaddubsw).
 
-Q4_K and Q6_K (ggufrun.quants.dot, `_rowsk_x8`), per 256-value super-block of the 8 rows: their d (8 halves), Q4_K's
-dmin (8 halves), the integer scales as bytes in pairs of sub-blocks ([pair][row][2]; Q4_K: the 8 scales, then the 8
-mins, unpacked from their 12 bytes of 6-bit fields, 1184 bytes per super-block instead of 8 x 144; Q6_K: its 16 int8
-scales, moved), then the codes in chunks of 32 bytes, 4 bytes of each row: Q4_K: per 64-value group (32 bytes of
+Q4_K, Q5_K and Q6_K (ggufrun.quants.dot, `_rowsk_x8`), per 256-value super-block of the 8 rows: their d (8 halves),
+Q4_K's dmin (8 halves), the integer scales as bytes in pairs of sub-blocks ([pair][row][2]; Q4_K: the 8 scales, then
+the 8 mins, unpacked from their 12 bytes of 6-bit fields, 1184 bytes per super-block instead of 8 x 144; Q6_K: its 16
+int8 scales, moved), then the codes in chunks of 32 bytes, 4 bytes of each row: Q4_K: per 64-value group (32 bytes of
 qs per row) its 8 chunks, low nibbles values 4c.. of the group, high nibbles 32 + 4c..; Q6_K: per 128-value half, 8
 chunks of ql bytes 0-31 of the half, 8 of ql bytes 32-63, 8 of qh (1680 bytes, the same as 8 x 210). Q5_K: Q4_K's
 fields (its 12 bytes of scales and mins are Q4_K's), then per 64-value group and half of it a 32-byte plane of the

@@ -3,6 +3,7 @@
     python benchmarks/shapes.py                                   # every shape <= 4B, Q4_K_M/Q8_0/IQ4_XS, pp512 tg128
     python benchmarks/shapes.py --shapes qwen2.5-0.5b,llama3.2-1b --types Q4_K_M --repeat 3 --chart shapes.png
     python benchmarks/shapes.py --shapes llama3.1-8b --types Q4_K_M --pp 128 --tg 32 --repeat 1 --json out.json
+    python benchmarks/shapes.py --shapes qwen2.5-1.5b --types Q5_K_M --repeat 2      # a type outside the default three
     python benchmarks/shapes.py --list                            # the shape table and parameter counts
     python benchmarks/shapes.py --merge a.json b.json --chart shapes.png   # one table of several --json runs
     python benchmarks/shapes.py --merge a.json --stat max         # the best run of each instead of the median
@@ -103,7 +104,7 @@ CACHE = Path.home() / ".cache" / "ggufrun" / "shapes"
 DEFAULT_LLAMA_BIN = os.environ.get("LLAMA_CPP_BIN", "/work/llama/build/bin")
 TYPES = ("Q4_K_M", "Q8_0", "IQ4_XS")
 # bits per weight of llama-quantize's output, for the disk-space check before writing (Q4_K_M mixes Q6_K in)
-BITS_PER_WEIGHT = {"Q4_K_M": 4.9, "Q8_0": 8.5, "IQ4_XS": 4.3, "F16": 16.0}
+BITS_PER_WEIGHT = {"Q4_K_M": 4.9, "Q5_K_M": 5.7, "Q8_0": 8.5, "IQ4_XS": 4.3, "F16": 16.0}  # --types takes any of these
 DELETE_F16_ABOVE = 2e9  # parameters: keep the F16 of the small shapes (quick to requantize), not of the big ones
 DISK_MARGIN = 2e9  # bytes left free after a shape's files
 

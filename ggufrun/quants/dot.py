@@ -3054,7 +3054,7 @@ def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
             o = g * rb + b * sbytes
             dw = ld_f16x8(w, o)
             s0, s1 = _sbk_x8_two(kind, w, o, qs, 256 * b, K)
-            if kind == Q4_K or kind == Q5_K:
+            if _has_min(kind):
                 dm = ld_f16x8(w, o + 16)
                 mn0, mn1 = _kmin_sum_x8(w, o, b32, 4 * (8 * b)), _kmin_sum_x8(w, o, b32, 4 * (n32 + 8 * b))
                 am0 = fma_v(am0, fcvt(mn0), fscale(dm, -d1[b]))
@@ -3080,7 +3080,7 @@ def _group_k_x8_one(kind, w, go, d1, b16, b32, qs, nsb, m):
         o = go + b * sbytes  # no software prefetch: one contiguous stream per thread (X8K note)
         i = m * nsb + b
         s = _sbk_x8(kind, w, o, qs, m * K + 256 * b)
-        if kind == Q4_K or kind == Q5_K:
+        if _has_min(kind):
             am = fma_v(am, fcvt(_kmin_sum_x8(w, o, b32, 4 * (m * n32 + 8 * b))), fscale(ld_f16x8(w, o + 16), -d1[i]))
         else:
             s = iaddmul(s, _koff6_sum_x8(w, o, b16, 4 * (m * n16 + 16 * b)), -32)
@@ -3132,13 +3132,13 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
             for b in range(nsb):
                 o = g * rb + b * sbytes  # no software prefetch: one contiguous stream per thread (X8K note)
                 dw = ld_f16x8(w, o)
-                dm = ld_f16x8(w, o + 16) if kind == Q4_K or kind == Q5_K else fzero()
+                dm = ld_f16x8(w, o + 16) if _has_min(kind) else fzero()
                 if t1 - t > 1:
                     _sbk_tile_x8(kind, w, o, qs, t * K + 256 * b, K, t1 - t, isc)
                 for m in range(t, t1):
                     a, i = m - t, m * nsb + b
                     s = _sbk_x8(kind, w, o, qs, m * K + 256 * b) if t1 - t == 1 else ld_i32x8(isc, 32 * a)
-                    if kind == Q4_K or kind == Q5_K:
+                    if _has_min(kind):
                         mn = _kmin_sum_x8(w, o, b32, 4 * (m * n32 + 8 * b))
                         st_f32x8(acc, 64 * a + 32, fma_v(ld_f32x8(acc, 64 * a + 32), fcvt(mn), fscale(dm, -d1[i])))
                     else:

@@ -176,6 +176,16 @@ def _interleave_q4_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if out is None:
         out = np.empty((g, nb * dot.Q4_K_X8_BYTES), np.uint8)
     o = out.reshape(g, nb, dot.Q4_K_X8_BYTES)
+    _k4_fields(blocks, o)
+    qs = _units(blocks[:, :, :, 16:144], 4).reshape(g, 8, nb, 4, 8)  # [g, row, block, 64-value group, chunk]
+    np.copyto(_words(o, 160, dot.Q4_K_X8_BYTES, 4, (4, 8, 8)), qs.transpose(0, 2, 3, 4, 1))
+    return out
+
+
+def _k4_fields(blocks: np.ndarray, o: np.ndarray) -> None:
+    """Bytes 0-159 of each super-block of o [g, nb, bytes] from Q4_K / Q5_K blocks [g, 8, nb, >= 16] (the two types'
+    first 16 bytes are the same fields): d, dmin, the 8 scale pairs and the 8 min pairs, unpacked."""
+    g, _, nb, _ = blocks.shape
     np.copyto(_words(o, 0, 32, 2, (2, 8)), _pairs(blocks[:, :, :, 0:4]))  # d, dmin
     # llama.cpp's get_scale_min_k4: the 6-bit scales and mins of the 8 sub-blocks from 12 bytes, four bytes at a
     # time (the masks and shifts keep every byte's bits within it)
@@ -189,9 +199,6 @@ def _interleave_q4_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.nd
     mn[..., 1] = ((q[..., 2] >> four) & low4) | (((q[..., 1] >> six) & high2) << four)
     np.copyto(_words(o, 32, 96, 2, (4, 8)), _pairs(sc.view(np.uint8)))
     np.copyto(_words(o, 96, 160, 2, (4, 8)), _pairs(mn.view(np.uint8)))
-    qs = _units(blocks[:, :, :, 16:144], 4).reshape(g, 8, nb, 4, 8)  # [g, row, block, 64-value group, chunk]
-    np.copyto(_words(o, 160, dot.Q4_K_X8_BYTES, 4, (4, 8, 8)), qs.transpose(0, 2, 3, 4, 1))
-    return out
 
 
 def _interleave_q5_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -203,23 +210,19 @@ def _interleave_q5_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if out is None:
         out = np.empty((g, nb * dot.Q5_K_X8_BYTES), np.uint8)
     o = out.reshape(g, nb, dot.Q5_K_X8_BYTES)
-    head = np.empty((g, 8, nb, 144), np.uint8)  # Q4_K's block fields: d, dmin, scales, then the nibbles
-    head[..., :16] = blocks[..., :16]
-    head[..., 16:] = blocks[..., 48:176]
-    h = _interleave_q4_k(head)[:, : nb * dot.Q4_K_X8_BYTES].reshape(g, nb, dot.Q4_K_X8_BYTES)
-    o[:, :, :160] = h[:, :, :160]
-    codes = h[:, :, 160:].reshape(g, nb, 4, 2, 128)  # [group jj, half, 4 chunks x 32 bytes]
+    _k4_fields(blocks, o)
+    parts = o[:, :, 160:].reshape(g, nb, 4, 2, 160)  # [group jj, half, 32-byte plane + 4 chunks of 32 bytes]
+    qs = _units(blocks[:, :, :, 48:176], 4).reshape(g, 8, nb, 4, 2, 4)  # [g, row, block, jj, half, chunk]
+    np.copyto(_units(parts[..., 32:], 4).reshape(g, nb, 4, 2, 4, 8), qs.transpose(0, 2, 3, 4, 5, 1))
     qh = np.ascontiguousarray(blocks[..., 16:48]).reshape(g, 8, nb, 2, 4, 4)  # [g, row, block, half, chunk c, k]
     for jj in range(4):
         for half in range(2):
-            at = 160 + 320 * jj + 160 * half
             plane = np.zeros((g, 8, nb, 4), np.uint8)  # [g, row r, block, k]
             for c in range(4):
                 for e in range(2):
                     bit = (qh[:, :, :, half, c, :] >> np.uint8(2 * jj + e)) & np.uint8(1)
                     plane |= bit << np.uint8(2 * c + e)
-            o[:, :, at : at + 32] = plane.transpose(0, 2, 1, 3).reshape(g, nb, 32)
-            o[:, :, at + 32 : at + 160] = codes[:, :, jj, half]
+            parts[:, :, jj, half, :32] = plane.transpose(0, 2, 1, 3).reshape(g, nb, 32)
     return out
 
 

@@ -3149,6 +3149,370 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
                 st_f32x8(out, 4 * (m * N + 8 * g), fadd_v(ld_f32x8(acc, a), ld_f32x8(acc, a + 32)))
 
 
+# ---- K-quant pair tiles on AVX-512 (Q4_K, Q5_K, Q6_K with M >= 3 activation rows) ------------------------------
+# With 512-bit registers a vector holds the 8 interleaved weight rows against two activation rows at once: lane
+# 2r + j is weight row r against activation row j of a pair. The launcher lays each pair of activation rows out
+# together (_pair_rows: 4 quant bytes of one row, then the same 4 of the other, so one 8-byte broadcast fills every
+# lane), and the tiles decode each code vector once, spread its rows' dwords over both lanes (vpermd), then take 4
+# quant bytes a lane per vpdpbusd and the sub-block scale per vpdpwssd. Every lane is the same exact integer as
+# _sbk_x8's and gets the same float steps as _rowsk_x8's, so the bits are the same. What it saves: the 256-bit
+# tiles spend ~21 vector instructions on 256 multiply-adds of a row (vpmaddubsw, int16 adds, vpmaddwd, broadcasts);
+# these ~11 on 512. llama.cpp's repacked AVX-512 Q4_K gemm (ggml-cpu/arch/x86/repack.cpp, ggml_gemm_q4_K_8x8_q8_K)
+# also works on 8 weight rows x 4 activation rows per iteration. Only where the CPU has AVX-512 F / BW / VNNI.
+# -----------------------------------------------------------------------------------------------------------------
+
+HAS_ZMM = HAS_VNNI and {"avx512f", "avx512bw", "avx512vnni"} <= _FEATS
+ZMM_MIN_ROWS = 3  # one and two activation rows keep their own kernels (decode's, _rowsk_x8_two)
+
+I8x64 = Vec("i8", 64)
+I32x16 = Vec("i32", 16)
+F32x16 = Vec("f32", 16)
+CodesZ8 = types.UniTuple(I8x64, 8)
+_v16i32, _v16f32, _v32i16 = ir.VectorType(_i32, 16), ir.VectorType(_f32, 16), ir.VectorType(_i16, 32)
+_DUP = ir.Constant(_v16i32, [i // 2 for i in range(16)])  # lane 2r + j <- lane r (vpermd)
+_PAIR = ir.Constant(_v16i32, [i % 2 for i in range(16)])  # lane 2r + j <- element j
+
+
+def _z_call(builder, name, *args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(args[0].type, [a.type for a in args]), name)
+    return builder.call(fn, list(args))
+
+
+def _z_pair8(builder, p, at):
+    """The 8 bytes at byte `at` of i8* p in each of the 8 qwords of a 64-byte vector (vpbroadcastq), as int32."""
+    x = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _i64.as_pointer()), align=1)
+    return builder.bitcast(_bsplat(builder, ir.VectorType(_i64, 8), x), _v16i32)
+
+
+@intrinsic
+def widen_z(typingctx, codes):
+    """8 code vectors of 8 interleaved rows (dword r: row r's 4 codes) -> the same with row r in lanes 2r and 2r + 1."""
+    if codes != Codes8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        out = []
+        for i in range(8):
+            v = builder.bitcast(builder.extract_value(args[0], i), _v8i32)
+            out.append(builder.bitcast(builder.shuffle_vector(v, v, _DUP), ir.VectorType(_i8, 64)))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return CodesZ8(Codes8), codegen
+
+
+def _kscales_z(signed: bool):
+    """Intrinsic (a, off, e) -> element e (0 or 1) of the 8 rows' scale pairs at byte `off` (as ksc_x8) in lanes 2r
+    and 2r + 1, as an int16 in the low half of the lane and 0 in the high half (what vpdpwssd multiplies exactly)."""
+
+    @intrinsic
+    def scales(typingctx, a, off, e):
+        if not _is_ptr_args(a, off) or not isinstance(e, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
+            pick = []
+            for k in (0, 1):
+                x = builder.shuffle_vector(v, v, ir.Constant(_v16i32, [2 * (i // 2) + k for i in range(16)]))
+                x = builder.sext(x, _v16i32) if signed else builder.zext(x, _v16i32)
+                pick.append(builder.and_(x, _splat(_v16i32, 0xFFFF)))
+            odd = builder.icmp_signed("!=", _int_arg(context, builder, sig.args[2], args[2]), ir.Constant(_i32, 0))
+            return builder.select(odd, pick[1], pick[0])
+
+        return I32x16(a, off, e), codegen
+
+    return scales
+
+
+ksc_z = _kscales_z(False)  # Q4_K / Q5_K's 6-bit scales
+ksc6_z = _kscales_z(True)  # Q6_K's int8 scales
+
+
+def _dot_k_z(run: int, hi_at: int):
+    """Intrinsic (codes, qp, off, sclo, schi, acc) -> acc + the lanes of _dot_k_x8 for a pair of activation rows in
+    the pair layout at byte `off` of qp: code vector 2c meets the pair's quants of values 4c.. (scales sclo), 2c + 1
+    those of values hi_at + 4c.. (schi); `run` vpdpbusd then one vpdpwssd by the scale (run * 16 codes times quants
+    stay within int16: Q4_K 4 x 16 x 15 x 128, Q5_K 2 x 16 x 31 x 128, Q6_K 1 x 4 x 63 x 128 < 2^15)."""
+
+    @intrinsic
+    def dot(typingctx, codes, qp, off, sclo, schi, acc):
+        if codes != CodesZ8 or not _is_ptr_args(qp, off) or sclo != I32x16 or schi != I32x16 or acc != I32x16:
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+            acc = args[5]
+            for part in (0, 1):
+                s = None
+                for c in range(4):
+                    u = builder.bitcast(builder.extract_value(args[0], 2 * c + part), _v16i32)
+                    q = _z_pair8(builder, p, 2 * (hi_at * part + 4 * c))
+                    s = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", s or _splat(_v16i32, 0), u, q)
+                    if (c + 1) % run == 0:
+                        acc, s = _z_call(builder, "llvm.x86.avx512.vpdpwssd.512", acc, s, args[3 + part]), None
+            return acc
+
+        return I32x16(CodesZ8, qp, off, I32x16, I32x16, I32x16), codegen
+
+    return dot
+
+
+dot4k_z = _dot_k_z(4, 32)
+dot5k_z = _dot_k_z(2, 32)
+dot6k_z = _dot_k_z(1, 64)
+
+
+def _kpairs_z(signed: bool, n: int):
+    """Intrinsic (a, off, bp, bo) -> int32 lane 2r + j: sum over k < n of row r's byte pair at byte off + 16k ([row][2]
+    bytes, sign- or zero-extended) . pair row j's two int16 sums at byte bo + 8k of bp (the pair layout of
+    _pair_sums): kmin_x8 / koff6_x8 summed as _kmin_sum_x8 / _koff6_sum_x8 sum them, for both rows of a pair."""
+
+    @intrinsic
+    def pairs(typingctx, a, off, bp, bo):
+        if not _is_ptr_args(a, off) or not _is_ptr_args(bp, bo):
+            return None
+
+        def codegen(context, builder, sig, args):
+            pa = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+            pb = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
+            acc = _splat(_v16i32, 0)
+            for k in range(n):
+                v = builder.load(builder.bitcast(builder.gep(pa, [ir.Constant(_i64, 16 * k)]),
+                                                 ir.VectorType(_i8, 16).as_pointer()), align=1)  # fmt: skip
+                v = builder.bitcast(builder.sext(v, _v16i16) if signed else builder.zext(v, _v16i16), _v8i32)
+                v = builder.shuffle_vector(v, v, _DUP)
+                acc = _z_call(builder, "llvm.x86.avx512.vpdpwssd.512", acc, v, _z_pair8(builder, pb, 8 * k))
+            return acc
+
+        return I32x16(a, off, bp, bo), codegen
+
+    return pairs
+
+
+kmin_z = _kpairs_z(False, 4)  # Q4_K / Q5_K: the 8 sub-blocks' mins . bsums32
+koff6_z = _kpairs_z(True, 8)  # Q6_K: the 16 groups' scales . bsums16
+
+
+@intrinsic
+def ld_f16x8_z(typingctx, a, off):
+    """8 IEEE halves at byte `off` (one per interleaved row), as float32, row r in lanes 2r and 2r + 1."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _h2f(builder, _load(context, builder, sig, args, ir.VectorType(_i16, 8)))
+        return builder.shuffle_vector(v, v, _DUP)
+
+    return F32x16(a, off), codegen
+
+
+def _f32pair_z(negate: bool):
+    """Intrinsic (a, off) -> the two float32 at byte `off` (a pair's two activation scales) in alternate lanes,
+    negated if `negate`."""
+
+    @intrinsic
+    def pair(typingctx, a, off):
+        if not _is_ptr_args(a, off):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = _load(context, builder, sig, args, ir.VectorType(_f32, 2))
+            v = builder.shuffle_vector(v, v, _PAIR)
+            return builder.fneg(v) if negate else v
+
+        return F32x16(a, off), codegen
+
+    return pair
+
+
+ld_f32pair_z, ld_f32pair_neg_z = _f32pair_z(False), _f32pair_z(True)
+
+
+def _const_z(ty, value):
+    @intrinsic
+    def const(typingctx):
+        def codegen(context, builder, sig, args):
+            return _splat(context.get_value_type(ty), value)
+
+        return ty(), codegen
+
+    return const
+
+
+izero_z, fzero_z = _const_z(I32x16, 0), _const_z(F32x16, 0.0)
+
+
+def _ld_z(ty):
+    @intrinsic
+    def load(typingctx, a, off):
+        """16 lanes at byte `off`."""
+        if not _is_ptr_args(a, off):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _load(context, builder, sig, args, context.get_value_type(ty))
+
+        return ty(a, off), codegen
+
+    return load
+
+
+ld_i32z, ld_f32z = _ld_z(I32x16), _ld_z(F32x16)
+
+
+@intrinsic
+def st_z(typingctx, a, off, v):
+    """Store 16 lanes (int32 or float32) at byte `off`."""
+    if not _is_ptr_args(a, off) or v not in (I32x16, F32x16):
+        return None
+    return types.none(a, off, v), _store_codegen
+
+
+@intrinsic
+def st_lanes_f32x8(typingctx, a, off, v, j):
+    """Store lanes j, j + 2, ..., j + 14 of v (activation row j of a pair) as 8 float32 at byte `off`."""
+    if not _is_ptr_args(a, off) or v != F32x16 or not isinstance(j, types.IntegerLiteral):
+        return None
+    k = j.literal_value
+
+    def codegen(context, builder, sig, args):
+        x = builder.shuffle_vector(args[2], args[2], ir.Constant(_v8i32, list(range(k, 16, 2))))
+        builder.store(x, _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _v8f32), align=4)
+        return context.get_dummy_value()
+
+    return types.none(a, off, v, j), codegen
+
+
+def _lanewise_z(build, out, *ins):
+    """Intrinsic of 16-lane operands `ins` (one to three) -> `out`: build(builder, *operands)."""
+
+    def typer(args):
+        if tuple(args) != ins:
+            return None
+
+        def codegen(context, builder, sig, llargs):
+            return build(builder, *llargs)
+
+        return out(*ins), codegen
+
+    if len(ins) == 1:
+        return intrinsic(lambda typingctx, a: typer((a,)))
+    if len(ins) == 2:
+        return intrinsic(lambda typingctx, a, b: typer((a, b)))
+    return intrinsic(lambda typingctx, a, b, c: typer((a, b, c)))
+
+
+fcvt_z = _lanewise_z(lambda b, v: b.sitofp(v, _v16f32), F32x16, I32x16)
+fmul_z = _lanewise_z(lambda b, x, y: b.fmul(x, y), F32x16, F32x16, F32x16)
+fadd_z = _lanewise_z(lambda b, x, y: b.fadd(x, y), F32x16, F32x16, F32x16)
+fma_z = _lanewise_z(lambda b, acc, x, y: _z_call(b, "llvm.fma.v16f32", x, y, acc), F32x16, F32x16, F32x16, F32x16)
+isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I32x16, I32x16, I32x16)  # s - 32 c
+
+
+@njit(inline="always", **DOT)
+def _pair_tiles(M):
+    """Whether the K-quant launchers run M activation rows as pair tiles (the launcher and worker both ask)."""
+    return HAS_ZMM and M >= ZMM_MIN_ROWS
+
+
+@njit(inline="always", **DOT)
+def _pair_rows(x, xp, p):
+    """Pair p of x's rows (int32 words [M, n]; the last row twice when M is odd) into xp[p] ([P, 2n]): word i of
+    row 2p, then word i of row 2p + 1."""
+    a, b = 2 * p, min(2 * p + 1, x.shape[0] - 1)
+    for i in range(x.shape[1]):
+        xp[p, 2 * i] = x[a, i]
+        xp[p, 2 * i + 1] = x[b, i]
+
+
+@njit(inline="always", **DOT)
+def _pair_sums(s, sp, p):
+    """Pair p of the activation sums s (int32 [M, n], n even, each within int16) into sp[p] (int32 [P, n]): for
+    each two sums 2i, 2i + 1 of a row, word 2i + j = row j's two as int16s (low, high), j = 0, 1."""
+    a, b = 2 * p, min(2 * p + 1, s.shape[0] - 1)
+    for i in range(s.shape[1] // 2):
+        sp[p, 2 * i] = (s[a, 2 * i] & 0xFFFF) | (s[a, 2 * i + 1] << 16)
+        sp[p, 2 * i + 1] = (s[b, 2 * i] & 0xFFFF) | (s[b, 2 * i + 1] << 16)
+
+
+@njit(inline="always", **DOT)
+def _sbk_tile_z(kind, w, o, qp, xo, K2, pairs, isc):
+    """_sbk_tile_x8 for `pairs` pairs of activation rows in the pair layout (pair t at byte xo + t * K2 of qp):
+    isc[t] (int32 [pairs, 16], lane 2r + j) = the pair's integer lanes of the super-block at byte o."""
+    for a in range(0, 64 * pairs, 64):
+        st_z(isc, a, izero_z())
+    if kind == Q4_K or kind == Q5_K:
+        for jj in range(4):
+            sclo, schi = ksc_z(w, o + 32 + 16 * jj, 0), ksc_z(w, o + 32 + 16 * jj, 1)
+            for half in range(2):
+                u = widen_z(_kx8_codes(kind, w, o, jj, half))
+                x = xo + 2 * (64 * jj + 16 * half)
+                for a in range(0, 64 * pairs, 64):
+                    if kind == Q4_K:
+                        st_z(isc, a, dot4k_z(u, qp, x, sclo, schi, ld_i32z(isc, a)))
+                    else:
+                        st_z(isc, a, dot5k_z(u, qp, x, sclo, schi, ld_i32z(isc, a)))
+                    x += K2
+    else:
+        for h in range(2):
+            co = o + 144 + 768 * h
+            for kp in range(2):
+                for half in range(2):
+                    sclo = ksc6_z(w, o + 16 + 16 * (4 * h + kp), half)
+                    schi = ksc6_z(w, o + 16 + 16 * (4 * h + kp + 2), half)
+                    u = widen_z(codes6_x8(w, co + 256 * kp + 128 * half, co + 512 + 128 * half, kp))
+                    x = xo + 2 * (128 * h + 32 * kp + 16 * half)
+                    for a in range(0, 64 * pairs, 64):
+                        st_z(isc, a, dot6k_z(u, qp, x, sclo, schi, ld_i32z(isc, a)))
+                        x += K2
+
+
+@njit(inline="always", **DOT)
+def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
+    """_rowsk_x8 for M >= 3 activation rows given as pairs (the launcher's _pair_rows / _pair_sums: qp [P, 2K],
+    dp [P, 2 K/256], b16p [P, K/16], b32p [P, K/32]): per tile of pairs and group, each super-block decoded once,
+    the pairs' integer lanes waiting in L1, then rowk's float steps on both rows of a pair at once."""
+    rb = w.shape[1]
+    M, N = out.shape[0], out.shape[1]
+    P, K2 = qp.shape[0], qp.shape[1]
+    nsb = K2 // 512
+    sbytes = _kx8_bytes(kind)
+    PT = _m_tile(K2 // 2) // 2
+    if P <= X8_STACK_ROWS // 2:
+        acc, isc = (
+            carray(x8_acc_scratch(), (X8_STACK_ROWS // 2, 32)),
+            carray(x8_int_scratch(), (X8_STACK_ROWS // 2, 16)),
+        )
+    else:
+        acc, isc = np.empty((PT, 32), np.float32), np.empty((PT, 16), np.int32)
+    n16, n32 = b16p.shape[1], b32p.shape[1]
+    for t in range(0, P, PT):
+        t1 = min(P, t + PT)
+        for g in range(g0, g1):
+            for a in range(0, 128 * (t1 - t), 64):
+                st_z(acc, a, fzero_z())
+            for b in range(nsb):
+                o = g * rb + b * sbytes
+                dw = ld_f16x8_z(w, o)
+                _sbk_tile_z(kind, w, o, qp, t * K2 + 512 * b, K2, t1 - t, isc)
+                for p in range(t, t1):
+                    a = p - t
+                    s = ld_i32z(isc, 64 * a)
+                    if _has_min(kind):
+                        mn = kmin_z(w, o + 96, b32p, 4 * (p * n32 + 8 * b))
+                        dm = fmul_z(ld_f16x8_z(w, o + 16), ld_f32pair_neg_z(dp, 4 * (p * 2 * nsb + 2 * b)))
+                        st_z(acc, 128 * a + 64, fma_z(ld_f32z(acc, 128 * a + 64), fcvt_z(mn), dm))
+                    else:
+                        s = isub32_z(s, koff6_z(w, o + 16, b16p, 4 * (p * n16 + 16 * b)))
+                    dd = fmul_z(dw, ld_f32pair_z(dp, 4 * (p * 2 * nsb + 2 * b)))
+                    st_z(acc, 128 * a, fma_z(ld_f32z(acc, 128 * a), fcvt_z(s), dd))
+            for p in range(t, t1):
+                v = fadd_z(ld_f32z(acc, 128 * (p - t)), ld_f32z(acc, 128 * (p - t) + 64))
+                st_lanes_f32x8(out, 4 * (2 * p * N + 8 * g), v, 0)
+                if 2 * p + 1 < M:
+                    st_lanes_f32x8(out, 4 * ((2 * p + 1) * N + 8 * g), v, 1)
+
+
 # ---- Grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256-value super-blocks of 8 groups of 32 values; a
 # group is 4 code book entries of 8 values (IQ2) or 8 entries of 4 (IQ3), 32 sign bits, and one scale 2s+1 per
 # 32 values (IQ2_XXS, IQ3_XXS, IQ3_S) or per 16 (IQ2_XS, IQ2_S). As llama.cpp's AVX2 kernels do, the signs go
@@ -3880,7 +4244,10 @@ def dot_q6_k(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8(Q4_K, w, d, b16, b32, qs, out, g0, g1)
+    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q4_k_x8)
+        _rowsk_z(Q4_K, w, d, b16, b32, qs, out, g0, g1)
+    else:
+        _rowsk_x8(Q4_K, w, d, b16, b32, qs, out, g0, g1)
 
 
 @launcher(_rows_q4_k_x8, DOT_PARALLEL)
@@ -3888,8 +4255,20 @@ def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q4_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1184]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    for c in prange((G + per - 1) // per):
-        call_worker("_rows_q4_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
+    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+        P = (qs.shape[0] + 1) // 2
+        qp, dp = np.empty((P, 2 * qs.shape[1]), np.int8), np.empty((P, 2 * d.shape[1]), np.float32)
+        b32p = np.empty((P, b32.shape[1]), np.int32)
+        q32, qp32 = qs.view(np.int32), qp.view(np.int32)
+        for p in prange(P):
+            _pair_rows(q32, qp32, p)
+            _pair_rows(d, dp, p)
+            _pair_sums(b32, b32p, p)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q4_k_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
+    else:
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q4_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -3908,7 +4287,10 @@ def dot_q4_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q5_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8(Q5_K, w, d, b16, b32, qs, out, g0, g1)
+    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q5_k_x8)
+        _rowsk_z(Q5_K, w, d, b16, b32, qs, out, g0, g1)
+    else:
+        _rowsk_x8(Q5_K, w, d, b16, b32, qs, out, g0, g1)
 
 
 @launcher(_rows_q5_k_x8, DOT_PARALLEL)
@@ -3916,8 +4298,20 @@ def dot_q5_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q5_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1440]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    for c in prange((G + per - 1) // per):
-        call_worker("_rows_q5_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
+    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+        P = (qs.shape[0] + 1) // 2
+        qp, dp = np.empty((P, 2 * qs.shape[1]), np.int8), np.empty((P, 2 * d.shape[1]), np.float32)
+        b32p = np.empty((P, b32.shape[1]), np.int32)
+        q32, qp32 = qs.view(np.int32), qp.view(np.int32)
+        for p in prange(P):
+            _pair_rows(q32, qp32, p)
+            _pair_rows(d, dp, p)
+            _pair_sums(b32, b32p, p)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q5_k_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
+    else:
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q5_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -3936,7 +4330,10 @@ def dot_q5_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8(Q6_K, w, d, b16, b32, qs, out, g0, g1)
+    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q6_k_x8)
+        _rowsk_z(Q6_K, w, d, b16, b32, qs, out, g0, g1)
+    else:
+        _rowsk_x8(Q6_K, w, d, b16, b32, qs, out, g0, g1)
 
 
 @launcher(_rows_q6_k_x8, DOT_PARALLEL)
@@ -3944,8 +4341,20 @@ def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q6_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1680]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    for c in prange((G + per - 1) // per):
-        call_worker("_rows_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
+    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+        P = (qs.shape[0] + 1) // 2
+        qp, dp = np.empty((P, 2 * qs.shape[1]), np.int8), np.empty((P, 2 * d.shape[1]), np.float32)
+        b16p = np.empty((P, b16.shape[1]), np.int32)
+        q32, qp32 = qs.view(np.int32), qp.view(np.int32)
+        for p in prange(P):
+            _pair_rows(q32, qp32, p)
+            _pair_rows(d, dp, p)
+            _pair_sums(b16, b16p, p)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q6_k_x8", (w, qu, dp, b16p, b32, qp, out, c * per, min(G, c * per + per)))
+    else:
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)

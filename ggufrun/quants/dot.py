@@ -3513,6 +3513,152 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
                     st_lanes_f32x8(out, 4 * ((2 * p + 1) * N + 8 * g), v, 1)
 
 
+def _dot32_z(nibbles: bool):
+    """Intrinsic (codes, qp, off) -> lane 2r + j: row r's codes (widen_z of _codes32_x8) . the 32 quants of pair row
+    j at byte `off` of the pair layout: 8 vpdpbusd (code vector j meets values 16 (j % 2) + 4 (j // 2).. for the
+    nibble types, 4j.. for Q8_0)."""
+
+    @intrinsic
+    def dot(typingctx, codes, qp, off):
+        if codes != CodesZ8 or not _is_ptr_args(qp, off):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+            acc = _splat(_v16i32, 0)
+            for j in range(8):
+                v = 16 * (j % 2) + 4 * (j // 2) if nibbles else 4 * j
+                u = builder.bitcast(builder.extract_value(args[0], j), _v16i32)
+                acc = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", acc, u, _z_pair8(builder, p, 2 * v))
+            return acc
+
+        return I32x16(CodesZ8, qp, off), codegen
+
+    return dot
+
+
+dot_z, dot8_z = _dot32_z(True), _dot32_z(False)
+
+
+@intrinsic
+def ld_i32pair_z(typingctx, a, off):
+    """The two int32 at byte `off` (a pair's two block sums) in alternate lanes."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _load(context, builder, sig, args, ir.VectorType(_i32, 2))
+        return builder.shuffle_vector(v, v, _PAIR)
+
+    return I32x16(a, off), codegen
+
+
+@intrinsic
+def isubk_z(typingctx, p, v, k):
+    """p - v * k, int32 lanes (k an integer constant)."""
+    if p != I32x16 or v != I32x16 or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        k = _bsplat(builder, _v16i32, _int_arg(context, builder, sig.args[2], args[2]))
+        return builder.sub(args[0], builder.mul(args[1], k))
+
+    return I32x16(I32x16, I32x16, k), codegen
+
+
+@njit(inline="always", **DOT)
+def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
+    """_rows_x8's tiles for M >= 3 activation rows given as pairs (_pairs_q8_1: qp [P, 2K], dp / sp / sump
+    [P, 2 K/32]): per tile of pairs and group, each block decoded once, both rows of a pair in one vector (lane
+    2r + j) with rows8x1's integer and float steps, their accumulators waiting in L1."""
+    rb = w.shape[1]
+    M, N = out.shape[0], out.shape[1]
+    P, K2 = qp.shape[0], qp.shape[1]
+    nb = K2 // 64
+    PT = _m_tile(K2 // 2) // 2
+    off = _offset32(kind)
+    # per pair: the 16 lanes of d terms, then the 16 of m terms (Q4_1)
+    if P <= X8_STACK_ROWS // 2:
+        acc = carray(x8_acc_scratch(), (X8_STACK_ROWS // 2, 32))
+    else:
+        acc = np.empty((PT, 32), np.float32)
+    for t in range(0, P, PT):
+        t1 = min(P, t + PT)
+        for g in range(g0, g1):
+            for a in range(0, 128 * (t1 - t), 64):
+                st_z(acc, a, fzero_z())
+            for b in range(nb):
+                o = g * rb + b * bsize
+                u = widen_z(_codes32_x8(kind, w, o))
+                dw = ld_f16x8_z(w, o)
+                mw = ld_f16x8_z(w, o + 16) if kind == Q4_1 else fzero_z()
+                for p in range(t, t1):
+                    a, i = 128 * (p - t), 4 * (p * 2 * nb + 2 * b)
+                    x = p * K2 + 64 * b
+                    q = dot8_z(u, qp, x) if kind == Q8_0 else dot_z(u, qp, x)
+                    if off != 0:
+                        q = isubk_z(q, ld_i32pair_z(sump, i), off)
+                    st_z(acc, a, fma_z(ld_f32z(acc, a), fcvt_z(q), fmul_z(dw, ld_f32pair_z(dp, i))))
+                    if kind == Q4_1:
+                        st_z(acc, a + 64, fma_z(ld_f32z(acc, a + 64), mw, ld_f32pair_z(sp, i)))
+            for p in range(t, t1):
+                v = fadd_z(ld_f32z(acc, 128 * (p - t)), ld_f32z(acc, 128 * (p - t) + 64))
+                st_lanes_f32x8(out, 4 * (2 * p * N + 8 * g), v, 0)
+                if 2 * p + 1 < M:
+                    st_lanes_f32x8(out, 4 * ((2 * p + 1) * N + 8 * g), v, 1)
+
+
+PAIRS_SERIAL_BYTES = 1 << 17  # activations laid out as pairs by the launcher's own thread up to this size
+
+
+@njit(inline="always", **DOT)
+def _pair_rows_q8_1(d, s, q32, sums, dp, sp, qp32, sump, p):
+    _pair_rows(q32, qp32, p)
+    _pair_rows(d, dp, p)
+    _pair_rows(s, sp, p)
+    _pair_rows(sums, sump, p)
+
+
+@njit(inline="always", **DOT)
+def _pair_rows_q8_k(d, b, q32, dp, bp, qp32, p):
+    _pair_rows(q32, qp32, p)
+    _pair_rows(d, dp, p)
+    _pair_sums(b, bp, p)
+
+
+@njit(inline="always", **DOT_PARALLEL)
+def _pairs_q8_1(d, s, qs, sums):
+    """Q8_1 activations (d, s, sums [M, K/32], qs [M, K]) as pairs of rows for _rows_z: (dp, sp, qp, sump)."""
+    P = (qs.shape[0] + 1) // 2
+    dp, sp = np.empty((P, 2 * d.shape[1]), np.float32), np.empty((P, 2 * s.shape[1]), np.float32)
+    qp, sump = np.empty((P, 2 * qs.shape[1]), np.int8), np.empty((P, 2 * sums.shape[1]), np.int32)
+    q32, qp32 = qs.view(np.int32), qp.view(np.int32)
+    if qs.size <= PAIRS_SERIAL_BYTES:  # a few rows (batched decode): not worth a parallel region
+        for p in range(P):
+            _pair_rows_q8_1(d, s, q32, sums, dp, sp, qp32, sump, p)
+    else:
+        for p in prange(P):
+            _pair_rows_q8_1(d, s, q32, sums, dp, sp, qp32, sump, p)
+    return dp, sp, qp, sump
+
+
+@njit(inline="always", **DOT_PARALLEL)
+def _pairs_q8_k(d, b, qs):
+    """Q8_K activations (d [M, K/256], one of bsums16 / bsums32 as b, qs [M, K]) as pairs of rows for _rowsk_z:
+    (dp, bp, qp)."""
+    P = (qs.shape[0] + 1) // 2
+    dp, bp = np.empty((P, 2 * d.shape[1]), np.float32), np.empty((P, b.shape[1]), np.int32)
+    qp = np.empty((P, 2 * qs.shape[1]), np.int8)
+    q32, qp32 = qs.view(np.int32), qp.view(np.int32)
+    if qs.size <= PAIRS_SERIAL_BYTES:
+        for p in range(P):
+            _pair_rows_q8_k(d, b, q32, dp, bp, qp32, p)
+    else:
+        for p in prange(P):
+            _pair_rows_q8_k(d, b, q32, dp, bp, qp32, p)
+    return dp, bp, qp
+
+
 # ---- Grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): 256-value super-blocks of 8 groups of 32 values; a
 # group is 4 code book entries of 8 values (IQ2) or 8 entries of 4 (IQ3), 32 sign bits, and one scale 2s+1 per
 # 32 values (IQ2_XXS, IQ3_XXS, IQ3_S) or per 16 (IQ2_XS, IQ2_S). As llama.cpp's AVX2 kernels do, the signs go
@@ -3976,7 +4122,10 @@ X8_GROUPS = 2  # groups of 8 interleaved weight rows per parallel work item (CHU
 
 @njit(**DOT)
 def _rows_q4_0_x8(w, d, s, qs, sums, out, g0, g1):
-    _rows_x8(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
+    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q4_0_x8)
+        _rows_z(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
+    else:
+        _rows_x8(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
 
 
 X8_TILE_BYTES = 1 << 21  # a multi-row work item's weights: up to about L2's size...
@@ -4004,8 +4153,13 @@ def dot_q4_0_x8(w, d, s, qs, sums, out):
     """dot_q4_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 144]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    for c in prange((G + per - 1) // per):
-        call_worker("_rows_q4_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q4_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+    else:
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q4_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -4024,7 +4178,10 @@ def dot_q4_0_x8_one(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
-    _rows_x8(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
+    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q4_1_x8)
+        _rows_z(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
+    else:
+        _rows_x8(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
 
 
 @launcher(_rows_q4_1_x8, DOT_PARALLEL)
@@ -4032,8 +4189,13 @@ def dot_q4_1_x8(w, d, s, qs, sums, out):
     """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    for c in prange((G + per - 1) // per):
-        call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q4_1_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+    else:
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -4052,7 +4214,10 @@ def dot_q4_1_x8_one(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q5_0_x8(w, d, s, qs, sums, out, g0, g1):
-    _rows_x8(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
+    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q5_0_x8)
+        _rows_z(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
+    else:
+        _rows_x8(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
 
 
 @launcher(_rows_q5_0_x8, DOT_PARALLEL)
@@ -4060,8 +4225,13 @@ def dot_q5_0_x8(w, d, s, qs, sums, out):
     """dot_q5_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 176]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    for c in prange((G + per - 1) // per):
-        call_worker("_rows_q5_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q5_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+    else:
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q5_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -4080,7 +4250,10 @@ def dot_q5_0_x8_one(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
-    _rows_x8(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
+    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q8_0_x8)
+        _rows_z(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
+    else:
+        _rows_x8(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
 
 
 @launcher(_rows_q8_0_x8, DOT_PARALLEL)
@@ -4088,8 +4261,13 @@ def dot_q8_0_x8(w, d, s, qs, sums, out):
     """dot_q8_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 272]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    for c in prange((G + per - 1) // per):
-        call_worker("_rows_q8_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q8_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+    else:
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q8_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
 
 
 @njit(**DOT)
@@ -4256,14 +4434,7 @@ def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
     if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
-        P = (qs.shape[0] + 1) // 2
-        qp, dp = np.empty((P, 2 * qs.shape[1]), np.int8), np.empty((P, 2 * d.shape[1]), np.float32)
-        b32p = np.empty((P, b32.shape[1]), np.int32)
-        q32, qp32 = qs.view(np.int32), qp.view(np.int32)
-        for p in prange(P):
-            _pair_rows(q32, qp32, p)
-            _pair_rows(d, dp, p)
-            _pair_sums(b32, b32p, p)
+        dp, b32p, qp = _pairs_q8_k(d, b32, qs)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q4_k_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
     else:
@@ -4299,14 +4470,7 @@ def dot_q5_k_x8(w, qu, d, b16, b32, qs, out):
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
     if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
-        P = (qs.shape[0] + 1) // 2
-        qp, dp = np.empty((P, 2 * qs.shape[1]), np.int8), np.empty((P, 2 * d.shape[1]), np.float32)
-        b32p = np.empty((P, b32.shape[1]), np.int32)
-        q32, qp32 = qs.view(np.int32), qp.view(np.int32)
-        for p in prange(P):
-            _pair_rows(q32, qp32, p)
-            _pair_rows(d, dp, p)
-            _pair_sums(b32, b32p, p)
+        dp, b32p, qp = _pairs_q8_k(d, b32, qs)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q5_k_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
     else:
@@ -4342,14 +4506,7 @@ def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
     if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
-        P = (qs.shape[0] + 1) // 2
-        qp, dp = np.empty((P, 2 * qs.shape[1]), np.int8), np.empty((P, 2 * d.shape[1]), np.float32)
-        b16p = np.empty((P, b16.shape[1]), np.int32)
-        q32, qp32 = qs.view(np.int32), qp.view(np.int32)
-        for p in prange(P):
-            _pair_rows(q32, qp32, p)
-            _pair_rows(d, dp, p)
-            _pair_sums(b16, b16p, p)
+        dp, b16p, qp = _pairs_q8_k(d, b16, qs)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q6_k_x8", (w, qu, dp, b16p, b32, qp, out, c * per, min(G, c * per + per)))
     else:

@@ -18,7 +18,7 @@ from ggufrun.model.weights import FUSED
 from ggufrun.quants.repack import ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
 from ggufrun.reader import GGUFFile
 
-K_TYPES = {T.Q4_K, T.Q5_K, T.Q6_K}  # 256-value super-blocks
+K_TYPES = {T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}  # 256-value super-blocks (IQ4_XS repacked on AVX-512 only)
 
 
 def _random_blocks(qtype: T, n: int, k: int, rng) -> np.ndarray:
@@ -43,7 +43,8 @@ def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
     rng = np.random.default_rng(n + k)
     w = _random_blocks(qtype, n, k, rng)
     w8, kernel = repack(w, qtype)
-    extra = 32 * (k // 256) * n // 8 if qtype in (T.Q4_K, T.Q5_K) else 0  # scales and mins unpacked: 16 bytes, not 12
+    # scales and mins unpacked: Q4_K / Q5_K 16 bytes, not 12 (per row and super-block); IQ4_XS 8 + 2, not 6 + 2
+    extra = {T.Q4_K: 32, T.Q5_K: 32, T.IQ4_XS: 16}.get(qtype, 0) * (k // 256) * n // 8
     assert w8.shape == (n // 8, w.shape[1] * 8 + 8 * extra // n) and w8.nbytes == w.nbytes + extra
     for m in (1, 2, 3, 4, 5, 8, 70):  # decode, two rows (_group_x8_two), the rows8x1 / tile split, several tiles
         x = rng.standard_normal((m, k)).astype(np.float32)

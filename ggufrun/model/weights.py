@@ -1,10 +1,10 @@
 """The model's tensors, looked up by their GGUF names and checked against the config.
 
 Matrices stay zero-copy views into the file, wrapped with their dot kernel (linear.Linear), except those of a type
-with an interleaved layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K: repack_matrices copies them into it once and
-releases the file pages); only 1-D vectors (norm weights, biases) become small float32 arrays. Attribute names are
-the GGUF names without `blk.N.` and `.weight` (`.bias` -> `_bias`). An absent optional vector is a zero-length
-array, which the kernels read as "not there".
+with an interleaved layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS on AVX-512: repack_matrices copies
+them into it once and releases the file pages); only 1-D vectors (norm weights, biases) become small float32
+arrays. Attribute names are the GGUF names without `blk.N.` and `.weight` (`.bias` -> `_bias`). An absent optional
+vector is a zero-length array, which the kernels read as "not there".
 
 Fused matrices are split by rows into zero-copy views, as llama.cpp's graph splits their product
 (src/llama-graph.cpp build_qkv, ggml_swiglu): `attn_qkv` ([Q; K; V] rows, accepted wherever a file has it instead of

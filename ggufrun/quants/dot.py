@@ -2926,6 +2926,7 @@ dot4k_x8 = _dot_k_x8(4, 32)  # Q4_K: low nibbles values 4c.., high nibbles 32 + 
 dot6k_x8 = _dot_k_x8(2, 64)  # Q6_K: ql's low nibbles values 4c.., high nibbles 64 + 4c.. of a 128-value half
 
 Q4_K_X8_BYTES, Q5_K_X8_BYTES, Q6_K_X8_BYTES = 1184, 1440, 1680  # one super-block of 8 interleaved rows (repack)
+IQ4_XS_X8_BYTES = 1104  # d, scale pairs, code chunks: AVX-512 only (_pair_tiles)
 
 
 @njit(inline="always", **DOT)
@@ -2935,6 +2936,8 @@ def _kx8_bytes(kind):
         return Q4_K_X8_BYTES
     if kind == Q5_K:
         return Q5_K_X8_BYTES
+    if kind == IQ4_XS:
+        return IQ4_XS_X8_BYTES
     return Q6_K_X8_BYTES
 
 
@@ -3104,6 +3107,12 @@ def _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1):
                     out, 4 * (m * N + 8 * g), _group_k_z16_one(kind, w, g * rb, (g + 1) * rb, d1, b16, b32, qs, nsb, m)
                 )
             g += 2
+        elif kind == IQ4_XS:  # the last group alone: its 16-row vector with the group twice
+            for m in range(M):
+                st_lo_f32x8(
+                    out, 4 * (m * N + 8 * g), _group_k_z16_one(kind, w, g * rb, g * rb, d1, b16, b32, qs, nsb, m)
+                )
+            g += 1
         else:
             for m in range(M):
                 st_f32x8(out, 4 * (m * N + 8 * g), _group_k_x8_one(kind, w, g * rb, d1, b16, b32, qs, nsb, m))
@@ -3209,9 +3218,54 @@ def widen_z(typingctx, codes):
     return CodesZ8(Codes8), codegen
 
 
-def _kscales_z(signed: bool):
+@intrinsic
+def iq4_codes_x8(typingctx, a, off):
+    """IQ4_XS's interleaved codes of one 32-value sub-block at byte `off` (4 chunks of 32 bytes, row r's 4 nibble
+    bytes at 4r): 8 code vectors as codes_x8's (chunk c's low nibbles, then its high ones), each looked up in the
+    code book + 128 (unsigned 1..241)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        out = []
+        for c in range(4):
+            v = _ld32_at(builder, p, 32 * c)
+            out.append(_iq4_lut(builder, builder.and_(v, _splat(_v32i8, 15)), 128))
+            out.append(_iq4_lut(builder, builder.and_(builder.lshr(v, _splat(_v32i8, 4)), _splat(_v32i8, 15)), 128))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Codes8(a, off), codegen
+
+
+@intrinsic
+def imuladd_z(typingctx, acc, s, sc):
+    """acc + s * sc, int32 lanes (vpmulld)."""
+    if acc != I32x16 or s != I32x16 or sc != I32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], builder.mul(args[1], args[2]))
+
+    return I32x16(I32x16, I32x16, I32x16), codegen
+
+
+@intrinsic
+def isub128_z(typingctx, s, c):
+    """s - 128 c, int32 lanes: IQ4_XS's code book + 128 taken off again."""
+    if s != I32x16 or c != I32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], builder.shl(args[1], _splat(_v16i32, 7)))
+
+    return I32x16(I32x16, I32x16), codegen
+
+
+def _kscales_z(signed: bool, low16: bool = True):
     """Intrinsic (a, off, e) -> element e (0 or 1) of the 8 rows' scale pairs at byte `off` (as ksc_x8) in lanes 2r
-    and 2r + 1, as an int16 in the low half of the lane and 0 in the high half (what vpdpwssd multiplies exactly)."""
+    and 2r + 1, as an int16 in the low half of the lane and 0 in the high half (what vpdpwssd multiplies exactly),
+    or (low16 False) as an int32."""
 
     @intrinsic
     def scales(typingctx, a, off, e):
@@ -3224,7 +3278,7 @@ def _kscales_z(signed: bool):
             for k in (0, 1):
                 x = builder.shuffle_vector(v, v, ir.Constant(_v16i32, [2 * (i // 2) + k for i in range(16)]))
                 x = builder.sext(x, _v16i32) if signed else builder.zext(x, _v16i32)
-                pick.append(builder.and_(x, _splat(_v16i32, 0xFFFF)))
+                pick.append(builder.and_(x, _splat(_v16i32, 0xFFFF)) if low16 else x)
             odd = builder.icmp_signed("!=", _int_arg(context, builder, sig.args[2], args[2]), ir.Constant(_i32, 0))
             return builder.select(odd, pick[1], pick[0])
 
@@ -3235,6 +3289,7 @@ def _kscales_z(signed: bool):
 
 ksc_z = _kscales_z(False)  # Q4_K / Q5_K's 6-bit scales
 ksc6_z = _kscales_z(True)  # Q6_K's int8 scales
+kscw_z = _kscales_z(True, False)  # IQ4_XS's scales (-32..31), for vpmulld
 
 
 def _dot_k_z(run: int, hi_at: int):
@@ -3299,6 +3354,7 @@ def _kpairs_z(signed: bool, n: int):
 
 
 kmin_z = _kpairs_z(False, 4)  # Q4_K / Q5_K: the 8 sub-blocks' mins . bsums32
+kiq4_z = _kpairs_z(True, 4)  # IQ4_XS: the 8 sub-blocks' scales . bsums32 (what the code book's + 128 adds)
 koff6_z = _kpairs_z(True, 8)  # Q6_K: the 16 groups' scales . bsums16
 
 
@@ -3419,9 +3475,10 @@ isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I
 
 
 @njit(inline="always", **DOT)
-def _pair_tiles(M):
-    """Whether the K-quant launchers run M activation rows as pair tiles (the launcher and worker both ask)."""
-    return HAS_ZMM and M >= ZMM_MIN_ROWS
+def _pair_tiles(M, kind=Q4_K):
+    """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). IQ4_XS, whose
+    interleaved layout exists only where they do (repack.REPACKED_TYPES), takes two rows that way too."""
+    return HAS_ZMM and (M >= ZMM_MIN_ROWS or (kind == IQ4_XS and M == 2))
 
 
 @njit(inline="always", **DOT)
@@ -3462,7 +3519,7 @@ def _sbk_tile_z(kind, w, o, qp, xo, K2, pairs, isc):
                     else:
                         st_z(isc, a, dot5k_z(u, qp, x, sclo, schi, ld_i32z(isc, a)))
                     x += K2
-    else:
+    elif kind == Q6_K:
         for h in range(2):
             co = o + 144 + 768 * h
             for kp in range(2):
@@ -3474,6 +3531,14 @@ def _sbk_tile_z(kind, w, o, qp, xo, K2, pairs, isc):
                     for a in range(0, 64 * pairs, 64):
                         st_z(isc, a, dot6k_z(u, qp, x, sclo, schi, ld_i32z(isc, a)))
                         x += K2
+    else:  # IQ4_XS: per sub-block the code book + 128 against the quants, times the scale (vpmulld)
+        for gg in range(8):
+            sc = kscw_z(w, o + 16 + 16 * (gg // 2), gg % 2)
+            u = widen_z(iq4_codes_x8(w, o + 80 + 128 * gg))
+            x = xo + 64 * gg
+            for a in range(0, 64 * pairs, 64):
+                st_z(isc, a, imuladd_z(ld_i32z(isc, a), dot_z(u, qp, x), sc))
+                x += K2
 
 
 @njit(inline="always", **DOT)
@@ -3507,7 +3572,9 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
                 for p in range(t, t1):
                     a = p - t
                     s = ld_i32z(isc, 64 * a)
-                    if _has_min(kind):
+                    if kind == IQ4_XS:
+                        s = isub128_z(s, kiq4_z(w, o + 16, b32p, 4 * (p * n32 + 8 * b)))
+                    elif _has_min(kind):
                         mn = kmin_z(w, o + 96, b32p, 4 * (p * n32 + 8 * b))
                         dm = fmul_z(ld_f16x8_z(w, o + 16), ld_f32pair_neg_z(dp, 4 * (p * 2 * nsb + 2 * b)))
                         st_z(acc, 128 * a + 64, fma_z(ld_f32z(acc, 128 * a + 64), fcvt_z(mn), dm))
@@ -3742,9 +3809,9 @@ def codes5_z16(typingctx, a, oa, ob):
     return CodesZ8(a, oa, ob), codegen
 
 
-def _kscales_z16(signed: bool):
+def _kscales_z16(signed: bool, low16: bool = True):
     """Intrinsic (a, oa, ob, e) -> ksc_x8 / ksc6_x8's element e for groups A and B (lanes 0-7, 8-15), as an int16 in
-    the low half of each lane and 0 in the high half (what vpdpwssd multiplies exactly)."""
+    the low half of each lane and 0 in the high half (what vpdpwssd multiplies exactly), or (low16 False) an int32."""
 
     @intrinsic
     def scales(typingctx, a, oa, ob, e):
@@ -3758,7 +3825,7 @@ def _kscales_z16(signed: bool):
             for k in (0, 1):
                 x = builder.shuffle_vector(v, v, ir.Constant(_v16i32, [2 * i + k for i in range(16)]))
                 x = builder.sext(x, _v16i32) if signed else builder.zext(x, _v16i32)
-                pick.append(builder.and_(x, _splat(_v16i32, 0xFFFF)))
+                pick.append(builder.and_(x, _splat(_v16i32, 0xFFFF)) if low16 else x)
             odd = builder.icmp_signed("!=", _int_arg(context, builder, sig.args[3], args[3]), ir.Constant(_i32, 0))
             return builder.select(odd, pick[1], pick[0])
 
@@ -3768,6 +3835,7 @@ def _kscales_z16(signed: bool):
 
 
 ksc_z16 = _kscales_z16(False)
+kscw_z16 = _kscales_z16(True, False)
 
 
 def _z_bcast4(builder, p, at):
@@ -3834,7 +3902,7 @@ def _kpairs_z16(signed: bool, n: int):
     return pairs
 
 
-kmin_z16, koff6_z16 = _kpairs_z16(False, 4), _kpairs_z16(True, 8)
+kmin_z16, koff6_z16, kiq4_z16 = _kpairs_z16(False, 4), _kpairs_z16(True, 8), _kpairs_z16(True, 4)
 
 
 @intrinsic
@@ -3885,6 +3953,63 @@ def sb6_z16(typingctx, a, oa, ob, x, xo):
 
 
 @intrinsic
+def iq4_codes_z16(typingctx, a, oa, ob):
+    """iq4_codes_x8 of groups A (byte oa) and B (byte ob) in one (A's rows in lanes 0-7, B's in 8-15)."""
+    if not _is_ab_args(a, oa, ob):
+        return None
+
+    def codegen(context, builder, sig, args):
+        pa, pb = _ab_ptrs(context, builder, sig, args)
+        v64 = ir.VectorType(_i8, 64)
+        table = ir.Constant(v64, [(v + 128) & 0xFF for v in IQ4_VALUES] * 4)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v64, [v64, v64]), "llvm.x86.avx512.pshuf.b.512"
+        )
+        out = []
+        for c in range(4):
+            v = _ld64_ab(builder, pa, pb, 32 * c)
+            out.append(builder.call(fn, [table, builder.and_(v, _splat(v64, 15))]))
+            out.append(builder.call(fn, [table, builder.and_(builder.lshr(v, _splat(v64, 4)), _splat(v64, 15))]))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return CodesZ8(a, oa, ob), codegen
+
+
+@intrinsic
+def dot_z16(typingctx, codes, qs, off):
+    """16 rows' codes (iq4_codes_z16) . one activation row's 32 quants at byte `off`: 8 vpdpbusd, code vector j
+    meeting values 16 (j % 2) + 4 (j // 2).."""
+    if codes != CodesZ8 or not _is_ptr_args(qs, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        acc = _splat(_v16i32, 0)
+        for j in range(8):
+            u = builder.bitcast(builder.extract_value(args[0], j), _v16i32)
+            acc = _z_call(
+                builder, "llvm.x86.avx512.vpdpbusd.512", acc, u, _z_bcast4(builder, p, 16 * (j % 2) + 4 * (j // 2))
+            )
+        return acc
+
+    return I32x16(CodesZ8, qs, off), codegen
+
+
+@intrinsic
+def st_lo_f32x8(typingctx, a, off, v):
+    """Store lanes 0-7 of v as 8 float32 at byte `off`."""
+    if not _is_ptr_args(a, off) or v != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.shuffle_vector(args[2], args[2], ir.Constant(_v8i32, list(range(8))))
+        builder.store(x, _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _v8f32), align=4)
+        return context.get_dummy_value()
+
+    return types.none(a, off, v), codegen
+
+
+@intrinsic
 def ld_f16x16(typingctx, a, oa, ob):
     """8 IEEE halves at byte oa, then 8 at byte ob, as 16 float32."""
     if not _is_ab_args(a, oa, ob):
@@ -3918,6 +4043,12 @@ def _sbk_z16(kind, w, oa, ob, qs, xo):
     if kind == Q6_K:
         return sb6_z16(w, oa, ob, qs, xo)
     s = izero_z()
+    if kind == IQ4_XS:
+        for gg in range(8):
+            sc = kscw_z16(w, oa + 16 + 16 * (gg // 2), ob + 16 + 16 * (gg // 2), gg % 2)
+            u = iq4_codes_z16(w, oa + 80 + 128 * gg, ob + 80 + 128 * gg)
+            s = imuladd_z(s, dot_z16(u, qs, xo + 32 * gg), sc)
+        return s
     for jj in range(4):
         sclo, schi = (
             ksc_z16(w, oa + 32 + 16 * jj, ob + 32 + 16 * jj, 0),
@@ -3949,7 +4080,9 @@ def _group_k_z16_one(kind, w, ga, gb, d1, b16, b32, qs, nsb, m):
                 prefetch(w, oa + Z16_PREFETCH + pf)
                 prefetch(w, ob + Z16_PREFETCH + pf)
         s = _sbk_z16(kind, w, oa, ob, qs, m * K + 256 * b)
-        if _has_min(kind):
+        if kind == IQ4_XS:
+            s = isub128_z(s, kiq4_z16(w, oa + 16, ob + 16, b32, 4 * (m * n32 + 8 * b)))
+        elif _has_min(kind):
             mn = kmin_z16(w, oa + 96, ob + 96, b32, 4 * (m * n32 + 8 * b))
             am = fma_z(am, fcvt_z(mn), fscale_z(ld_f16x16(w, oa + 16, ob + 16), -d1[i]))
         else:
@@ -4832,6 +4965,42 @@ def dot_q6_k_x8_one(w, qu, d, b16, b32, qs, out):
         call_worker("_one_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
 
 
+@njit(**DOT)
+def _rows_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    if _pair_tiles(out.shape[0], IQ4_XS):  # the activations as pairs (dot_iq4_xs_x8)
+        _rowsk_z(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
+    else:  # one row (the interleaved IQ4_XS layout exists only where pair tiles do)
+        _rowsk_x8_one(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
+
+
+@launcher(_rows_iq4_xs_x8, DOT_PARALLEL)
+def dot_iq4_xs_x8(w, qu, d, b16, b32, qs, out):
+    """dot_iq4_xs for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1104]."""
+    G = w.shape[0]
+    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    if _pair_tiles(qs.shape[0], IQ4_XS):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+        dp, b32p, qp = _pairs_q8_k(d, b32, qs)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_iq4_xs_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
+    else:
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_iq4_xs_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
+
+
+@njit(**DOT)
+def _one_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8_one(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
+
+
+@launcher(_one_iq4_xs_x8, DOT_PARALLEL)
+def dot_iq4_xs_x8_one(w, qu, d, b16, b32, qs, out):
+    """dot_iq4_xs_x8 one activation row at a time (the same bits): decode's kernel, dot_iq4_xs_x8's stand-in while its
+    tiles compile."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_one_iq4_xs_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
 # each interleaved layout's full kernel -> its one-row kernel (ggufrun.model.linear.Linear.dot_one)
 ONE_ROW = {
     dot_q4_0_x8: dot_q4_0_x8_one,
@@ -4841,6 +5010,7 @@ ONE_ROW = {
     dot_q4_k_x8: dot_q4_k_x8_one,
     dot_q5_k_x8: dot_q5_k_x8_one,
     dot_q6_k_x8: dot_q6_k_x8_one,
+    dot_iq4_xs_x8: dot_iq4_xs_x8_one,
 }
 
 

@@ -1,5 +1,5 @@
 """Weights repacked at load into layouts the dot kernels read faster: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K
-with 8 rows interleaved.
+(and IQ4_XS on CPUs with AVX-512, whose kernels for it are the 512-bit ones only) with 8 rows interleaved.
 
     w8, dot = repack(w, qtype)   # w [N, row_bytes] uint8 blocks, N % 8 == 0 -> a new array and its kernel,
                                  # or None when qtype has no interleaved layout (or N % 8 != 0)
@@ -21,7 +21,9 @@ int8 scales, moved), then the codes in chunks of 32 bytes, 4 bytes of each row: 
 qs per row) its 8 chunks, low nibbles values 4c.. of the group, high nibbles 32 + 4c..; Q6_K: per 128-value half, 8
 chunks of ql bytes 0-31 of the half, 8 of ql bytes 32-63, 8 of qh (1680 bytes, the same as 8 x 210). Q5_K: Q4_K's
 fields (its 12 bytes of scales and mins are Q4_K's), then per 64-value group and half of it a 32-byte plane of the
-fifth bits (as Q5_0's, from qh) before its 4 code chunks (1440 bytes against 8 x 176).
+fifth bits (as Q5_0's, from qh) before its 4 code chunks (1440 bytes against 8 x 176). IQ4_XS: d (8 halves), the 8
+sub-block scales minus 32 as int8 in pairs ([pair][row][2]), then per 32-value sub-block 4 chunks of its nibble bytes
+as the 32-value types' (1104 bytes against 8 x 136).
 
 The repacked copy is ordinary memory of the same size as the blocks (Q4_K: 2.8% more, its scales unpacked); the model
 file's pages it was made from are no longer needed by the kernels (GGUFFile.release_pages lets the OS drop them from
@@ -53,6 +55,8 @@ _K_LAYOUTS: dict[T, tuple[int, int, Callable]] = {
     T.Q5_K: (176, dot.Q5_K_X8_BYTES, dot.dot_q5_k_x8),
     T.Q6_K: (210, dot.Q6_K_X8_BYTES, dot.dot_q6_k_x8),
 }
+if dot.HAS_ZMM:  # IQ4_XS's kernels on this layout are the AVX-512 pair tiles and 16-row decode vectors only
+    _K_LAYOUTS[T.IQ4_XS] = (136, dot.IQ4_XS_X8_BYTES, dot.dot_iq4_xs_x8)
 REPACKED_TYPES = frozenset(_LAYOUTS) | frozenset(_K_LAYOUTS)
 # each layout's kernel -> its one-row kernel (the same bits, one activation row at a time; compiles faster)
 ONE_ROW: dict[Callable, Callable] = dot.ONE_ROW
@@ -126,6 +130,8 @@ def _interleave(blocks: np.ndarray, qtype: T, out: np.ndarray | None = None) -> 
         return _interleave_q5_k(blocks, out)
     if qtype == T.Q6_K:
         return _interleave_q6_k(blocks, out)
+    if qtype == T.IQ4_XS:
+        return _interleave_iq4_xs(blocks, out)
     scales, bsize, _ = _LAYOUTS[qtype]
     g, _, nb, _ = blocks.shape
     if out is None:
@@ -241,6 +247,28 @@ def _interleave_q6_k(blocks: np.ndarray, out: np.ndarray | None = None) -> np.nd
     np.copyto(codes[:, :, :, 0:2], ql.transpose(0, 2, 3, 4, 5, 1))
     qh = _units(blocks[:, :, :, 128:192], 4).reshape(g, 8, nb, 2, 8)  # [g, row, block, half, chunk]
     np.copyto(codes[:, :, :, 2], qh.transpose(0, 2, 3, 4, 1))
+    return out
+
+
+def _interleave_iq4_xs(blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """IQ4_XS blocks [g, 8, nb, 136] -> [g, nb x 1104]: d (8 halves), the 8 sub-block scales minus 32 as int8 in
+    pairs ([pair][row][2], unpacked from scales_h / scales_l as llama.cpp's dequantize_row_iq4_xs reads them), then
+    per 32-value sub-block its 16 nibble bytes per row in 4 chunks of 32 bytes (row r's bytes 4c..4c+3 at 4r: low
+    nibbles values 4c.., high ones 16 + 4c..)."""
+    g, _, nb, _ = blocks.shape
+    if out is None:
+        out = np.empty((g, nb * dot.IQ4_XS_X8_BYTES), np.uint8)
+    o = out.reshape(g, nb, dot.IQ4_XS_X8_BYTES)
+    np.copyto(_words(o, 0, 16, 2, (1, 8)), _pairs(blocks[:, :, :, 0:2]))  # d
+    sh = _units(np.ascontiguousarray(blocks[:, :, :, 2:4]), 2)[..., 0].astype(np.int32)  # [g, row, block]
+    sl = blocks[:, :, :, 4:8].astype(np.int32)
+    sc = np.empty((g, 8, nb, 8), np.uint8)  # [g, row, block, sub-block]
+    for j in range(8):
+        ls = ((sl[..., j // 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+        sc[..., j] = (ls - 32).astype(np.int8).view(np.uint8)
+    np.copyto(_words(o, 16, 80, 2, (4, 8)), _pairs(sc))
+    qs = _units(blocks[:, :, :, 8:136], 4).reshape(g, 8, nb, 8, 4)  # [g, row, block, sub-block, chunk]
+    np.copyto(_words(o, 80, dot.IQ4_XS_X8_BYTES, 4, (8, 4, 8)), qs.transpose(0, 2, 3, 4, 1))
     return out
 
 

@@ -2393,7 +2393,8 @@ def _group_x8_two(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, K):
 @njit(inline="always", **DOT)
 def _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """out[:, 8 g0 : 8 g1] one activation row at a time (decode: the accumulators stay in registers; no software
-    prefetch, X8K note): each row gets the bits _rows_x8's tiles give it. The one-row launchers (dot_*_x8_one) hold
+    prefetch, X8K note; on AVX-512 two groups per vector, prefetched: _group_x8_z16_one): each row gets the bits
+    _rows_x8's tiles give it. The one-row launchers (dot_*_x8_one) hold
     only this, which compiles in a third of the tiles' time: a first run's first token waits for these alone, the
     tiles compile in the background (ggufrun.runtime.compile_kernels)."""
     rb = w.shape[1]
@@ -2401,6 +2402,16 @@ def _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     nb = K // 32
     off = _offset32(kind)
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)
+    if HAS_ZMM:  # two groups in one vector; an odd last group as a vector of itself twice (_rowsk_x8_one)
+        for g in range(g0, g1, 2):
+            gb = min(g + 1, g1 - 1)
+            for m in range(M):
+                v = _group_x8_z16_one(kind, bsize, w, g * rb, gb * rb, d1, s1, sums1, qs, nb, off, m)
+                if gb > g:
+                    st_z(out, 4 * (m * N + 8 * g), v)
+                else:
+                    st_lo_f32x8(out, 4 * (m * N + 8 * g), v)
+        return
     for g in range(g0, g1):  # a group's weights (a few KB) stay in L1 for the rows after the first
         for m in range(M):
             st_f32x8(out, 4 * (m * N + 8 * g), _group_x8_one(kind, bsize, w, g * rb, d1, s1, sums1, qs, nb, off, m))
@@ -3099,24 +3110,20 @@ def _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1):
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nsb = K // 256
     d1 = d.reshape(-1)
-    g = g0
-    while g < g1:
-        if HAS_ZMM and g + 1 < g1:  # two groups in one vector (AVX-512)
+    if HAS_ZMM:  # two groups in one vector (AVX-512); an odd last group as a vector of itself twice (the 256-bit
+        # code stays out of these kernels: one path to compile)
+        for g in range(g0, g1, 2):
+            gb = min(g + 1, g1 - 1)
             for m in range(M):
-                st_z(
-                    out, 4 * (m * N + 8 * g), _group_k_z16_one(kind, w, g * rb, (g + 1) * rb, d1, b16, b32, qs, nsb, m)
-                )
-            g += 2
-        elif kind == IQ4_XS:  # the last group alone: its 16-row vector with the group twice
-            for m in range(M):
-                st_lo_f32x8(
-                    out, 4 * (m * N + 8 * g), _group_k_z16_one(kind, w, g * rb, g * rb, d1, b16, b32, qs, nsb, m)
-                )
-            g += 1
-        else:
-            for m in range(M):
-                st_f32x8(out, 4 * (m * N + 8 * g), _group_k_x8_one(kind, w, g * rb, d1, b16, b32, qs, nsb, m))
-            g += 1
+                v = _group_k_z16_one(kind, w, g * rb, gb * rb, d1, b16, b32, qs, nsb, m)
+                if gb > g:
+                    st_z(out, 4 * (m * N + 8 * g), v)
+                else:
+                    st_lo_f32x8(out, 4 * (m * N + 8 * g), v)
+        return
+    for g in range(g0, g1):
+        for m in range(M):
+            st_f32x8(out, 4 * (m * N + 8 * g), _group_k_x8_one(kind, w, g * rb, d1, b16, b32, qs, nsb, m))
 
 
 @njit(inline="always", **DOT)
@@ -3200,6 +3207,12 @@ def _z_pair8(builder, p, at):
     """The 8 bytes at byte `at` of i8* p in each of the 8 qwords of a 64-byte vector (vpbroadcastq), as int32."""
     x = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _i64.as_pointer()), align=1)
     return builder.bitcast(_bsplat(builder, ir.VectorType(_i64, 8), x), _v16i32)
+
+
+def _z_bcast4(builder, p, at):
+    """The 4 bytes at byte `at` of i8* p in each of the 16 dwords of a 64-byte vector (vpbroadcastd)."""
+    x = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _i32.as_pointer()), align=1)
+    return _bsplat(builder, _v16i32, x)
 
 
 @intrinsic
@@ -3292,15 +3305,22 @@ ksc6_z = _kscales_z(True)  # Q6_K's int8 scales
 kscw_z = _kscales_z(True, False)  # IQ4_XS's scales (-32..31), for vpmulld
 
 
-def _dot_k_z(run: int, hi_at: int):
-    """Intrinsic (codes, qp, off, sclo, schi, acc) -> acc + the lanes of _dot_k_x8 for a pair of activation rows in
-    the pair layout at byte `off` of qp: code vector 2c meets the pair's quants of values 4c.. (scales sclo), 2c + 1
-    those of values hi_at + 4c.. (schi); `run` vpdpbusd then one vpdpwssd by the scale (run * 16 codes times quants
-    stay within int16: Q4_K 4 x 16 x 15 x 128, Q5_K 2 x 16 x 31 x 128, Q6_K 1 x 4 x 63 x 128 < 2^15)."""
+def _z_quants(builder, p, v, pairs: bool):
+    """The activation quants of value v (4 of them) in every lane: a pair of rows in the pair layout (_z_pair8,
+    lanes 2r + j) or one row (_z_bcast4)."""
+    return _z_pair8(builder, p, 2 * v) if pairs else _z_bcast4(builder, p, v)
+
+
+def _dot_k_z(run: int, hi_at: int, pairs: bool = True):
+    """Intrinsic (codes, x, off, sclo, schi, acc) -> acc + the lanes of _dot_k_x8 in 16 lanes: code vector 2c meets
+    the quants of values 4c.. (scales sclo), 2c + 1 those of values hi_at + 4c.. (schi), of a pair of activation
+    rows in the pair layout at byte `off` (pair tiles: widen_z codes) or of one row (decode: codes of two groups,
+    codes_z16); `run` vpdpbusd then one vpdpwssd by the scale (run * 16 codes times quants stay within int16:
+    Q4_K 4 x 16 x 15 x 128, Q5_K 2 x 16 x 31 x 128, Q6_K 1 x 4 x 63 x 128 < 2^15)."""
 
     @intrinsic
-    def dot(typingctx, codes, qp, off, sclo, schi, acc):
-        if codes != CodesZ8 or not _is_ptr_args(qp, off) or sclo != I32x16 or schi != I32x16 or acc != I32x16:
+    def dot(typingctx, codes, x, off, sclo, schi, acc):
+        if codes != CodesZ8 or not _is_ptr_args(x, off) or sclo != I32x16 or schi != I32x16 or acc != I32x16:
             return None
 
         def codegen(context, builder, sig, args):
@@ -3310,20 +3330,19 @@ def _dot_k_z(run: int, hi_at: int):
                 s = None
                 for c in range(4):
                     u = builder.bitcast(builder.extract_value(args[0], 2 * c + part), _v16i32)
-                    q = _z_pair8(builder, p, 2 * (hi_at * part + 4 * c))
+                    q = _z_quants(builder, p, hi_at * part + 4 * c, pairs)
                     s = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", s or _splat(_v16i32, 0), u, q)
                     if (c + 1) % run == 0:
                         acc, s = _z_call(builder, "llvm.x86.avx512.vpdpwssd.512", acc, s, args[3 + part]), None
             return acc
 
-        return I32x16(CodesZ8, qp, off, I32x16, I32x16, I32x16), codegen
+        return I32x16(CodesZ8, x, off, I32x16, I32x16, I32x16), codegen
 
     return dot
 
 
-dot4k_z = _dot_k_z(4, 32)
-dot5k_z = _dot_k_z(2, 32)
-dot6k_z = _dot_k_z(1, 64)
+dot4k_z, dot5k_z, dot6k_z = _dot_k_z(4, 32), _dot_k_z(2, 32), _dot_k_z(1, 64)
+dot4k_z16, dot5k_z16 = _dot_k_z(4, 32, False), _dot_k_z(2, 32, False)
 
 
 def _kpairs_z(signed: bool, n: int):
@@ -3589,14 +3608,15 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
                     st_lanes_f32x8(out, 4 * ((2 * p + 1) * N + 8 * g), v, 1)
 
 
-def _dot32_z(nibbles: bool):
-    """Intrinsic (codes, qp, off) -> lane 2r + j: row r's codes (widen_z of _codes32_x8) . the 32 quants of pair row
-    j at byte `off` of the pair layout: 8 vpdpbusd (code vector j meets values 16 (j % 2) + 4 (j // 2).. for the
-    nibble types, 4j.. for Q8_0)."""
+def _dot32_z(nibbles: bool, pairs: bool = True):
+    """Intrinsic (codes, x, off) -> 16 lanes of 8 rows' codes (widen_z of _codes32_x8 / iq4_codes_x8) . a pair of
+    activation rows' 32 quants at byte `off` of the pair layout (lane 2r + j), or of two groups' codes (codes_z16,
+    codes8_z16, iq4_codes_z16) . one row's: 8 vpdpbusd, code vector j meeting values 16 (j % 2) + 4 (j // 2).. for
+    the nibble types, 4j.. for Q8_0."""
 
     @intrinsic
-    def dot(typingctx, codes, qp, off):
-        if codes != CodesZ8 or not _is_ptr_args(qp, off):
+    def dot(typingctx, codes, x, off):
+        if codes != CodesZ8 or not _is_ptr_args(x, off):
             return None
 
         def codegen(context, builder, sig, args):
@@ -3605,15 +3625,16 @@ def _dot32_z(nibbles: bool):
             for j in range(8):
                 v = 16 * (j % 2) + 4 * (j // 2) if nibbles else 4 * j
                 u = builder.bitcast(builder.extract_value(args[0], j), _v16i32)
-                acc = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", acc, u, _z_pair8(builder, p, 2 * v))
+                acc = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", acc, u, _z_quants(builder, p, v, pairs))
             return acc
 
-        return I32x16(CodesZ8, qp, off), codegen
+        return I32x16(CodesZ8, x, off), codegen
 
     return dot
 
 
 dot_z, dot8_z = _dot32_z(True), _dot32_z(False)
+dot_z16, dot8_z16 = _dot32_z(True, False), _dot32_z(False, False)
 
 
 @intrinsic
@@ -3838,43 +3859,6 @@ ksc_z16 = _kscales_z16(False)
 kscw_z16 = _kscales_z16(True, False)
 
 
-def _z_bcast4(builder, p, at):
-    """The 4 bytes at byte `at` of i8* p in each of the 16 dwords of a 64-byte vector (vpbroadcastd)."""
-    x = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), _i32.as_pointer()), align=1)
-    return _bsplat(builder, _v16i32, x)
-
-
-def _dot_k_z16(run: int, hi_at: int):
-    """Intrinsic (codes, qs, off, sclo, schi, acc) -> acc + _dot_k_x8's lanes for 16 rows (codes_z16 / codes5_z16)
-    against one activation row's quants at byte `off`: `run` vpdpbusd then one vpdpwssd by the scale (as
-    _dot_k_z)."""
-
-    @intrinsic
-    def dot(typingctx, codes, qs, off, sclo, schi, acc):
-        if codes != CodesZ8 or not _is_ptr_args(qs, off) or sclo != I32x16 or schi != I32x16 or acc != I32x16:
-            return None
-
-        def codegen(context, builder, sig, args):
-            p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-            acc = args[5]
-            for part in (0, 1):
-                s = None
-                for c in range(4):
-                    u = builder.bitcast(builder.extract_value(args[0], 2 * c + part), _v16i32)
-                    q = _z_bcast4(builder, p, hi_at * part + 4 * c)
-                    s = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", s or _splat(_v16i32, 0), u, q)
-                    if (c + 1) % run == 0:
-                        acc, s = _z_call(builder, "llvm.x86.avx512.vpdpwssd.512", acc, s, args[3 + part]), None
-            return acc
-
-        return I32x16(CodesZ8, qs, off, I32x16, I32x16, I32x16), codegen
-
-    return dot
-
-
-dot4k_z16, dot5k_z16 = _dot_k_z16(4, 32), _dot_k_z16(2, 32)
-
-
 def _kpairs_z16(signed: bool, n: int):
     """Intrinsic (a, oa, ob, bs, bo) -> kmin_x8 / koff6_x8 summed over k < n (as _kmin_sum_x8 / _koff6_sum_x8) for
     groups A and B: row r's byte pair at byte o + 16k . the activation row's two int16 sums at byte bo + 8k of bs."""
@@ -3976,23 +3960,42 @@ def iq4_codes_z16(typingctx, a, oa, ob):
 
 
 @intrinsic
-def dot_z16(typingctx, codes, qs, off):
-    """16 rows' codes (iq4_codes_z16) . one activation row's 32 quants at byte `off`: 8 vpdpbusd, code vector j
-    meeting values 16 (j % 2) + 4 (j // 2).."""
-    if codes != CodesZ8 or not _is_ptr_args(qs, off):
+def codes8_z16(typingctx, a, oa, ob):
+    """codes8_x8 of groups A (byte oa) and B (byte ob) in one: Q8_0's 8 chunks, + 128 (unsigned, for vpdpbusd)."""
+    if not _is_ab_args(a, oa, ob):
         return None
 
     def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-        acc = _splat(_v16i32, 0)
-        for j in range(8):
-            u = builder.bitcast(builder.extract_value(args[0], j), _v16i32)
-            acc = _z_call(
-                builder, "llvm.x86.avx512.vpdpbusd.512", acc, u, _z_bcast4(builder, p, 16 * (j % 2) + 4 * (j // 2))
-            )
-        return acc
+        pa, pb = _ab_ptrs(context, builder, sig, args)
+        v64 = ir.VectorType(_i8, 64)
+        out = [builder.xor(_ld64_ab(builder, pa, pb, 32 * j), _splat(v64, 0x80)) for j in range(8)]
+        return context.make_tuple(builder, sig.return_type, out)
 
-    return I32x16(CodesZ8, qs, off), codegen
+    return CodesZ8(a, oa, ob), codegen
+
+
+@intrinsic
+def isubs_z(typingctx, v, x):
+    """v - x in every lane (x an integer scalar)."""
+    if v != I32x16 or not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], _bsplat(builder, _v16i32, _int_arg(context, builder, sig.args[1], args[1])))
+
+    return I32x16(I32x16, x), codegen
+
+
+@intrinsic
+def fbcast_z(typingctx, x):
+    """x in every lane."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _bsplat(builder, _v16f32, args[0])
+
+    return F32x16(types.float32), codegen
 
 
 @intrinsic
@@ -4035,6 +4038,32 @@ def fscale_z(typingctx, v, x):
         return builder.fmul(args[0], _bsplat(builder, _v16f32, args[1]))
 
     return F32x16(F32x16, types.float32), codegen
+
+
+@njit(inline="always", **DOT)
+def _group_x8_z16_one(kind, bsize, w, ga, gb, d1, s1, sums1, qs, nb, off, m):
+    """_group_x8_one for groups A (byte ga) and B (byte gb) of a 32-value type at once: lanes 0-7 A's rows, 8-15
+    B's, each with its own row's integer and float steps (the same bits)."""
+    accd, accm = fzero_z(), fzero_z()
+    xo, bo = m * 32 * nb, m * nb
+    for b in range(nb):
+        oa, ob = ga + b * bsize, gb + b * bsize
+        if m == 0:
+            for pf in range(0, bsize, 64):
+                prefetch(w, oa + Z16_PREFETCH + pf)
+                prefetch(w, ob + Z16_PREFETCH + pf)
+        if kind == Q8_0:
+            p = dot8_z16(codes8_z16(w, oa + 16, ob + 16), qs, xo + 32 * b)
+        elif kind == Q5_0:
+            p = dot_z16(codes5_z16(w, oa + 16, ob + 16), qs, xo + 32 * b)
+        else:
+            c = 32 if kind == Q4_1 else 16
+            p = dot_z16(codes_z16(w, oa + c, ob + c), qs, xo + 32 * b)
+        p = isubs_z(p, off * sums1[bo + b])
+        accd = fma_z(accd, fcvt_z(p), fscale_z(ld_f16x16(w, oa, ob), d1[bo + b]))
+        if kind == Q4_1:
+            accm = fma_z(accm, ld_f16x16(w, oa + 16, ob + 16), fbcast_z(s1[bo + b]))
+    return fadd_z(accd, accm)
 
 
 @njit(inline="always", **DOT)

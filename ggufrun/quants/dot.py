@@ -3232,26 +3232,6 @@ def widen_z(typingctx, codes):
 
 
 @intrinsic
-def iq4_codes_x8(typingctx, a, off):
-    """IQ4_XS's interleaved codes of one 32-value sub-block at byte `off` (4 chunks of 32 bytes, row r's 4 nibble
-    bytes at 4r): 8 code vectors as codes_x8's (chunk c's low nibbles, then its high ones), each looked up in the
-    code book + 128 (unsigned 1..241)."""
-    if not _is_ptr_args(a, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
-        out = []
-        for c in range(4):
-            v = _ld32_at(builder, p, 32 * c)
-            out.append(_iq4_lut(builder, builder.and_(v, _splat(_v32i8, 15)), 128))
-            out.append(_iq4_lut(builder, builder.and_(builder.lshr(v, _splat(_v32i8, 4)), _splat(_v32i8, 15)), 128))
-        return context.make_tuple(builder, sig.return_type, out)
-
-    return Codes8(a, off), codegen
-
-
-@intrinsic
 def imuladd_z(typingctx, acc, s, sc):
     """acc + s * sc, int32 lanes (vpmulld)."""
     if acc != I32x16 or s != I32x16 or sc != I32x16:
@@ -3530,7 +3510,10 @@ def _sbk_tile_z(kind, w, o, qp, xo, K2, pairs, isc):
         for jj in range(4):
             sclo, schi = ksc_z(w, o + 32 + 16 * jj, 0), ksc_z(w, o + 32 + 16 * jj, 1)
             for half in range(2):
-                u = widen_z(_kx8_codes(kind, w, o, jj, half))
+                if kind == Q5_K:
+                    u = codes5_z(w, o + 160 + 320 * jj + 160 * half)
+                else:
+                    u = codes_z(w, o + 160 + 256 * jj + 128 * half)
                 x = xo + 2 * (64 * jj + 16 * half)
                 for a in range(0, 64 * pairs, 64):
                     if kind == Q4_K:
@@ -3553,7 +3536,7 @@ def _sbk_tile_z(kind, w, o, qp, xo, K2, pairs, isc):
     else:  # IQ4_XS: per sub-block the code book + 128 against the quants, times the scale (vpmulld)
         for gg in range(8):
             sc = kscw_z(w, o + 16 + 16 * (gg // 2), gg % 2)
-            u = widen_z(iq4_codes_x8(w, o + 80 + 128 * gg))
+            u = iq4_codes_z(w, o + 80 + 128 * gg)
             x = xo + 64 * gg
             for a in range(0, 64 * pairs, 64):
                 st_z(isc, a, imuladd_z(ld_i32z(isc, a), dot_z(u, qp, x), sc))
@@ -3609,10 +3592,10 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
 
 
 def _dot32_z(nibbles: bool, pairs: bool = True):
-    """Intrinsic (codes, x, off) -> 16 lanes of 8 rows' codes (widen_z of _codes32_x8 / iq4_codes_x8) . a pair of
-    activation rows' 32 quants at byte `off` of the pair layout (lane 2r + j), or of two groups' codes (codes_z16,
-    codes8_z16, iq4_codes_z16) . one row's: 8 vpdpbusd, code vector j meeting values 16 (j % 2) + 4 (j // 2).. for
-    the nibble types, 4j.. for Q8_0."""
+    """Intrinsic (codes, x, off) -> 16 lanes of 8 rows' codes (codes_z, codes5_z, iq4_codes_z, widen_z of
+    codes8_x8) . a pair of activation rows' 32 quants at byte `off` of the pair layout (lane 2r + j), or of two
+    groups' codes (codes_z16, codes8_z16, iq4_codes_z16) . one row's: 8 vpdpbusd, code vector j meeting values
+    16 (j % 2) + 4 (j // 2).. for the nibble types, 4j.. for Q8_0."""
 
     @intrinsic
     def dot(typingctx, codes, x, off):
@@ -3686,7 +3669,12 @@ def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
                 st_z(acc, a, fzero_z())
             for b in range(nb):
                 o = g * rb + b * bsize
-                u = widen_z(_codes32_x8(kind, w, o))
+                if kind == Q8_0:
+                    u = widen_z(codes8_x8(w, o + 16))
+                elif kind == Q5_0:
+                    u = codes5_z(w, o + 16)
+                else:
+                    u = codes_z(w, o + (32 if kind == Q4_1 else 16))
                 dw = ld_f16x8_z(w, o)
                 mw = ld_f16x8_z(w, o + 16) if kind == Q4_1 else fzero_z()
                 for p in range(t, t1):
@@ -3788,46 +3776,79 @@ def _is_ab_args(a, oa, ob) -> bool:
     return _is_ptr_args(a, oa) and isinstance(ob, types.Integer)
 
 
-@intrinsic
-def codes_z16(typingctx, a, oa, ob):
-    """codes_x8 of groups A (byte oa) and B (byte ob) in one: code vector [2c] = chunk c's low nibbles, [2c + 1] its
-    high nibbles, A's rows in lanes 0-7 and B's in 8-15."""
-    if not _is_ab_args(a, oa, ob):
-        return None
-
-    def codegen(context, builder, sig, args):
-        pa, pb = _ab_ptrs(context, builder, sig, args)
-        out = []
-        v64 = ir.VectorType(_i8, 64)
-        for c in range(4):
-            v = _ld64_ab(builder, pa, pb, 32 * c)
-            out.append(builder.and_(v, _splat(v64, 15)))
-            out.append(builder.lshr(v, _splat(v64, 4)))
-        return context.make_tuple(builder, sig.return_type, out)
-
-    return CodesZ8(a, oa, ob), codegen
+def _nibble_codes(builder, load):
+    """codes_x8's 8 code vectors in 64 bytes from load(at) (the chunk at byte `at`, as 64 bytes): [2c] chunk c's
+    low nibbles, [2c + 1] its high nibbles."""
+    v64 = ir.VectorType(_i8, 64)
+    out = []
+    for c in range(4):
+        v = load(32 * c)
+        out += [builder.and_(v, _splat(v64, 15)), builder.lshr(v, _splat(v64, 4))]
+    return out
 
 
-@intrinsic
-def codes5_z16(typingctx, a, oa, ob):
-    """codes5_x8 of groups A and B in one (their fifth-bit planes and nibble chunks side by side)."""
-    if not _is_ab_args(a, oa, ob):
-        return None
+def _nibble5_codes(builder, load):
+    """codes5_x8's 8 code vectors of 5 bits in 64 bytes: a fifth-bit plane, then 4 nibble chunks."""
+    v64 = ir.VectorType(_i8, 64)
+    plane = builder.bitcast(load(0), _v32i16)
+    out = []
+    for j, nib in enumerate(_nibble_codes(builder, lambda at: load(32 + at))):
+        moved = builder.shl(plane, _splat(_v32i16, 4 - j)) if j < 4 else builder.lshr(plane, _splat(_v32i16, j - 4))
+        out.append(builder.or_(nib, builder.and_(builder.bitcast(moved, v64), _splat(v64, 0x10))))
+    return out
 
-    def codegen(context, builder, sig, args):
-        pa, pb = _ab_ptrs(context, builder, sig, args)
-        v64 = ir.VectorType(_i8, 64)
-        plane = builder.bitcast(_ld64_ab(builder, pa, pb, 0), _v32i16)
-        out = []
-        for c in range(4):
-            v = _ld64_ab(builder, pa, pb, 32 + 32 * c)
-            for j, nib in ((2 * c, builder.and_(v, _splat(v64, 15))), (2 * c + 1, builder.lshr(v, _splat(v64, 4)))):
-                moved = (builder.shl(plane, _splat(_v32i16, 4 - j)) if j < 4
-                         else builder.lshr(plane, _splat(_v32i16, j - 4)))  # fmt: skip
-                out.append(builder.or_(nib, builder.and_(builder.bitcast(moved, v64), _splat(v64, 0x10))))
-        return context.make_tuple(builder, sig.return_type, out)
 
-    return CodesZ8(a, oa, ob), codegen
+def _iq4_codes(builder, load):
+    """IQ4_XS's 8 code vectors of a 32-value sub-block (4 chunks of 32 bytes, row r's 4 nibble bytes at 4r) in 64
+    bytes: _nibble_codes looked up in the code book + 128 (unsigned 1..241, vpshufb)."""
+    v64 = ir.VectorType(_i8, 64)
+    table = ir.Constant(v64, [(v + 128) & 0xFF for v in IQ4_VALUES] * 4)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v64, [v64, v64]), "llvm.x86.avx512.pshuf.b.512")
+    return [builder.call(fn, [table, builder.and_(v, _splat(v64, 15))]) for v in _nibble_codes(builder, load)]
+
+
+def _codes_z(decode, pairs: bool):
+    """Intrinsic of 8 code vectors in 16 lanes (CodesZ8) decoded by decode(builder, load): pairs, (a, off): one group
+    of 8 rows, each chunk's dword r spread over lanes 2r and 2r + 1 as it is loaded (the pair tiles); else (a, oa,
+    ob): groups A and B side by side, A's rows in lanes 0-7 and B's in 8-15 (decode)."""
+    if pairs:
+
+        @intrinsic
+        def codes(typingctx, a, off):
+            if not _is_ptr_args(a, off):
+                return None
+
+            def codegen(context, builder, sig, args):
+                p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+
+                def load(at):
+                    v = builder.bitcast(_ld32_at(builder, p, at), _v8i32)
+                    return builder.bitcast(builder.shuffle_vector(v, v, _DUP), ir.VectorType(_i8, 64))
+
+                return context.make_tuple(builder, sig.return_type, decode(builder, load))
+
+            return CodesZ8(a, off), codegen
+
+        return codes
+
+    @intrinsic
+    def codes_ab(typingctx, a, oa, ob):
+        if not _is_ab_args(a, oa, ob):
+            return None
+
+        def codegen(context, builder, sig, args):
+            pa, pb = _ab_ptrs(context, builder, sig, args)
+            return context.make_tuple(
+                builder, sig.return_type, decode(builder, lambda at: _ld64_ab(builder, pa, pb, at))
+            )
+
+        return CodesZ8(a, oa, ob), codegen
+
+    return codes_ab
+
+
+codes_z, codes5_z, iq4_codes_z = (_codes_z(f, True) for f in (_nibble_codes, _nibble5_codes, _iq4_codes))
+codes_z16, codes5_z16, iq4_codes_z16 = (_codes_z(f, False) for f in (_nibble_codes, _nibble5_codes, _iq4_codes))
 
 
 def _kscales_z16(signed: bool, low16: bool = True):
@@ -3934,29 +3955,6 @@ def sb6_z16(typingctx, a, oa, ob, x, xo):
         return acc
 
     return I32x16(a, oa, ob, x, xo), codegen
-
-
-@intrinsic
-def iq4_codes_z16(typingctx, a, oa, ob):
-    """iq4_codes_x8 of groups A (byte oa) and B (byte ob) in one (A's rows in lanes 0-7, B's in 8-15)."""
-    if not _is_ab_args(a, oa, ob):
-        return None
-
-    def codegen(context, builder, sig, args):
-        pa, pb = _ab_ptrs(context, builder, sig, args)
-        v64 = ir.VectorType(_i8, 64)
-        table = ir.Constant(v64, [(v + 128) & 0xFF for v in IQ4_VALUES] * 4)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v64, [v64, v64]), "llvm.x86.avx512.pshuf.b.512"
-        )
-        out = []
-        for c in range(4):
-            v = _ld64_ab(builder, pa, pb, 32 * c)
-            out.append(builder.call(fn, [table, builder.and_(v, _splat(v64, 15))]))
-            out.append(builder.call(fn, [table, builder.and_(builder.lshr(v, _splat(v64, 4)), _splat(v64, 15))]))
-        return context.make_tuple(builder, sig.return_type, out)
-
-    return CodesZ8(a, oa, ob), codegen
 
 
 @intrinsic

@@ -12,8 +12,10 @@ kernel, and the kernels compile without fast-math so LLVM cannot reorder it diff
 Why hand-written vector IR: LLVM's auto-vectoriser, as Numba drives it, turns the per-block reductions into
 scalar code or gathers (~3 GMAC/s per core; dev/ has the experiments). So the hot loops use a small
 vocabulary of vector intrinsics defined below (256-bit vectors: 32 x int8, 8 x int32, 8 x float32), each
-with a portable LLVM IR fallback for CPUs without AVX2 / VNNI / F16C. Offsets into arrays are flat byte
-offsets.
+with a portable LLVM IR fallback for CPUs without AVX2 / VNNI / F16C. On CPUs with AVX-512 (HAS_ZMM) the
+interleaved layouts' kernels use 512-bit vectors instead (16 x int32 / float32, names ending in _z / _z16): pair
+tiles for two or more activation rows, two groups of 8 weight rows per vector for one row (the sections "pair
+tiles" and "decode on AVX-512" in part 4). Offsets into arrays are flat byte offsets.
 
 Why one file: Numba's on-disk cache (`cache=True`) keys a kernel on its own source file only, so a kernel would
 keep running stale machine code after an edit to a helper or intrinsic in another file. Everything the kernels
@@ -3174,7 +3176,7 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
                 st_f32x8(out, 4 * (m * N + 8 * g), fadd_v(ld_f32x8(acc, a), ld_f32x8(acc, a + 32)))
 
 
-# ---- K-quant pair tiles on AVX-512 (Q4_K, Q5_K, Q6_K with M >= 3 activation rows) ------------------------------
+# ---- Pair tiles on AVX-512: the interleaved layouts with M >= 3 activation rows (IQ4_XS: M >= 2) ---------------
 # With 512-bit registers a vector holds the 8 interleaved weight rows against two activation rows at once: lane
 # 2r + j is weight row r against activation row j of a pair. The launcher lays each pair of activation rows out
 # together (_pair_rows: 4 quant bytes of one row, then the same 4 of the other, so one 8-byte broadcast fills every
@@ -3182,8 +3184,10 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
 # quant bytes a lane per vpdpbusd and the sub-block scale per vpdpwssd. Every lane is the same exact integer as
 # _sbk_x8's and gets the same float steps as _rowsk_x8's, so the bits are the same. What it saves: the 256-bit
 # tiles spend ~21 vector instructions on 256 multiply-adds of a row (vpmaddubsw, int16 adds, vpmaddwd, broadcasts);
-# these ~11 on 512. llama.cpp's repacked AVX-512 Q4_K gemm (ggml-cpu/arch/x86/repack.cpp, ggml_gemm_q4_K_8x8_q8_K)
-# also works on 8 weight rows x 4 activation rows per iteration. Only where the CPU has AVX-512 F / BW / VNNI.
+# these ~11 on 512. llama.cpp's repacked Q4_K gemm (ggml-cpu/arch/x86/repack.cpp, ggml_gemm_q4_K_8x8_q8_K) likewise
+# interleaves the activations, 4 rows at a time (block_q8_Kx4), and takes 16 rows per pass on AVX-512. The K-quants'
+# tiles come first here, then the 32-value types' (_rows_z) and the launchers' pair layouts (_pairs_q8_1,
+# _pairs_q8_k). Only where the CPU has AVX-512 F / BW / VNNI.
 # -----------------------------------------------------------------------------------------------------------------
 
 HAS_ZMM = HAS_VNNI and {"avx512f", "avx512bw", "avx512vnni"} <= _FEATS
@@ -3744,11 +3748,13 @@ def _pairs_q8_k(d, b, qs):
     return dp, bp, qp
 
 
-# ---- K-quant decode on AVX-512: two groups of 8 interleaved rows (16 rows) per vector -------------------------------
-# One activation row cannot fill a pair tile's lanes, so decode (_rowsk_x8_one) takes a work item's two groups at
-# once: lanes 0-7 are group A's rows, lanes 8-15 group B's (the next group, whose 8 output columns follow A's), each
-# code chunk A's 32 bytes then B's. Every lane gets its own row's integers and float steps in the same order as
-# _group_k_x8_one, so the same bits; a 16-row vector halves the decoding and multiply instructions per weight.
+# ---- Decode on AVX-512: two groups of 8 interleaved rows (16 rows) per vector -----------------------------------
+# One activation row cannot fill a pair tile's lanes, so decode (_rowsk_x8_one, _rows_x8_one) takes a work item's two
+# groups at once: lanes 0-7 are group A's rows, lanes 8-15 group B's (the next group, whose 8 output columns follow
+# A's), each code chunk A's 32 bytes then B's. Every lane gets its own row's integers and float steps in the same order
+# as _group_k_x8_one / _group_x8_one, so the same bits; a 16-row vector halves the decoding and multiply instructions
+# per weight, and both groups' streams are prefetched (Z16_PREFETCH). The 32-value types' _group_x8_z16_one is here
+# too, beside the K-quants' _group_k_z16_one.
 # -----------------------------------------------------------------------------------------------------------------
 
 

@@ -2423,7 +2423,11 @@ def _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0): each
     block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
-    in L1; lane r of a tile row is rows8x1's lane r."""
+    in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 3 rows on, the launcher passes its pair layouts
+    (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z)."""
+    if _pair_tiles(out.shape[0], kind):
+        _rows_z(kind, bsize, w, d, s, qs, sums, out, g0, g1)
+        return
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     if M == 1:
@@ -3133,7 +3137,11 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved Q4_K / Q6_K rows: each super-block of a group is
     decoded once per tile of activation rows (all of them for decode); per super-block and tile row the 8 rows'
     integer lanes (one row: in registers, _sbk_x8; more: waiting in L1, _sbk_tile_x8), then rowk's float steps
-    (acc: the d terms, then the dmin terms)."""
+    (acc: the d terms, then the dmin terms). On AVX-512 from 3 rows on, the launcher passes its pair layouts
+    (_pairs_q8_k) in place of d, b16 / b32, qs and the pair tiles run instead (_rowsk_z)."""
+    if _pair_tiles(out.shape[0], kind):
+        _rowsk_z(kind, w, d, b16, b32, qs, out, g0, g1)
+        return
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nsb = K // 256
@@ -3478,7 +3486,7 @@ isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I
 
 
 @njit(inline="always", **DOT)
-def _pair_tiles(M, kind=Q4_K):
+def _pair_tiles(M, kind):
     """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). IQ4_XS, whose
     interleaved layout exists only where they do (repack.REPACKED_TYPES), takes two rows that way too."""
     return HAS_ZMM and (M >= ZMM_MIN_ROWS or (kind == IQ4_XS and M == 2))
@@ -4592,10 +4600,7 @@ X8_GROUPS = 2  # groups of 8 interleaved weight rows per parallel work item (CHU
 
 @njit(**DOT)
 def _rows_q4_0_x8(w, d, s, qs, sums, out, g0, g1):
-    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q4_0_x8)
-        _rows_z(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
-    else:
-        _rows_x8(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
+    _rows_x8(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
 
 
 X8_TILE_BYTES = 1 << 21  # a multi-row work item's weights: up to about L2's size...
@@ -4623,7 +4628,7 @@ def dot_q4_0_x8(w, d, s, qs, sums, out):
     """dot_q4_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 144]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+    if _pair_tiles(qs.shape[0], Q4_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q4_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
@@ -4648,10 +4653,7 @@ def dot_q4_0_x8_one(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
-    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q4_1_x8)
-        _rows_z(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
-    else:
-        _rows_x8(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
+    _rows_x8(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
 
 
 @launcher(_rows_q4_1_x8, DOT_PARALLEL)
@@ -4659,7 +4661,7 @@ def dot_q4_1_x8(w, d, s, qs, sums, out):
     """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+    if _pair_tiles(qs.shape[0], Q4_1):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q4_1_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
@@ -4684,10 +4686,7 @@ def dot_q4_1_x8_one(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q5_0_x8(w, d, s, qs, sums, out, g0, g1):
-    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q5_0_x8)
-        _rows_z(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
-    else:
-        _rows_x8(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
+    _rows_x8(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
 
 
 @launcher(_rows_q5_0_x8, DOT_PARALLEL)
@@ -4695,7 +4694,7 @@ def dot_q5_0_x8(w, d, s, qs, sums, out):
     """dot_q5_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 176]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+    if _pair_tiles(qs.shape[0], Q5_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q5_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
@@ -4720,10 +4719,7 @@ def dot_q5_0_x8_one(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _rows_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
-    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q8_0_x8)
-        _rows_z(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
-    else:
-        _rows_x8(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
+    _rows_x8(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
 
 
 @launcher(_rows_q8_0_x8, DOT_PARALLEL)
@@ -4731,7 +4727,7 @@ def dot_q8_0_x8(w, d, s, qs, sums, out):
     """dot_q8_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 272]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+    if _pair_tiles(qs.shape[0], Q8_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q8_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
@@ -4892,10 +4888,7 @@ def dot_q6_k(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q4_k_x8)
-        _rowsk_z(Q4_K, w, d, b16, b32, qs, out, g0, g1)
-    else:
-        _rowsk_x8(Q4_K, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8(Q4_K, w, d, b16, b32, qs, out, g0, g1)
 
 
 @launcher(_rows_q4_k_x8, DOT_PARALLEL)
@@ -4903,7 +4896,7 @@ def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q4_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1184]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+    if _pair_tiles(qs.shape[0], Q4_K):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b32p, qp = _pairs_q8_k(d, b32, qs)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q4_k_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
@@ -4928,10 +4921,7 @@ def dot_q4_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q5_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q5_k_x8)
-        _rowsk_z(Q5_K, w, d, b16, b32, qs, out, g0, g1)
-    else:
-        _rowsk_x8(Q5_K, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8(Q5_K, w, d, b16, b32, qs, out, g0, g1)
 
 
 @launcher(_rows_q5_k_x8, DOT_PARALLEL)
@@ -4939,7 +4929,7 @@ def dot_q5_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q5_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1440]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+    if _pair_tiles(qs.shape[0], Q5_K):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b32p, qp = _pairs_q8_k(d, b32, qs)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q5_k_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
@@ -4964,10 +4954,7 @@ def dot_q5_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    if _pair_tiles(out.shape[0]):  # the activations as pairs (dot_q6_k_x8)
-        _rowsk_z(Q6_K, w, d, b16, b32, qs, out, g0, g1)
-    else:
-        _rowsk_x8(Q6_K, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8(Q6_K, w, d, b16, b32, qs, out, g0, g1)
 
 
 @launcher(_rows_q6_k_x8, DOT_PARALLEL)
@@ -4975,7 +4962,7 @@ def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q6_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1680]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    if _pair_tiles(qs.shape[0]):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+    if _pair_tiles(qs.shape[0], Q6_K):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b16p, qp = _pairs_q8_k(d, b16, qs)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q6_k_x8", (w, qu, dp, b16p, b32, qp, out, c * per, min(G, c * per + per)))
@@ -5011,7 +4998,7 @@ def dot_iq4_xs_x8(w, qu, d, b16, b32, qs, out):
     """dot_iq4_xs for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1104]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0])
-    if _pair_tiles(qs.shape[0], IQ4_XS):  # AVX-512: pairs of activation rows laid out together, then the pair tiles
+    if _pair_tiles(qs.shape[0], IQ4_XS):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b32p, qp = _pairs_q8_k(d, b32, qs)
         for c in prange((G + per - 1) // per):
             call_worker("_rows_iq4_xs_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))

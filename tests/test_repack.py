@@ -15,6 +15,7 @@ import ggufrun.quants as Q
 from ggufrun.model import Transformer
 from ggufrun.model.linear import Linear
 from ggufrun.model.weights import FUSED
+from ggufrun.quants import dot
 from ggufrun.quants.repack import ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
 from ggufrun.reader import GGUFFile
 
@@ -244,3 +245,28 @@ def test_the_interleaved_kernels_can_be_cached_on_disk():
             assert f.overloads, f
             for cres in f.overloads.values():
                 assert not cres.library.has_dynamic_globals, (qtype, f.py_func.__name__)
+
+
+@pytest.mark.skipif(not dot.AMX_PERMITTED, reason="this CPU or kernel gives no AMX tiles (Sapphire Rapids+, Linux)")
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0])
+def test_amx_tiles_give_the_same_bits(qtype):
+    """The AMX route (dot._rows_amx: 16 x 16 tiles, a partial last tile, an odd last group) against the pair tiles
+    and the file layout's kernel, bit for bit."""
+    rng = np.random.default_rng(int(qtype))
+    for n, k in ((40, 96), (64, 2048)):
+        w = _random_blocks(qtype, n, k, rng)
+        w8, kernel = repack(w, qtype)
+        for m in (dot.AMX_MIN_ROWS, 37, 70, 128):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            x[3, :32] = 0.0
+            qx = Q.quantize_activations(x, qtype)
+            want, pairs, tiles = (np.full((m, n), np.nan, np.float32) for _ in range(3))
+            Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
+            try:
+                dot.use_amx(False)
+                kernel(w8, *qx.arrays, pairs)
+            finally:
+                assert dot.use_amx(True)
+            kernel(w8, *qx.arrays, tiles)
+            assert np.array_equal(want.view(np.int32), pairs.view(np.int32)), (m, n, k)
+            assert np.array_equal(want.view(np.int32), tiles.view(np.int32)), (m, n, k)

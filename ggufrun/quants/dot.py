@@ -59,6 +59,9 @@ code book values are unsigned; their sign bits go onto the quants qs (apply_sign
 from __future__ import annotations
 
 import base64
+import ctypes
+import os
+import sys
 
 import llvmlite.binding as llb
 import numpy as np
@@ -2424,7 +2427,11 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0): each
     block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
     in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 3 rows on, the launcher passes its pair layouts
-    (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z)."""
+    (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
+    rows on, the tile unit (_rows_amx)."""
+    if _amx_tiles(out.shape[0], kind):
+        _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1)
+        return
     if _pair_tiles(out.shape[0], kind):
         _rows_z(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
@@ -3488,8 +3495,9 @@ isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I
 @njit(inline="always", **DOT)
 def _pair_tiles(M, kind):
     """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). IQ4_XS, whose
-    interleaved layout exists only where they do (repack.REPACKED_TYPES), takes two rows that way too."""
-    return HAS_ZMM and (M >= ZMM_MIN_ROWS or (kind == IQ4_XS and M == 2))
+    interleaved layout exists only where they do (repack.REPACKED_TYPES), takes two rows that way too. Not where the
+    AMX tiles take the product (_amx_tiles)."""
+    return HAS_ZMM and (M >= ZMM_MIN_ROWS or (kind == IQ4_XS and M == 2)) and not _amx_tiles(M, kind)
 
 
 @njit(inline="always", **DOT)
@@ -3754,6 +3762,348 @@ def _pairs_q8_k(d, b, qs):
         for p in prange(P):
             _pair_rows_q8_k(d, b, q32, dp, bp, qp32, p)
     return dp, bp, qp
+
+
+# ---- AMX tiles: 16 activation rows x 16 weight rows per tile instruction (Intel AMX-INT8) -------------------------
+# Where the CPU has AMX (Sapphire Rapids and later Xeons) and Linux grants this process its tile state (arch_prctl
+# ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA: the kernel hands it out only on request), the 32-value types' products of
+# AMX_MIN_ROWS or more activation rows run on the tile unit: one `tdpbssd` multiplies a 16 x 32 tile of int8
+# activation quants by a 32 x 16 tile of int8 weight codes into 16 x 16 int32 sums, 8,192 multiply-adds per
+# instruction against a 512-bit vpdpbusd's 64. A tile's K is one 32-value block, so each block's sums go back to
+# memory (tilestored) and take their float step there: the same integers (codes minus the type's offset as signed
+# bytes: sum((q - off) x) = sum(q x) - off sum(x)) and the same FMAs per lane as _group_x8_z16_one, so the same bits as
+# every other route (tests/test_repack). A work item unpacks 16 weight rows (two groups of the interleaved layout)
+# over the whole K once into the tiles' VNNI layout (row k of a block's B tile: 4 codes of each of the 16 rows) and
+# sweeps every 16-row activation tile over them; the 16 accumulators of a tile stay in registers (Acc16).
+# llama.cpp's AMX kernels (ggml-cpu/amx/mmq.cpp) take the same route: int8 tiles per block, the scales applied with
+# AVX-512 after each tile store. The granted flag is read at run time (amx_granted), not frozen into the compiled
+# code: a kernel cached by a process that had AMX never issues a tile instruction in one that was refused it.
+# -----------------------------------------------------------------------------------------------------------------
+
+AMX_CPU = HAS_ZMM and {"amx-tile", "amx-int8"} <= _FEATS
+AMX_MIN_ROWS = 32  # activation rows from which the 32-value types take the tiles (fewer lose to the pair tiles)
+AMX_KINDS = (Q4_0, Q4_1, Q5_0, Q8_0)
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64 (asm/prctl.h)
+_AMX_GRANTED = ctypes.c_int8(0)  # what amx_granted() reads: 1 while the tiles are in use
+llb.add_symbol("ggufrun_amx_granted", ctypes.addressof(_AMX_GRANTED))
+
+
+def _request_amx() -> bool:
+    """Ask Linux for the tile state (once per process; every thread then has it). GGUFRUN_AMX=0 skips the tiles."""
+    if not AMX_CPU or os.environ.get("GGUFRUN_AMX", "1") == "0" or sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+AMX_PERMITTED = _request_amx()
+
+
+def use_amx(on: bool) -> bool:
+    """Turn the AMX tiles on or off for the kernels' next calls (on only where AMX_PERMITTED); returns whether they
+    are on. Every route gives the same bits: this changes speed only (benchmarks, tests)."""
+    _AMX_GRANTED.value = 1 if on and AMX_PERMITTED else 0
+    return bool(_AMX_GRANTED.value)
+
+
+use_amx(True)
+
+
+@intrinsic
+def amx_granted(typingctx):
+    """Whether the tiles are on in this process (a load of the flag use_amx sets, through its exported symbol)."""
+
+    def codegen(context, builder, sig, args):
+        flag = builder.module.globals.get("ggufrun_amx_granted")
+        if flag is None:
+            flag = ir.GlobalVariable(builder.module, _i8, "ggufrun_amx_granted")
+            flag.linkage = "external"
+        return builder.icmp_unsigned("!=", builder.load(flag), ir.Constant(_i8, 0))
+
+    return types.boolean(), codegen
+
+
+def _amx_config() -> np.ndarray:
+    """ldtilecfg's 64 bytes (palette 1): tmm0 / tmm3 the int32 sums (16 rows x 64 bytes), tmm1 / tmm4 the activation
+    quants (16 rows x 32), tmm2 / tmm5 the weight codes (8 rows of 16 x 4)."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1
+    colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
+    for t, c, r in ((0, 64, 16), (3, 64, 16), (1, 32, 16), (4, 32, 16), (2, 64, 8), (5, 64, 8)):
+        colsb[t], rows[t] = c, r
+    return cfg
+
+
+AMX_CONFIG = _amx_config()  # a global array: a constant in the compiled code
+
+
+def _tile_op(fmt, nregs: int, ptr: bool):
+    """Intrinsic of `nregs` literal tile numbers (and, if ptr, an array, a byte offset and a row stride in bytes)
+    -> the inline assembly fmt.format(*tiles) (operands $0 the address, $1 the stride)."""
+
+    def build(context, builder, sig, args, tiles):
+        asm = fmt.format(*tiles)
+        if not ptr:
+            builder.asm(ir.FunctionType(ir.VoidType(), []), asm, "~{memory}", [], True)
+            return context.get_dummy_value()
+        a, off, stride = args[nregs:]
+        p = _ptr(context, builder, sig.args[nregs], a, sig.args[nregs + 1], off, _i8)
+        s = context.cast(builder, stride, sig.args[nregs + 2], types.intp)
+        builder.asm(ir.FunctionType(ir.VoidType(), [_i8.as_pointer(), _i64]), asm, "r,r,~{memory}", [p, s], True)
+        return context.get_dummy_value()
+
+    def typer(argtys):
+        regs = argtys[:nregs]
+        if not all(isinstance(t, types.IntegerLiteral) for t in regs):
+            return None
+        if ptr and not _is_ptr_args(argtys[nregs], argtys[nregs + 1]):
+            return None
+        tiles = [t.literal_value for t in regs]
+        return types.none(*argtys), lambda c, b, s, a: build(c, b, s, a, tiles)
+
+    if ptr:
+        return intrinsic(prefer_literal=True)(lambda typingctx, t, a, off, stride: typer((t, a, off, stride)))
+    if nregs == 1:
+        return intrinsic(prefer_literal=True)(lambda typingctx, t: typer((t,)))
+    return intrinsic(prefer_literal=True)(lambda typingctx, c, a, b: typer((c, a, b)))
+
+
+tile_zero = _tile_op("tilezero %tmm{0}", 1, False)
+tile_load = _tile_op("tileloadd ($0,$1,1), %tmm{0}", 1, True)
+tile_store = _tile_op("tilestored %tmm{0}, ($0,$1,1)", 1, True)
+tile_dpbssd = _tile_op("tdpbssd %tmm{2}, %tmm{1}, %tmm{0}", 3, False)  # tmm{0} += tmm{1} . tmm{2}
+
+
+@intrinsic
+def tile_config(typingctx, cfg):
+    """ldtilecfg: the tile shapes of cfg (AMX_CONFIG) on this thread."""
+    if not (isinstance(cfg, types.Array) and cfg.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], types.intp, ir.Constant(_i64, 0), _i8)
+        builder.asm(ir.FunctionType(ir.VoidType(), [_i8.as_pointer()]), "ldtilecfg ($0)", "r,~{memory}", [p], True)
+        return context.get_dummy_value()
+
+    return types.none(cfg), codegen
+
+
+@intrinsic
+def tile_release(typingctx):
+    """tilerelease: the thread's tile state back to its initial (unused) state."""
+
+    def codegen(context, builder, sig, args):
+        builder.asm(ir.FunctionType(ir.VoidType(), []), "tilerelease", "~{memory}", [], True)
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+@intrinsic
+def st_btile(typingctx, codes, a, off, sub):
+    """The 8 code vectors of two groups (codes_z16, codes5_z16: 16 rows x 4 codes each) minus `sub`, as the 8 rows of
+    a block's B tile at byte `off` of a: vector j holds values 4 (j // 2) + 16 (j % 2).., so it is tile row
+    j // 2 + 4 (j % 2)."""
+    if codes != CodesZ8 or not _is_ptr_args(a, off) or not isinstance(sub, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        v64 = ir.VectorType(_i8, 64)
+        k = _bsplat(builder, v64, builder.trunc(_int_arg(context, builder, sig.args[3], args[3]), _i8))
+        for j in range(8):
+            at = builder.gep(p, [ir.Constant(_i64, 64 * (j // 2 + 4 * (j % 2)))])
+            builder.store(
+                builder.sub(builder.extract_value(args[0], j), k), builder.bitcast(at, v64.as_pointer()), align=1
+            )
+        return context.get_dummy_value()
+
+    return types.none(codes, a, off, sub), codegen
+
+
+@intrinsic
+def st_btile8(typingctx, w, oa, ob, a, off):
+    """Q8_0: chunk j of groups A (byte oa) and B (byte ob), 32 bytes each, as row j of a block's B tile at byte
+    `off` of a (the codes as they are: signed)."""
+    if not _is_ab_args(w, oa, ob) or not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        pa = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        pb = _ptr(context, builder, sig.args[0], args[0], sig.args[2], args[2], _i8)
+        p = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
+        v64 = ir.VectorType(_i8, 64)
+        for j in range(8):
+            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * j)]), v64.as_pointer())
+            builder.store(builder.bitcast(_ld64_ab(builder, pa, pb, 32 * j), v64), at, align=1)
+        return context.get_dummy_value()
+
+    return types.none(w, oa, ob, a, off), codegen
+
+
+Acc16 = types.UniTuple(F32x16, 16)  # a tile's 16 rows of 16 float32 accumulators, in registers
+
+
+@intrinsic
+def acc16_zero(typingctx):
+    def codegen(context, builder, sig, args):
+        return context.make_tuple(builder, sig.return_type, [_splat(_v16f32, 0.0)] * 16)
+
+    return Acc16(), codegen
+
+
+def _acc16_rows(context, builder, sig, args, at):
+    """Array `x`'s element i0 + r * stride for r = 0..15, clamped to index `last` (a partial tile's rows repeat the
+    last one): args[at:at + 4] = x, i0, stride, last."""
+    x = context.make_array(sig.args[at])(context, builder, args[at])
+    i0, stride, last = (context.cast(builder, args[at + k], sig.args[at + k], types.intp) for k in (1, 2, 3))
+    out = []
+    for r in range(16):
+        i = builder.add(i0, builder.mul(stride, ir.Constant(_i64, r)))
+        i = builder.select(builder.icmp_signed("<", i, last), i, last)
+        out.append(_bsplat(builder, _v16f32, builder.load(builder.gep(x.data, [i]))))
+    return out
+
+
+@intrinsic
+def acc16_sums(typingctx, acc, c, coff, dw, dx, i0, stride, last):
+    """acc[r] += float(row r of the int32 sums at byte coff of c) * (dw * dx[i0 + r stride]): _group_x8_z16_one's
+    d-term FMA for 16 activation rows."""
+    if acc != Acc16 or not _is_ptr_args(c, coff) or dw != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        out = []
+        for r, x in enumerate(_acc16_rows(context, builder, sig, args, 4)):
+            s = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), _v16i32.as_pointer()))
+            f = builder.sitofp(s, _v16f32)
+            out.append(
+                _z_call(builder, "llvm.fma.v16f32", f, builder.fmul(args[3], x), builder.extract_value(args[0], r))
+            )
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Acc16(acc, c, coff, dw, dx, i0, stride, last), codegen
+
+
+@intrinsic
+def acc16_mins(typingctx, acc, mw, sx, i0, stride, last):
+    """acc[r] += mw * sx[i0 + r stride]: Q4_1's m-term FMA for 16 activation rows."""
+    if acc != Acc16 or mw != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        rows = _acc16_rows(context, builder, sig, args, 2)
+        out = [
+            _z_call(builder, "llvm.fma.v16f32", args[1], x, builder.extract_value(args[0], r))
+            for r, x in enumerate(rows)
+        ]
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Acc16(acc, mw, sx, i0, stride, last), codegen
+
+
+@intrinsic
+def acc16_store(typingctx, acc, accm, out, off, stride, rows, lanes):
+    """Rows r < `rows` of acc + accm to byte off + r * stride of out: 16 float32 each, or the low 8 if lanes == 8."""
+    if acc != Acc16 or accm != Acc16 or not _is_ptr_args(out, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
+        stride, rows, lanes = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (4, 5, 6))
+        full = builder.icmp_signed("==", lanes, ir.Constant(_i64, 16))
+        for r in range(16):
+            v = builder.fadd(builder.extract_value(args[0], r), builder.extract_value(args[1], r))
+            at = builder.gep(p, [builder.mul(stride, ir.Constant(_i64, r))])
+            with builder.if_then(builder.icmp_signed("<", ir.Constant(_i64, r), rows)):
+                with builder.if_else(full) as (whole, low):
+                    with whole:
+                        builder.store(v, builder.bitcast(at, _v16f32.as_pointer()), align=4)
+                    with low:
+                        lo = builder.shuffle_vector(v, v, ir.Constant(_v8i32, list(range(8))))
+                        builder.store(lo, builder.bitcast(at, _v8f32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc, accm, out, off, stride, rows, lanes), codegen
+
+
+@njit(inline="always", **DOT)
+def _amx_tiles(M, kind):
+    """Whether a 32-value type's product of M activation rows runs on the AMX tiles (launcher and worker both ask)."""
+    return (
+        AMX_CPU
+        and M >= AMX_MIN_ROWS
+        and (kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0)
+        and amx_granted()
+    )
+
+
+@njit(inline="always", **DOT)
+def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
+    """_rows_x8 on the AMX tiles (section note): per two groups, their codes over the whole K unpacked once into B
+    tiles, then every 16 activation rows through one tdpbssd per block (two blocks in flight) and _group_x8_z16_one's
+    FMAs per row."""
+    rb = w.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nb = K // 32
+    off = _offset32(kind)
+    btiles = np.empty(512 * nb, np.int8)  # the work item's two groups: 8 rows x 64 bytes per block
+    dws, mws = np.empty(16 * nb, np.float32), np.empty(16 * nb, np.float32)
+    sums32 = np.empty(512, np.int32)  # two blocks' int32 sums, 16 x 16 each
+    q1, d1, s1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1)
+    tail = M % 16
+    part = np.empty(16 * K, np.int8)  # a last tile of fewer than 16 rows, padded (its extra rows are not stored)
+    part[: tail * K] = q1[(M - tail) * K :]
+    last = M * nb - 1
+    tile_config(AMX_CONFIG)
+    for g in range(g0, g1, 2):
+        gb = min(g + 1, g1 - 1)  # an odd last group as both halves; only its 8 columns are stored
+        for b in range(nb):
+            oa, ob = g * rb + b * bsize, gb * rb + b * bsize
+            if kind == Q8_0:
+                st_btile8(w, oa + 16, ob + 16, btiles, 512 * b)
+            elif kind == Q5_0:
+                st_btile(codes5_z16(w, oa + 16, ob + 16), btiles, 512 * b, off)
+            else:
+                c = 32 if kind == Q4_1 else 16
+                st_btile(codes_z16(w, oa + c, ob + c), btiles, 512 * b, off)
+            st_z(dws, 64 * b, ld_f16x16(w, oa, ob))
+            if kind == Q4_1:
+                st_z(mws, 64 * b, ld_f16x16(w, oa + 16, ob + 16))
+        for m0 in range(0, M, 16):
+            rows = min(16, M - m0)
+            x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
+            acc, accm = acc16_zero(), acc16_zero()
+            for b in range(0, nb - 1, 2):
+                tile_zero(0)
+                tile_zero(3)
+                tile_load(1, x, xo + 32 * b, K)
+                tile_load(2, btiles, 512 * b, 64)
+                tile_load(4, x, xo + 32 * b + 32, K)
+                tile_load(5, btiles, 512 * b + 512, 64)
+                tile_dpbssd(0, 1, 2)
+                tile_dpbssd(3, 4, 5)
+                tile_store(0, sums32, 0, 64)
+                tile_store(3, sums32, 1024, 64)
+                acc = acc16_sums(acc, sums32, 0, ld_f32z(dws, 64 * b), d1, m0 * nb + b, nb, last)
+                acc = acc16_sums(acc, sums32, 1024, ld_f32z(dws, 64 * b + 64), d1, m0 * nb + b + 1, nb, last)
+            if nb % 2:
+                b = nb - 1
+                tile_zero(0)
+                tile_load(1, x, xo + 32 * b, K)
+                tile_load(2, btiles, 512 * b, 64)
+                tile_dpbssd(0, 1, 2)
+                tile_store(0, sums32, 0, 64)
+                acc = acc16_sums(acc, sums32, 0, ld_f32z(dws, 64 * b), d1, m0 * nb + b, nb, last)
+            if kind == Q4_1:
+                for b in range(nb):
+                    accm = acc16_mins(accm, ld_f32z(mws, 64 * b), s1, m0 * nb + b, nb, last)
+            acc16_store(acc, accm, out, 4 * (m0 * N + 8 * g), 4 * N, rows, 16 if gb > g else 8)
+    tile_release()
 
 
 # ---- Decode on AVX-512: two groups of 8 interleaved rows (16 rows) per vector -----------------------------------
@@ -4620,7 +4970,8 @@ def _x8_chunk(G, group_bytes, M):
     if M <= X8_STACK_ROWS:
         return X8_GROUPS
     per = max(X8_GROUPS, X8_TILE_BYTES // group_bytes)
-    return max(X8_GROUPS, min(per, G // X8_MIN_ITEMS))
+    per = max(X8_GROUPS, min(per, G // X8_MIN_ITEMS))
+    return per - per % 2  # whole pairs of groups (the AMX tiles take 16 weight rows at a time)
 
 
 @launcher(_rows_q4_0_x8, DOT_PARALLEL)

@@ -3146,6 +3146,9 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     integer lanes (one row: in registers, _sbk_x8; more: waiting in L1, _sbk_tile_x8), then rowk's float steps
     (acc: the d terms, then the dmin terms). On AVX-512 from 3 rows on, the launcher passes its pair layouts
     (_pairs_q8_k) in place of d, b16 / b32, qs and the pair tiles run instead (_rowsk_z)."""
+    if _amx_tiles(out.shape[0], kind):
+        _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1)
+        return
     if _pair_tiles(out.shape[0], kind):
         _rowsk_z(kind, w, d, b16, b32, qs, out, g0, g1)
         return
@@ -3782,7 +3785,6 @@ def _pairs_q8_k(d, b, qs):
 
 AMX_CPU = HAS_ZMM and {"amx-tile", "amx-int8"} <= _FEATS
 AMX_MIN_ROWS = 32  # activation rows from which the 32-value types take the tiles (fewer lose to the pair tiles)
-AMX_KINDS = (Q4_0, Q4_1, Q5_0, Q8_0)
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64 (asm/prctl.h)
 _AMX_GRANTED = ctypes.c_int8(0)  # what amx_granted() reads: 1 while the tiles are in use
 llb.add_symbol("ggufrun_amx_granted", ctypes.addressof(_AMX_GRANTED))
@@ -3902,26 +3904,34 @@ def tile_release(typingctx):
     return types.none(), codegen
 
 
-@intrinsic
-def st_btile(typingctx, codes, a, off, sub):
-    """The 8 code vectors of two groups (codes_z16, codes5_z16: 16 rows x 4 codes each) minus `sub`, as the 8 rows of
-    a block's B tile at byte `off` of a: vector j holds values 4 (j // 2) + 16 (j % 2).., so it is tile row
-    j // 2 + 4 (j % 2)."""
-    if codes != CodesZ8 or not _is_ptr_args(a, off) or not isinstance(sub, types.Integer):
-        return None
+def _st_btile(kquant: bool):
+    """Intrinsic (codes, a, off, sub): the 8 code vectors of two groups (codes_z16, codes5_z16: 16 rows x 4 codes
+    each) minus `sub`, as rows of B tiles at byte `off` of a. 32-value types: vector j holds values 4 (j // 2) + 16
+    (j % 2).. of a block, so it is row j // 2 + 4 (j % 2) of the block's tile. Q4_K (4 chunks of a 64-value group's
+    half h, the caller's off at sub-block 2 jj's tile + 256 h): vector j holds values 4 (4 h + j // 2).. of sub-block
+    2 jj + j % 2, so it is row j // 2 of that sub-block's tile (512 bytes further for odd j)."""
 
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-        v64 = ir.VectorType(_i8, 64)
-        k = _bsplat(builder, v64, builder.trunc(_int_arg(context, builder, sig.args[3], args[3]), _i8))
-        for j in range(8):
-            at = builder.gep(p, [ir.Constant(_i64, 64 * (j // 2 + 4 * (j % 2)))])
-            builder.store(
-                builder.sub(builder.extract_value(args[0], j), k), builder.bitcast(at, v64.as_pointer()), align=1
-            )
-        return context.get_dummy_value()
+    @intrinsic
+    def st_btile(typingctx, codes, a, off, sub):
+        if codes != CodesZ8 or not _is_ptr_args(a, off) or not isinstance(sub, types.Integer):
+            return None
 
-    return types.none(codes, a, off, sub), codegen
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+            v64 = ir.VectorType(_i8, 64)
+            k = _bsplat(builder, v64, builder.trunc(_int_arg(context, builder, sig.args[3], args[3]), _i8))
+            for j in range(8):
+                row = 64 * (j // 2) + 512 * (j % 2) if kquant else 64 * (j // 2 + 4 * (j % 2))
+                at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, row)]), v64.as_pointer())
+                builder.store(builder.sub(builder.extract_value(args[0], j), k), at, align=1)
+            return context.get_dummy_value()
+
+        return types.none(codes, a, off, sub), codegen
+
+    return st_btile
+
+
+st_btile, st_btile_k = _st_btile(False), _st_btile(True)
 
 
 @intrinsic
@@ -4031,6 +4041,51 @@ def acc16_store(typingctx, acc, accm, out, off, stride, rows, lanes):
     return types.none(acc, accm, out, off, stride, rows, lanes), codegen
 
 
+AccI16 = types.UniTuple(I32x16, 16)  # a tile's 16 rows of 16 int32 sums (a super-block's, K-quants)
+
+
+@intrinsic
+def acc16i_zero(typingctx):
+    def codegen(context, builder, sig, args):
+        return context.make_tuple(builder, sig.return_type, [_splat(_v16i32, 0)] * 16)
+
+    return AccI16(), codegen
+
+
+@intrinsic
+def acc16i_madd(typingctx, acc, c, coff, sc):
+    """acc[r] += (row r of the int32 sums at byte coff of c) * sc, int32 lanes (vpmulld): a sub-block's sums times
+    its integer scale."""
+    if acc != AccI16 or not _is_ptr_args(c, coff) or sc != I32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        out = []
+        for r in range(16):
+            v = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), _v16i32.as_pointer()))
+            out.append(builder.add(builder.extract_value(args[0], r), builder.mul(v, args[3])))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return AccI16(acc, c, coff, sc), codegen
+
+
+@intrinsic
+def acc16i_store(typingctx, acc, a, off):
+    """The 16 rows of acc to bytes off, off + 64, ... of a."""
+    if acc != AccI16 or not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        for r in range(16):
+            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), _v16i32.as_pointer())
+            builder.store(builder.extract_value(args[0], r), at, align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc, a, off), codegen
+
+
 @njit(inline="always", **DOT)
 def _amx_tiles(M, kind):
     """Whether a 32-value type's product of M activation rows runs on the AMX tiles (launcher and worker both ask)."""
@@ -4103,6 +4158,74 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
                 for b in range(nb):
                     accm = acc16_mins(accm, ld_f32z(mws, 64 * b), s1, m0 * nb + b, nb, last)
             acc16_store(acc, accm, out, 4 * (m0 * N + 8 * g), 4 * N, rows, 16 if gb > g else 8)
+    tile_release()
+
+
+@njit(inline="always", **DOT)
+def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
+    """_rowsk_x8 on the AMX tiles for Q4_K: per two groups, their codes unpacked once into one B tile per 32-value
+    sub-block; per 16 activation rows and super-block, one tdpbssd per sub-block (two in flight), the sums times the
+    sub-block scales in int32 (rowk's integers: sum of scale x codes . quants), then _group_k_z16_one's FMAs (the d
+    and dmin terms, their accumulators in L1)."""
+    rb = w.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nsb, n32 = K // 256, b32.shape[1]
+    sbytes = _kx8_bytes(kind)
+    btiles = np.empty(4096 * nsb, np.int8)  # 8 sub-block tiles of 512 bytes per super-block
+    scs = np.empty(128 * nsb, np.int32)  # the 16 rows' scale of each sub-block
+    sums32, isums = np.empty(512, np.int32), np.empty(256, np.int32)
+    acc = np.empty(512, np.float32)  # per tile row: the d terms (rows 0-15), then the dmin terms (16-31)
+    q1, d1 = qs.reshape(-1), d.reshape(-1)
+    tail = M % 16
+    part = np.empty(16 * K, np.int8)
+    part[: tail * K] = q1[(M - tail) * K :]
+    tile_config(AMX_CONFIG)
+    for g in range(g0, g1, 2):
+        gb = min(g + 1, g1 - 1)
+        for b in range(nsb):
+            oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
+            for jj in range(4):
+                for h in range(2):
+                    c = 160 + 256 * jj + 128 * h
+                    st_btile_k(codes_z16(w, oa + c, ob + c), btiles, 4096 * b + 1024 * jj + 256 * h, 0)
+            for sb in range(8):
+                st_z(scs, 64 * (8 * b + sb), kscw_z16(w, oa + 32 + 16 * (sb // 2), ob + 32 + 16 * (sb // 2), sb % 2))
+        for m0 in range(0, M, 16):
+            rows = min(16, M - m0)
+            x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
+            for a in range(0, 2048, 64):
+                st_z(acc, a, fzero_z())
+            for b in range(nsb):
+                isum = acc16i_zero()
+                for k in range(4):  # sub-blocks 2k, 2k + 1
+                    t = 4096 * b + 1024 * k
+                    tile_zero(0)
+                    tile_zero(3)
+                    tile_load(1, x, xo + 256 * b + 64 * k, K)
+                    tile_load(2, btiles, t, 64)
+                    tile_load(4, x, xo + 256 * b + 64 * k + 32, K)
+                    tile_load(5, btiles, t + 512, 64)
+                    tile_dpbssd(0, 1, 2)
+                    tile_dpbssd(3, 4, 5)
+                    tile_store(0, sums32, 0, 64)
+                    tile_store(3, sums32, 1024, 64)
+                    isum = acc16i_madd(isum, sums32, 0, ld_i32z(scs, 64 * (8 * b + 2 * k)))
+                    isum = acc16i_madd(isum, sums32, 1024, ld_i32z(scs, 64 * (8 * b + 2 * k + 1)))
+                acc16i_store(isum, isums, 0)
+                oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
+                dw, dm = ld_f16x16(w, oa, ob), ld_f16x16(w, oa + 16, ob + 16)
+                for r in range(16):
+                    m = min(m0 + r, M - 1)
+                    i = m * nsb + b
+                    mn = kmin_z16(w, oa + 96, ob + 96, b32, 4 * (m * n32 + 8 * b))
+                    st_z(acc, 64 * (16 + r), fma_z(ld_f32z(acc, 64 * (16 + r)), fcvt_z(mn), fscale_z(dm, -d1[i])))
+                    st_z(acc, 64 * r, fma_z(ld_f32z(acc, 64 * r), fcvt_z(ld_i32z(isums, 64 * r)), fscale_z(dw, d1[i])))
+            for r in range(rows):
+                v = fadd_z(ld_f32z(acc, 64 * r), ld_f32z(acc, 64 * (16 + r)))
+                if gb > g:
+                    st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
+                else:
+                    st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
     tile_release()
 
 

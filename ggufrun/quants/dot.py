@@ -4088,13 +4088,10 @@ def acc16i_store(typingctx, acc, a, off):
 
 @njit(inline="always", **DOT)
 def _amx_tiles(M, kind):
-    """Whether a 32-value type's product of M activation rows runs on the AMX tiles (launcher and worker both ask)."""
-    return (
-        AMX_CPU
-        and M >= AMX_MIN_ROWS
-        and (kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0)
-        and amx_granted()
-    )
+    """Whether a product of M activation rows runs on the AMX tiles (launcher and worker both ask): the 32-value
+    types, Q4_K and IQ4_XS."""
+    tiles = kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == Q4_K or kind == IQ4_XS
+    return AMX_CPU and M >= AMX_MIN_ROWS and tiles and amx_granted()
 
 
 @njit(inline="always", **DOT)
@@ -4163,10 +4160,11 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 
 @njit(inline="always", **DOT)
 def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
-    """_rowsk_x8 on the AMX tiles for Q4_K: per two groups, their codes unpacked once into one B tile per 32-value
-    sub-block; per 16 activation rows and super-block, one tdpbssd per sub-block (two in flight), the sums times the
-    sub-block scales in int32 (rowk's integers: sum of scale x codes . quants), then _group_k_z16_one's FMAs (the d
-    and dmin terms, their accumulators in L1)."""
+    """_rowsk_x8 on the AMX tiles for Q4_K and IQ4_XS: per two groups, their codes unpacked once into one B tile per
+    32-value sub-block (IQ4_XS: the code book's signed values, so its + 128 correction is not needed); per 16
+    activation rows and super-block, one tdpbssd per sub-block (two in flight), the sums times the sub-block scales
+    in int32 (rowk's integers: sum of scale x codes . quants), then _group_k_z16_one's FMAs (the d and, for Q4_K, the
+    dmin terms, their accumulators in L1)."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nsb, n32 = K // 256, b32.shape[1]
@@ -4184,12 +4182,18 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
         gb = min(g + 1, g1 - 1)
         for b in range(nsb):
             oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
-            for jj in range(4):
-                for h in range(2):
-                    c = 160 + 256 * jj + 128 * h
-                    st_btile_k(codes_z16(w, oa + c, ob + c), btiles, 4096 * b + 1024 * jj + 256 * h, 0)
+            if kind == Q4_K:
+                for jj in range(4):
+                    for h in range(2):
+                        c = 160 + 256 * jj + 128 * h
+                        st_btile_k(codes_z16(w, oa + c, ob + c), btiles, 4096 * b + 1024 * jj + 256 * h, 0)
+            else:  # IQ4_XS: the code book's values as signed bytes (iq4_codes_z16 gives them + 128)
+                for sb in range(8):
+                    c = 80 + 128 * sb
+                    st_btile(iq4_codes_z16(w, oa + c, ob + c), btiles, 4096 * b + 512 * sb, 128)
+            so = 32 if kind == Q4_K else 16  # the scale pairs
             for sb in range(8):
-                st_z(scs, 64 * (8 * b + sb), kscw_z16(w, oa + 32 + 16 * (sb // 2), ob + 32 + 16 * (sb // 2), sb % 2))
+                st_z(scs, 64 * (8 * b + sb), kscw_z16(w, oa + so + 16 * (sb // 2), ob + so + 16 * (sb // 2), sb % 2))
         for m0 in range(0, M, 16):
             rows = min(16, M - m0)
             x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
@@ -4213,12 +4217,14 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                     isum = acc16i_madd(isum, sums32, 1024, ld_i32z(scs, 64 * (8 * b + 2 * k + 1)))
                 acc16i_store(isum, isums, 0)
                 oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
-                dw, dm = ld_f16x16(w, oa, ob), ld_f16x16(w, oa + 16, ob + 16)
+                dw = ld_f16x16(w, oa, ob)
                 for r in range(16):
                     m = min(m0 + r, M - 1)
                     i = m * nsb + b
-                    mn = kmin_z16(w, oa + 96, ob + 96, b32, 4 * (m * n32 + 8 * b))
-                    st_z(acc, 64 * (16 + r), fma_z(ld_f32z(acc, 64 * (16 + r)), fcvt_z(mn), fscale_z(dm, -d1[i])))
+                    if kind == Q4_K:
+                        mn = kmin_z16(w, oa + 96, ob + 96, b32, 4 * (m * n32 + 8 * b))
+                        dm = fscale_z(ld_f16x16(w, oa + 16, ob + 16), -d1[i])
+                        st_z(acc, 64 * (16 + r), fma_z(ld_f32z(acc, 64 * (16 + r)), fcvt_z(mn), dm))
                     st_z(acc, 64 * r, fma_z(ld_f32z(acc, 64 * r), fcvt_z(ld_i32z(isums, 64 * r)), fscale_z(dw, d1[i])))
             for r in range(rows):
                 v = fadd_z(ld_f32z(acc, 64 * r), ld_f32z(acc, 64 * (16 + r)))
@@ -5461,7 +5467,9 @@ def dot_q6_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    if _pair_tiles(out.shape[0], IQ4_XS):  # the activations as pairs (dot_iq4_xs_x8)
+    if _amx_tiles(out.shape[0], IQ4_XS):
+        _rowsk_amx(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
+    elif _pair_tiles(out.shape[0], IQ4_XS):  # the activations as pairs (dot_iq4_xs_x8)
         _rowsk_z(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
     else:  # one row (the interleaved IQ4_XS layout exists only where pair tiles do)
         _rowsk_x8_one(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)

@@ -3828,18 +3828,19 @@ def amx_granted(typingctx):
     return types.boolean(), codegen
 
 
-def _amx_config() -> np.ndarray:
-    """ldtilecfg's 64 bytes (palette 1): tmm0 / tmm3 the int32 sums (16 rows x 64 bytes), tmm1 / tmm4 the activation
-    quants (16 rows x 32), tmm2 / tmm5 the weight codes (8 rows of 16 x 4)."""
+def _amx_config(k: int = 32) -> np.ndarray:
+    """ldtilecfg's 64 bytes (palette 1) for tiles of k values: tmm0 / tmm3 the int32 sums (16 rows x 64 bytes), tmm1
+    / tmm4 the activation quants (16 rows x k), tmm2 / tmm5 the weight codes (k / 4 rows of 16 x 4)."""
     cfg = np.zeros(64, np.uint8)
     cfg[0] = 1
     colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
-    for t, c, r in ((0, 64, 16), (3, 64, 16), (1, 32, 16), (4, 32, 16), (2, 64, 8), (5, 64, 8)):
+    for t, c, r in ((0, 64, 16), (3, 64, 16), (1, k, 16), (4, k, 16), (2, 64, k // 4), (5, 64, k // 4)):
         colsb[t], rows[t] = c, r
     return cfg
 
 
 AMX_CONFIG = _amx_config()  # a global array: a constant in the compiled code
+AMX_CONFIG16 = _amx_config(16)  # Q6_K: 16-value tiles (its scales cover 16 values)
 
 
 def _tile_op(fmt, nregs: int, ptr: bool):
@@ -3949,6 +3950,43 @@ def st_btile8(typingctx, w, oa, ob, a, off):
         for j in range(8):
             at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * j)]), v64.as_pointer())
             builder.store(builder.bitcast(_ld64_ab(builder, pa, pb, 32 * j), v64), at, align=1)
+        return context.get_dummy_value()
+
+    return types.none(w, oa, ob, a, off), codegen
+
+
+@intrinsic
+def st_btile6(typingctx, w, oa, ob, a, off):
+    """Q6_K: chunk c of a 128-value half of groups A and B (ql bytes at byte oa / ob, ql + 32 at + 256, qh at + 512;
+    bytes l = 4c..4c + 3 of each row) decoded as sb6_z16 does and minus 32 (signed, -32..31): its codes of values l,
+    32 + l, 64 + l, 96 + l, each row c % 4 of the tile of its 16-value group, at bytes off, off + 512, off + 1024,
+    off + 1536 of a (the caller's off: the tile of the half's group c // 4, + 64 (c % 4))."""
+    if not _is_ab_args(w, oa, ob) or not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        pa = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        pb = _ptr(context, builder, sig.args[0], args[0], sig.args[2], args[2], _i8)
+        p = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
+        v64 = ir.VectorType(_i8, 64)
+        m15, m48, k32 = _splat(v64, 15), _splat(v64, 0x30), _splat(v64, 32)
+
+        def sh(v, by):  # 16-bit lane shift of bytes (left for by > 0); the bits kept come from the same byte
+            v16 = builder.bitcast(v, _v32i16)
+            v16 = builder.shl(v16, _splat(_v32i16, by)) if by > 0 else builder.lshr(v16, _splat(_v32i16, -by))
+            return builder.bitcast(v16, v64)
+
+        ql0, ql1 = _ld64_ab(builder, pa, pb, 0), _ld64_ab(builder, pa, pb, 256)
+        qh = _ld64_ab(builder, pa, pb, 512)
+        codes = (
+            builder.or_(builder.and_(ql0, m15), builder.and_(sh(qh, 4), m48)),
+            builder.or_(builder.and_(ql1, m15), builder.and_(sh(qh, 2), m48)),
+            builder.or_(builder.and_(sh(ql0, -4), m15), builder.and_(qh, m48)),
+            builder.or_(builder.and_(sh(ql1, -4), m15), builder.and_(sh(qh, -2), m48)),
+        )
+        for k in range(4):
+            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 512 * k)]), v64.as_pointer())
+            builder.store(builder.sub(builder.bitcast(codes[k], v64), k32), at, align=1)
         return context.get_dummy_value()
 
     return types.none(w, oa, ob, a, off), codegen
@@ -4089,8 +4127,9 @@ def acc16i_store(typingctx, acc, a, off):
 @njit(inline="always", **DOT)
 def _amx_tiles(M, kind):
     """Whether a product of M activation rows runs on the AMX tiles (launcher and worker both ask): the 32-value
-    types, Q4_K and IQ4_XS."""
-    tiles = kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == Q4_K or kind == IQ4_XS
+    types, Q4_K, Q6_K and IQ4_XS."""
+    tiles = kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == Q4_K or kind == Q6_K
+    tiles = tiles or kind == IQ4_XS
     return AMX_CPU and M >= AMX_MIN_ROWS and tiles and amx_granted()
 
 
@@ -4160,24 +4199,26 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 
 @njit(inline="always", **DOT)
 def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
-    """_rowsk_x8 on the AMX tiles for Q4_K and IQ4_XS: per two groups, their codes unpacked once into one B tile per
-    32-value sub-block (IQ4_XS: the code book's signed values, so its + 128 correction is not needed); per 16
-    activation rows and super-block, one tdpbssd per sub-block (two in flight), the sums times the sub-block scales
-    in int32 (rowk's integers: sum of scale x codes . quants), then _group_k_z16_one's FMAs (the d and, for Q4_K, the
-    dmin terms, their accumulators in L1)."""
+    """_rowsk_x8 on the AMX tiles for Q4_K, Q6_K and IQ4_XS: per two groups, their codes unpacked once into one B
+    tile per scale group (32 values; Q6_K 16, with AMX_CONFIG16's shapes; IQ4_XS: the code book's signed values and
+    Q6_K its codes minus 32, so no correction term is needed); per 16 activation rows and super-block, one tdpbssd
+    per scale group (two in flight), the sums times the groups' scales in int32 (rowk's integers: sum of scale x
+    codes . quants), then _group_k_z16_one's FMAs (the d and, for Q4_K, the dmin terms, their accumulators in L1)."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nsb, n32 = K // 256, b32.shape[1]
     sbytes = _kx8_bytes(kind)
-    btiles = np.empty(4096 * nsb, np.int8)  # 8 sub-block tiles of 512 bytes per super-block
-    scs = np.empty(128 * nsb, np.int32)  # the 16 rows' scale of each sub-block
+    gs = 16 if kind == Q6_K else 32  # values per scale group and tile
+    ng, tb = 256 // gs, 16 * gs  # scale groups per super-block, bytes per B tile
+    btiles = np.empty(4096 * nsb, np.int8)  # a super-block's B tiles: 4096 bytes
+    scs = np.empty(16 * ng * nsb, np.int32)  # the 16 rows' scale of each group
     sums32, isums = np.empty(512, np.int32), np.empty(256, np.int32)
     acc = np.empty(512, np.float32)  # per tile row: the d terms (rows 0-15), then the dmin terms (16-31)
     q1, d1 = qs.reshape(-1), d.reshape(-1)
     tail = M % 16
     part = np.empty(16 * K, np.int8)
     part[: tail * K] = q1[(M - tail) * K :]
-    tile_config(AMX_CONFIG)
+    tile_config(AMX_CONFIG16 if kind == Q6_K else AMX_CONFIG)
     for g in range(g0, g1, 2):
         gb = min(g + 1, g1 - 1)
         for b in range(nsb):
@@ -4187,13 +4228,18 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                     for h in range(2):
                         c = 160 + 256 * jj + 128 * h
                         st_btile_k(codes_z16(w, oa + c, ob + c), btiles, 4096 * b + 1024 * jj + 256 * h, 0)
+            elif kind == Q6_K:
+                for h in range(2):
+                    for c in range(8):
+                        at = 144 + 768 * h + 32 * c
+                        st_btile6(w, oa + at, ob + at, btiles, 4096 * b + 2048 * h + 256 * (c // 4) + 64 * (c % 4))
             else:  # IQ4_XS: the code book's values as signed bytes (iq4_codes_z16 gives them + 128)
                 for sb in range(8):
                     c = 80 + 128 * sb
                     st_btile(iq4_codes_z16(w, oa + c, ob + c), btiles, 4096 * b + 512 * sb, 128)
             so = 32 if kind == Q4_K else 16  # the scale pairs
-            for sb in range(8):
-                st_z(scs, 64 * (8 * b + sb), kscw_z16(w, oa + so + 16 * (sb // 2), ob + so + 16 * (sb // 2), sb % 2))
+            for sb in range(ng):
+                st_z(scs, 64 * (ng * b + sb), kscw_z16(w, oa + so + 16 * (sb // 2), ob + so + 16 * (sb // 2), sb % 2))
         for m0 in range(0, M, 16):
             rows = min(16, M - m0)
             x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
@@ -4201,20 +4247,20 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                 st_z(acc, a, fzero_z())
             for b in range(nsb):
                 isum = acc16i_zero()
-                for k in range(4):  # sub-blocks 2k, 2k + 1
-                    t = 4096 * b + 1024 * k
+                for k in range(ng // 2):  # scale groups 2k, 2k + 1
+                    t, xk = 4096 * b + 2 * tb * k, xo + 256 * b + 2 * gs * k
                     tile_zero(0)
                     tile_zero(3)
-                    tile_load(1, x, xo + 256 * b + 64 * k, K)
+                    tile_load(1, x, xk, K)
                     tile_load(2, btiles, t, 64)
-                    tile_load(4, x, xo + 256 * b + 64 * k + 32, K)
-                    tile_load(5, btiles, t + 512, 64)
+                    tile_load(4, x, xk + gs, K)
+                    tile_load(5, btiles, t + tb, 64)
                     tile_dpbssd(0, 1, 2)
                     tile_dpbssd(3, 4, 5)
                     tile_store(0, sums32, 0, 64)
                     tile_store(3, sums32, 1024, 64)
-                    isum = acc16i_madd(isum, sums32, 0, ld_i32z(scs, 64 * (8 * b + 2 * k)))
-                    isum = acc16i_madd(isum, sums32, 1024, ld_i32z(scs, 64 * (8 * b + 2 * k + 1)))
+                    isum = acc16i_madd(isum, sums32, 0, ld_i32z(scs, 64 * (ng * b + 2 * k)))
+                    isum = acc16i_madd(isum, sums32, 1024, ld_i32z(scs, 64 * (ng * b + 2 * k + 1)))
                 acc16i_store(isum, isums, 0)
                 oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
                 dw = ld_f16x16(w, oa, ob)

@@ -23,11 +23,11 @@ K_TYPES = {T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}  # 256-value super-blocks (IQ4_XS r
 
 
 def _random_blocks(qtype: T, n: int, k: int, rng) -> np.ndarray:
-    """n rows of k values: quantized by gguf-py (real scales and codes) for the 32-value types; K-quants (which
-    gguf-py does not quantize) as random codes and scale bytes with normal fp16 d / dmin."""
+    """n rows of k values: quantized by gguf-py (real scales and codes) for the 32-value types; K-quants and IQ4_NL
+    (which gguf-py does not quantize) as random codes and scale bytes with normal fp16 d / dmin."""
     from gguf.quants import quantize
 
-    if qtype in K_TYPES:
+    if qtype in K_TYPES or qtype == T.IQ4_NL:  # gguf-py does not quantize IQ4_NL either
         return random_weights(qtype, n, k, rng)
     return quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
 
@@ -248,7 +248,7 @@ def test_the_interleaved_kernels_can_be_cached_on_disk():
 
 
 @pytest.mark.skipif(not dot.AMX_PERMITTED, reason="this CPU or kernel gives no AMX tiles (Sapphire Rapids+, Linux)")
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.IQ4_XS])
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL, T.Q4_K, T.Q6_K, T.IQ4_XS])
 def test_amx_tiles_give_the_same_bits(qtype):
     """The AMX routes (dot._rows_amx, _rowsk_amx: 16 x 16 tiles, a partial last tile, an odd last group) against the
     pair tiles and the file layout's kernel, bit for bit."""

@@ -15,7 +15,9 @@ vocabulary of vector intrinsics defined below (256-bit vectors: 32 x int8, 8 x i
 with a portable LLVM IR fallback for CPUs without AVX2 / VNNI / F16C. On CPUs with AVX-512 (HAS_ZMM) the
 interleaved layouts' kernels use 512-bit vectors instead (16 x int32 / float32, names ending in _z / _z16): pair
 tiles for two or more activation rows, two groups of 8 weight rows per vector for one row (the sections "pair
-tiles" and "decode on AVX-512" in part 4). Offsets into arrays are flat byte offsets.
+tiles" and "decode on AVX-512" in part 4); on CPUs with AMX (Sapphire Rapids and later, where Linux grants it) the
+products of 32 or more activation rows run on the tile unit (the section "AMX tiles"). Offsets into arrays are flat
+byte offsets.
 
 Why one file: Numba's on-disk cache (`cache=True`) keys a kernel on its own source file only, so a kernel would
 keep running stale machine code after an edit to a helper or intrinsic in another file. Everything the kernels
@@ -3497,10 +3499,11 @@ isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I
 
 @njit(inline="always", **DOT)
 def _pair_tiles(M, kind):
-    """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). IQ4_XS, whose
-    interleaved layout exists only where they do (repack.REPACKED_TYPES), takes two rows that way too. Not where the
-    AMX tiles take the product (_amx_tiles)."""
-    return HAS_ZMM and (M >= ZMM_MIN_ROWS or (kind == IQ4_XS and M == 2)) and not _amx_tiles(M, kind)
+    """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). IQ4_XS and
+    IQ4_NL, whose interleaved layouts exist only where they do (repack.REPACKED_TYPES), take two rows that way too.
+    Not where the AMX tiles take the product (_amx_tiles)."""
+    two = M == 2 and (kind == IQ4_XS or kind == IQ4_NL)
+    return HAS_ZMM and (M >= ZMM_MIN_ROWS or two) and not _amx_tiles(M, kind)
 
 
 @njit(inline="always", **DOT)
@@ -3696,6 +3699,8 @@ def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
                     u = widen_z(codes8_x8(w, o + 16))
                 elif kind == Q5_0:
                     u = codes5_z(w, o + 16)
+                elif kind == IQ4_NL:  # the code book + 128 (offset 128)
+                    u = iq4_codes_z(w, o + 16)
                 else:
                     u = codes_z(w, o + (32 if kind == Q4_1 else 16))
                 dw = ld_f16x8_z(w, o)
@@ -3769,22 +3774,24 @@ def _pairs_q8_k(d, b, qs):
 
 # ---- AMX tiles: 16 activation rows x 16 weight rows per tile instruction (Intel AMX-INT8) -------------------------
 # Where the CPU has AMX (Sapphire Rapids and later Xeons) and Linux grants this process its tile state (arch_prctl
-# ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA: the kernel hands it out only on request), the 32-value types' products of
-# AMX_MIN_ROWS or more activation rows run on the tile unit: one `tdpbssd` multiplies a 16 x 32 tile of int8
-# activation quants by a 32 x 16 tile of int8 weight codes into 16 x 16 int32 sums, 8,192 multiply-adds per
-# instruction against a 512-bit vpdpbusd's 64. A tile's K is one 32-value block, so each block's sums go back to
-# memory (tilestored) and take their float step there: the same integers (codes minus the type's offset as signed
-# bytes: sum((q - off) x) = sum(q x) - off sum(x)) and the same FMAs per lane as _group_x8_z16_one, so the same bits as
-# every other route (tests/test_repack). A work item unpacks 16 weight rows (two groups of the interleaved layout)
-# over the whole K once into the tiles' VNNI layout (row k of a block's B tile: 4 codes of each of the 16 rows) and
-# sweeps every 16-row activation tile over them; the 16 accumulators of a tile stay in registers (Acc16).
-# llama.cpp's AMX kernels (ggml-cpu/amx/mmq.cpp) take the same route: int8 tiles per block, the scales applied with
-# AVX-512 after each tile store. The granted flag is read at run time (amx_granted), not frozen into the compiled
-# code: a kernel cached by a process that had AMX never issues a tile instruction in one that was refused it.
+# ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA: the kernel hands it out only on request), products of AMX_MIN_ROWS or more
+# activation rows run on the tile unit (Q4_0, Q4_1, Q5_0, Q8_0: _rows_amx; Q4_K, Q6_K, IQ4_XS: _rowsk_amx): one
+# `tdpbssd` multiplies a 16 x 32 tile of int8 activation quants by a 32 x 16 tile of int8 weight codes into 16 x 16
+# int32 sums, 8,192 multiply-adds per instruction against a 512-bit vpdpbusd's 64. A tile's K is one block (one
+# scale group for the K-quants: 32 values, Q6_K's 16), so each tile's sums go back to memory (tilestored) and take
+# their scale there: the same integers (codes minus the type's offset as signed bytes: sum((q - off) x) = sum(q x) -
+# off sum(x)) and the same FMAs per lane as _group_x8_z16_one / _group_k_z16_one, so the same bits as every other
+# route (tests/test_repack). A work item unpacks 16 weight rows (two groups of the interleaved layout) over the whole K
+# once into the tiles' VNNI layout (row k of a B tile: 4 codes of each of the 16 rows) and sweeps every 16-row
+# activation tile over them; a 32-value tile's 16 accumulators stay in registers (Acc16), a K-quant super-block's
+# integer sums too (AccI16). llama.cpp's AMX kernels (ggml-cpu/amx/mmq.cpp) take the same route: int8 tiles per
+# block, the scales applied with AVX-512 after each tile store. The granted flag is read at run time (amx_granted),
+# not frozen into the compiled code: a kernel cached by a process that had AMX never issues a tile instruction in one
+# that was refused it (a tile instruction without the grant is SIGILL).
 # -----------------------------------------------------------------------------------------------------------------
 
 AMX_CPU = HAS_ZMM and {"amx-tile", "amx-int8"} <= _FEATS
-AMX_MIN_ROWS = 32  # activation rows from which the 32-value types take the tiles (fewer lose to the pair tiles)
+AMX_MIN_ROWS = 32  # activation rows from which products take the tiles (with fewer the pair tiles are faster)
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64 (asm/prctl.h)
 _AMX_GRANTED = ctypes.c_int8(0)  # what amx_granted() reads: 1 while the tiles are in use
 llb.add_symbol("ggufrun_amx_granted", ctypes.addressof(_AMX_GRANTED))
@@ -3935,61 +3942,39 @@ def _st_btile(kquant: bool):
 st_btile, st_btile_k = _st_btile(False), _st_btile(True)
 
 
-@intrinsic
-def st_btile8(typingctx, w, oa, ob, a, off):
-    """Q8_0: chunk j of groups A (byte oa) and B (byte ob), 32 bytes each, as row j of a block's B tile at byte
-    `off` of a (the codes as they are: signed)."""
-    if not _is_ab_args(w, oa, ob) or not _is_ptr_args(a, off):
-        return None
+def _st_btile_ab(rows):
+    """Intrinsic (w, oa, ob, a, off): rows(builder, pa, pb) -> [(byte offset, 64-byte vector)] of B-tile rows made
+    from groups A (byte oa of w) and B (byte ob), each stored at off + its offset in a."""
 
-    def codegen(context, builder, sig, args):
-        pa = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
-        pb = _ptr(context, builder, sig.args[0], args[0], sig.args[2], args[2], _i8)
-        p = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
-        v64 = ir.VectorType(_i8, 64)
-        for j in range(8):
-            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * j)]), v64.as_pointer())
-            builder.store(builder.bitcast(_ld64_ab(builder, pa, pb, 32 * j), v64), at, align=1)
-        return context.get_dummy_value()
+    @intrinsic
+    def st(typingctx, w, oa, ob, a, off):
+        if not _is_ab_args(w, oa, ob) or not _is_ptr_args(a, off):
+            return None
 
-    return types.none(w, oa, ob, a, off), codegen
+        def codegen(context, builder, sig, args):
+            pa, pb = _ab_ptrs(context, builder, sig, args)
+            p = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
+            v64 = ir.VectorType(_i8, 64)
+            for at, v in rows(builder, pa, pb):
+                dst = builder.bitcast(builder.gep(p, [ir.Constant(_i64, at)]), v64.as_pointer())
+                builder.store(builder.bitcast(v, v64), dst, align=1)
+            return context.get_dummy_value()
+
+        return types.none(w, oa, ob, a, off), codegen
+
+    return st
 
 
-@intrinsic
-def st_btile6(typingctx, w, oa, ob, a, off):
-    """Q6_K: chunk c of a 128-value half of groups A and B (ql bytes at byte oa / ob, ql + 32 at + 256, qh at + 512;
-    bytes l = 4c..4c + 3 of each row) decoded as sb6_z16 does and minus 32 (signed, -32..31): its codes of values l,
-    32 + l, 64 + l, 96 + l, each row c % 4 of the tile of its 16-value group, at bytes off, off + 512, off + 1024,
-    off + 1536 of a (the caller's off: the tile of the half's group c // 4, + 64 (c % 4))."""
-    if not _is_ab_args(w, oa, ob) or not _is_ptr_args(a, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        pa = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
-        pb = _ptr(context, builder, sig.args[0], args[0], sig.args[2], args[2], _i8)
-        p = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
-        v64 = ir.VectorType(_i8, 64)
-        m15, m48, k32 = _splat(v64, 15), _splat(v64, 0x30), _splat(v64, 32)
-
-        def sh(v, by):  # 16-bit lane shift of bytes (left for by > 0); the bits kept come from the same byte
-            v16 = builder.bitcast(v, _v32i16)
-            v16 = builder.shl(v16, _splat(_v32i16, by)) if by > 0 else builder.lshr(v16, _splat(_v32i16, -by))
-            return builder.bitcast(v16, v64)
-
-        ql0, ql1 = _ld64_ab(builder, pa, pb, 0), _ld64_ab(builder, pa, pb, 256)
-        qh = _ld64_ab(builder, pa, pb, 512)
-        codes = (
-            builder.or_(builder.and_(ql0, m15), builder.and_(sh(qh, 4), m48)),
-            builder.or_(builder.and_(ql1, m15), builder.and_(sh(qh, 2), m48)),
-            builder.or_(builder.and_(sh(ql0, -4), m15), builder.and_(qh, m48)),
-            builder.or_(builder.and_(sh(ql1, -4), m15), builder.and_(sh(qh, -2), m48)),
-        )
-        for k in range(4):
-            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 512 * k)]), v64.as_pointer())
-            builder.store(builder.sub(builder.bitcast(codes[k], v64), k32), at, align=1)
-        return context.get_dummy_value()
-
-    return types.none(w, oa, ob, a, off), codegen
+# Q8_0: chunk j of both groups (32 bytes each) is row j of the block's B tile, the codes as they are (signed)
+st_btile8 = _st_btile_ab(lambda builder, pa, pb: [(64 * j, _ld64_ab(builder, pa, pb, 32 * j)) for j in range(8)])
+# Q6_K: chunk c of a 128-value half (oa / ob at its ql bytes) as _q6_codes_ab decodes it, minus 32 (signed -32..31):
+# the codes of values l, 32 + l, 64 + l, 96 + l are row c % 4 of their 16-value groups' tiles, 512 bytes apart (the
+# caller's off: the tile of the half's group c // 4, + 64 (c % 4))
+st_btile6 = _st_btile_ab(
+    lambda builder, pa, pb: [
+        (512 * k, builder.sub(v, _splat(v.type, 32))) for k, v in enumerate(_q6_codes_ab(builder, pa, pb, 0))
+    ]
+)
 
 
 Acc16 = types.UniTuple(F32x16, 16)  # a tile's 16 rows of 16 float32 accumulators, in registers
@@ -4129,7 +4114,7 @@ def _amx_tiles(M, kind):
     """Whether a product of M activation rows runs on the AMX tiles (launcher and worker both ask): the 32-value
     types, Q4_K, Q6_K and IQ4_XS."""
     tiles = kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == Q4_K or kind == Q6_K
-    tiles = tiles or kind == IQ4_XS
+    tiles = tiles or kind == IQ4_XS or kind == IQ4_NL
     return AMX_CPU and M >= AMX_MIN_ROWS and tiles and amx_granted()
 
 
@@ -4159,6 +4144,8 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
                 st_btile8(w, oa + 16, ob + 16, btiles, 512 * b)
             elif kind == Q5_0:
                 st_btile(codes5_z16(w, oa + 16, ob + 16), btiles, 512 * b, off)
+            elif kind == IQ4_NL:  # the code book + 128, minus its offset 128: the signed values
+                st_btile(iq4_codes_z16(w, oa + 16, ob + 16), btiles, 512 * b, off)
             else:
                 c = 32 if kind == Q4_1 else 16
                 st_btile(codes_z16(w, oa + c, ob + c), btiles, 512 * b, off)
@@ -4449,6 +4436,27 @@ def _kpairs_z16(signed: bool, n: int):
 kmin_z16, koff6_z16, kiq4_z16 = _kpairs_z16(False, 4), _kpairs_z16(True, 8), _kpairs_z16(True, 4)
 
 
+def _q6_codes_ab(builder, pa, pb, at):
+    """Q6_K's 4 code vectors (0..63) of chunk bytes l = 4c..4c + 3 of a 128-value half in groups A and B (its ql
+    bytes at byte `at` of pa / pb, ql + 32 at + 256, qh at + 512): the codes of values l, 32 + l, 64 + l, 96 + l,
+    as llama.cpp's dequantize_row_q6_K assembles them."""
+    v64 = ir.VectorType(_i8, 64)
+    m15, m48 = _splat(v64, 15), _splat(v64, 0x30)
+
+    def sh(v, by):  # 16-bit lane shift of bytes (left for by > 0); the bits kept come from the same byte
+        v16 = builder.bitcast(v, _v32i16)
+        v16 = builder.shl(v16, _splat(_v32i16, by)) if by > 0 else builder.lshr(v16, _splat(_v32i16, -by))
+        return builder.bitcast(v16, v64)
+
+    ql0, ql1, qh = (_ld64_ab(builder, pa, pb, at + k) for k in (0, 256, 512))
+    return (
+        builder.or_(builder.and_(ql0, m15), builder.and_(sh(qh, 4), m48)),
+        builder.or_(builder.and_(ql1, m15), builder.and_(sh(qh, 2), m48)),
+        builder.or_(builder.and_(sh(ql0, -4), m15), builder.and_(qh, m48)),
+        builder.or_(builder.and_(sh(ql1, -4), m15), builder.and_(sh(qh, -2), m48)),
+    )
+
+
 @intrinsic
 def sb6_z16(typingctx, a, oa, ob, x, xo):
     """sb6_x8 for groups A and B at once (lanes 0-7, 8-15): every byte loaded once, the 4 code vectors of a chunk
@@ -4459,14 +4467,6 @@ def sb6_z16(typingctx, a, oa, ob, x, xo):
     def codegen(context, builder, sig, args):
         pa, pb = _ab_ptrs(context, builder, sig, args)
         q = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
-        v64 = ir.VectorType(_i8, 64)
-        m15, m48 = _splat(v64, 15), _splat(v64, 0x30)
-
-        def sh(v, by):  # 16-bit lane shift of bytes (left for by > 0); the bits kept come from the same byte
-            v16 = builder.bitcast(v, _v32i16)
-            v16 = builder.shl(v16, _splat(_v32i16, by)) if by > 0 else builder.lshr(v16, _splat(_v32i16, -by))
-            return builder.bitcast(v16, v64)
-
         acc = _splat(_v16i32, 0)
         for h in range(2):
             co = 144 + 768 * h
@@ -4478,14 +4478,7 @@ def sb6_z16(typingctx, a, oa, ob, x, xo):
                     sc.append(builder.and_(builder.sext(x, _v16i32), _splat(_v16i32, 0xFFFF)))
                 for cc in range(4):
                     c = 4 * half + cc
-                    ql0, ql1 = _ld64_ab(builder, pa, pb, co + 32 * c), _ld64_ab(builder, pa, pb, co + 256 + 32 * c)
-                    qh = _ld64_ab(builder, pa, pb, co + 512 + 32 * c)
-                    codes = (
-                        builder.or_(builder.and_(ql0, m15), builder.and_(sh(qh, 4), m48)),
-                        builder.or_(builder.and_(ql1, m15), builder.and_(sh(qh, 2), m48)),
-                        builder.or_(builder.and_(sh(ql0, -4), m15), builder.and_(qh, m48)),
-                        builder.or_(builder.and_(sh(ql1, -4), m15), builder.and_(sh(qh, -2), m48)),
-                    )
+                    codes = _q6_codes_ab(builder, pa, pb, co + 32 * c)
                     for k in range(4):
                         u = builder.bitcast(codes[k], _v16i32)
                         x = _z_bcast4(builder, q, 128 * h + 32 * k + 4 * c)
@@ -4593,6 +4586,8 @@ def _group_x8_z16_one(kind, bsize, w, ga, gb, d1, s1, sums1, qs, nb, off, m):
             p = dot8_z16(codes8_z16(w, oa + 16, ob + 16), qs, xo + 32 * b)
         elif kind == Q5_0:
             p = dot_z16(codes5_z16(w, oa + 16, ob + 16), qs, xo + 32 * b)
+        elif kind == IQ4_NL:
+            p = dot_z16(iq4_codes_z16(w, oa + 16, ob + 16), qs, xo + 32 * b)
         else:
             c = 32 if kind == Q4_1 else 16
             p = dot_z16(codes_z16(w, oa + c, ob + c), qs, xo + 32 * b)
@@ -5549,9 +5544,48 @@ def dot_iq4_xs_x8_one(w, qu, d, b16, b32, qs, out):
         call_worker("_one_iq4_xs_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
 
 
+@njit(**DOT)
+def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
+    if _amx_tiles(out.shape[0], IQ4_NL):
+        _rows_amx(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
+    elif _pair_tiles(out.shape[0], IQ4_NL):  # the activations as pairs (dot_iq4_nl_x8)
+        _rows_z(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
+    else:  # one row (the interleaved IQ4_NL layout exists only where pair tiles do)
+        _rows_x8_one(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_rows_iq4_nl_x8, DOT_PARALLEL)
+def dot_iq4_nl_x8(w, d, s, qs, sums, out):
+    """dot_iq4_nl for weights in ggufrun.quants.repack's interleaved layout (Q4_0's): w [N/8, K/32 * 144]."""
+    G = w.shape[0]
+    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    if _pair_tiles(qs.shape[0], IQ4_NL):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
+        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_iq4_nl_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+    else:
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_iq4_nl_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+
+
+@njit(**DOT)
+def _one_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8_one(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
+
+
+@launcher(_one_iq4_nl_x8, DOT_PARALLEL)
+def dot_iq4_nl_x8_one(w, d, s, qs, sums, out):
+    """dot_iq4_nl_x8 one activation row at a time (the same bits): decode's kernel, dot_iq4_nl_x8's stand-in while
+    its tiles compile."""
+    G = w.shape[0]
+    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
+        call_worker("_one_iq4_nl_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+
+
 # each interleaved layout's full kernel -> its one-row kernel (ggufrun.model.linear.Linear.dot_one)
 ONE_ROW = {
     dot_q4_0_x8: dot_q4_0_x8_one,
+    dot_iq4_nl_x8: dot_iq4_nl_x8_one,
     dot_q4_1_x8: dot_q4_1_x8_one,
     dot_q5_0_x8: dot_q5_0_x8_one,
     dot_q8_0_x8: dot_q8_0_x8_one,

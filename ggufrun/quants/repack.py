@@ -1,5 +1,6 @@
 """Weights repacked at load into layouts the dot kernels read faster: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K
-(and IQ4_XS on CPUs with AVX-512, whose kernels for it are the 512-bit ones only) with 8 rows interleaved.
+(and IQ4_XS and IQ4_NL on CPUs with AVX-512, whose kernels for them are the 512-bit ones only) with 8 rows
+interleaved.
 
     w8, dot = repack(w, qtype)   # w [N, row_bytes] uint8 blocks, N % 8 == 0 -> a new array and its kernel,
                                  # or None when qtype has no interleaved layout (or N % 8 != 0)
@@ -12,7 +13,8 @@ Layout (ggufrun.quants.dot section 4, `_rows_x8`): row group g (rows 8g..8g+7) i
 32 bytes, chunk c holding bytes 4c..4c+3 of each row's 16 nibble bytes (row r at bytes 4r..4r+3): code vector 2c is
 their low nibbles (values 4c..4c+3), 2c + 1 their high nibbles (values 16+4c..16+4c+3). llama.cpp repacks Q4_0
 the same way for its AVX2 / NEON GEMM kernels (ggml-cpu/repack.cpp, block_q4_0x8 with 8-byte groups; ggufrun uses
-4-byte groups, one dword of activations per vpmaddubsw).
+4-byte groups, one dword of activations per vpmaddubsw). IQ4_NL's blocks are Q4_0's bytes (d, 16 bytes of nibbles,
+looked up in the code book by the kernels) and take Q4_0's layout.
 
 Q4_K, Q5_K and Q6_K (ggufrun.quants.dot, `_rowsk_x8`), per 256-value super-block of the 8 rows: their d (8 halves),
 Q4_K's dmin (8 halves), the integer scales as bytes in pairs of sub-blocks ([pair][row][2]; Q4_K: the 8 scales, then
@@ -55,13 +57,14 @@ _K_LAYOUTS: dict[T, tuple[int, int, Callable]] = {
     T.Q5_K: (176, dot.Q5_K_X8_BYTES, dot.dot_q5_k_x8),
     T.Q6_K: (210, dot.Q6_K_X8_BYTES, dot.dot_q6_k_x8),
 }
-if dot.HAS_ZMM:  # IQ4_XS's kernels on this layout are the AVX-512 pair tiles and 16-row decode vectors only
+if dot.HAS_ZMM:  # IQ4_XS's and IQ4_NL's kernels on their layouts are the AVX-512 pair tiles and 16-row decode vectors
     _K_LAYOUTS[T.IQ4_XS] = (136, dot.IQ4_XS_X8_BYTES, dot.dot_iq4_xs_x8)
+    _LAYOUTS[T.IQ4_NL] = (2, 18, dot.dot_iq4_nl_x8)  # Q4_0's bytes: d, then 16 bytes of nibbles
 REPACKED_TYPES = frozenset(_LAYOUTS) | frozenset(_K_LAYOUTS)
 # each layout's kernel -> its one-row kernel (the same bits, one activation row at a time; compiles faster)
 ONE_ROW: dict[Callable, Callable] = dot.ONE_ROW
 # layouts that only move bytes (not Q5_0's bit plane, not Q4_K's unpacked scales): rows can be read back (get_rows)
-ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0, T.Q6_K})
+ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0, T.Q6_K} | ({T.IQ4_NL} & set(_LAYOUTS)))
 
 
 def _blocks_of(qtype: T) -> tuple[int, int, Callable]:

@@ -3775,19 +3775,19 @@ def _pairs_q8_k(d, b, qs):
 # ---- AMX tiles: 16 activation rows x 16 weight rows per tile instruction (Intel AMX-INT8) -------------------------
 # Where the CPU has AMX (Sapphire Rapids and later Xeons) and Linux grants this process its tile state (arch_prctl
 # ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA: the kernel hands it out only on request), products of AMX_MIN_ROWS or more
-# activation rows run on the tile unit (Q4_0, Q4_1, Q5_0, Q8_0: _rows_amx; Q4_K, Q6_K, IQ4_XS: _rowsk_amx): one
-# `tdpbssd` multiplies a 16 x 32 tile of int8 activation quants by a 32 x 16 tile of int8 weight codes into 16 x 16
-# int32 sums, 8,192 multiply-adds per instruction against a 512-bit vpdpbusd's 64. A tile's K is one block (one
-# scale group for the K-quants: 32 values, Q6_K's 16), so each tile's sums go back to memory (tilestored) and take
-# their scale there: the same integers (codes minus the type's offset as signed bytes: sum((q - off) x) = sum(q x) -
-# off sum(x)) and the same FMAs per lane as _group_x8_z16_one / _group_k_z16_one, so the same bits as every other
-# route (tests/test_repack). A work item unpacks 16 weight rows (two groups of the interleaved layout) over the whole K
-# once into the tiles' VNNI layout (row k of a B tile: 4 codes of each of the 16 rows) and sweeps every 16-row
-# activation tile over them; a 32-value tile's 16 accumulators stay in registers (Acc16), a K-quant super-block's
-# integer sums too (AccI16). llama.cpp's AMX kernels (ggml-cpu/amx/mmq.cpp) take the same route: int8 tiles per
-# block, the scales applied with AVX-512 after each tile store. The granted flag is read at run time (amx_granted),
-# not frozen into the compiled code: a kernel cached by a process that had AMX never issues a tile instruction in one
-# that was refused it (a tile instruction without the grant is SIGILL).
+# activation rows run on the tile unit (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL: _rows_amx; Q4_K, Q5_K, Q6_K, IQ4_XS:
+# _rowsk_amx): one `tdpbssd` multiplies a 16 x 32 tile of int8 activation quants by a 32 x 16 tile of int8 weight codes
+# into 16 x 16 int32 sums, 8,192 multiply-adds per instruction against a 512-bit vpdpbusd's 64. A tile's K is one block
+# (one scale group for the K-quants: 32 values, Q6_K's 16), so each tile's sums go back to memory (tilestored) and take
+# their scale there: the same integers (codes minus the type's offset as signed bytes: sum((q - off) x) = sum(q x) - off
+# sum(x)) and the same FMAs per lane as _group_x8_z16_one / _group_k_z16_one, so the same bits as every other route
+# (tests/test_repack). A work item unpacks 16 weight rows (two groups of the interleaved layout) over the whole K once
+# into the tiles' VNNI layout (row k of a B tile: 4 codes of each of the 16 rows) and sweeps every 16-row activation
+# tile over them; a 32-value tile's 16 accumulators stay in registers (Acc16), a K-quant super-block's integer sums too
+# (AccI16). llama.cpp's AMX kernels (ggml-cpu/amx/mmq.cpp) take the same route: int8 tiles per block, the scales applied
+# with AVX-512 after each tile store. The granted flag is read at run time (amx_granted), not frozen into the compiled
+# code: a kernel cached by a process that had AMX never issues a tile instruction in one that was refused it (a tile
+# instruction without the grant is SIGILL).
 # -----------------------------------------------------------------------------------------------------------------
 
 AMX_CPU = HAS_ZMM and {"amx-tile", "amx-int8"} <= _FEATS
@@ -4112,9 +4112,9 @@ def acc16i_store(typingctx, acc, a, off):
 @njit(inline="always", **DOT)
 def _amx_tiles(M, kind):
     """Whether a product of M activation rows runs on the AMX tiles (launcher and worker both ask): the 32-value
-    types, Q4_K, Q6_K and IQ4_XS."""
-    tiles = kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == Q4_K or kind == Q6_K
-    tiles = tiles or kind == IQ4_XS or kind == IQ4_NL
+    types, the K-quants with interleaved layouts and IQ4_XS."""
+    tiles = kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL
+    tiles = tiles or kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == IQ4_XS
     return AMX_CPU and M >= AMX_MIN_ROWS and tiles and amx_granted()
 
 
@@ -4186,11 +4186,12 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 
 @njit(inline="always", **DOT)
 def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
-    """_rowsk_x8 on the AMX tiles for Q4_K, Q6_K and IQ4_XS: per two groups, their codes unpacked once into one B
+    """_rowsk_x8 on the AMX tiles for Q4_K, Q5_K, Q6_K and IQ4_XS: per two groups, their codes unpacked once into one B
     tile per scale group (32 values; Q6_K 16, with AMX_CONFIG16's shapes; IQ4_XS: the code book's signed values and
     Q6_K its codes minus 32, so no correction term is needed); per 16 activation rows and super-block, one tdpbssd
     per scale group (two in flight), the sums times the groups' scales in int32 (rowk's integers: sum of scale x
-    codes . quants), then _group_k_z16_one's FMAs (the d and, for Q4_K, the dmin terms, their accumulators in L1)."""
+    codes . quants), then _group_k_z16_one's FMAs (the d and, for Q4_K / Q5_K, the dmin terms, their accumulators in
+    L1)."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nsb, n32 = K // 256, b32.shape[1]
@@ -4210,11 +4211,16 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
         gb = min(g + 1, g1 - 1)
         for b in range(nsb):
             oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
-            if kind == Q4_K:
+            if kind == Q4_K or kind == Q5_K:
                 for jj in range(4):
                     for h in range(2):
-                        c = 160 + 256 * jj + 128 * h
-                        st_btile_k(codes_z16(w, oa + c, ob + c), btiles, 4096 * b + 1024 * jj + 256 * h, 0)
+                        t = 4096 * b + 1024 * jj + 256 * h
+                        if kind == Q5_K:  # a fifth-bit plane before each half's chunks
+                            c = 160 + 320 * jj + 160 * h
+                            st_btile_k(codes5_z16(w, oa + c, ob + c), btiles, t, 0)
+                        else:
+                            c = 160 + 256 * jj + 128 * h
+                            st_btile_k(codes_z16(w, oa + c, ob + c), btiles, t, 0)
             elif kind == Q6_K:
                 for h in range(2):
                     for c in range(8):
@@ -4224,7 +4230,7 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                 for sb in range(8):
                     c = 80 + 128 * sb
                     st_btile(iq4_codes_z16(w, oa + c, ob + c), btiles, 4096 * b + 512 * sb, 128)
-            so = 32 if kind == Q4_K else 16  # the scale pairs
+            so = 32 if _has_min(kind) else 16  # the scale pairs
             for sb in range(ng):
                 st_z(scs, 64 * (ng * b + sb), kscw_z16(w, oa + so + 16 * (sb // 2), ob + so + 16 * (sb // 2), sb % 2))
         for m0 in range(0, M, 16):
@@ -4254,7 +4260,7 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                 for r in range(16):
                     m = min(m0 + r, M - 1)
                     i = m * nsb + b
-                    if kind == Q4_K:
+                    if _has_min(kind):
                         mn = kmin_z16(w, oa + 96, ob + 96, b32, 4 * (m * n32 + 8 * b))
                         dm = fscale_z(ld_f16x16(w, oa + 16, ob + 16), -d1[i])
                         st_z(acc, 64 * (16 + r), fma_z(ld_f32z(acc, 64 * (16 + r)), fcvt_z(mn), dm))

@@ -270,3 +270,38 @@ def test_amx_tiles_give_the_same_bits(qtype):
             kernel(w8, *qx.arrays, tiles)
             assert np.array_equal(want.view(np.int32), pairs.view(np.int32)), (m, n, k)
             assert np.array_equal(want.view(np.int32), tiles.view(np.int32)), (m, n, k)
+
+
+@pytest.mark.skipif(not dot.AMX_PERMITTED, reason="this CPU or kernel gives no AMX tiles (Sapphire Rapids+, Linux)")
+def test_amx_switched_while_products_run():
+    """use_amx flipped from another thread between a launcher's choice and its workers' never changes a product's
+    bits: a worker takes the route its launcher's layout says (dot._amx_given), not the flag."""
+    import threading
+
+    rng = np.random.default_rng(7)
+    for qtype in (T.Q4_0, T.Q4_K):
+        n, k = (64, 512) if qtype == T.Q4_K else (64, 96)
+        w = _random_blocks(qtype, n, k, rng)
+        w8, kernel = repack(w, qtype)
+        qx = Q.quantize_activations(rng.standard_normal((dot.AMX_MIN_ROWS + 5, k)).astype(np.float32), qtype)
+        want = np.zeros((dot.AMX_MIN_ROWS + 5, n), np.float32)
+        Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
+        stop = threading.Event()
+        t = threading.Thread(target=_flip_amx, args=(stop,))
+        t.start()
+        try:
+            for _ in range(300):
+                got = np.full_like(want, np.nan)
+                kernel(w8, *qx.arrays, got)
+                assert np.array_equal(want.view(np.int32), got.view(np.int32))
+        finally:
+            stop.set()
+            t.join()
+            dot.use_amx(True)
+
+
+def _flip_amx(stop) -> None:
+    on = False
+    while not stop.is_set():
+        dot.use_amx(on)
+        on = not on

@@ -2431,10 +2431,10 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 3 rows on, the launcher passes its pair layouts
     (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
     rows on, the tile unit (_rows_amx)."""
-    if _amx_tiles(out.shape[0], kind):
+    if _amx_given(out, qs, kind):
         _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
-    if _pair_tiles(out.shape[0], kind):
+    if _pairs_given(out.shape[0], kind):
         _rows_z(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
     rb = w.shape[1]
@@ -3148,10 +3148,10 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     integer lanes (one row: in registers, _sbk_x8; more: waiting in L1, _sbk_tile_x8), then rowk's float steps
     (acc: the d terms, then the dmin terms). On AVX-512 from 3 rows on, the launcher passes its pair layouts
     (_pairs_q8_k) in place of d, b16 / b32, qs and the pair tiles run instead (_rowsk_z)."""
-    if _amx_tiles(out.shape[0], kind):
+    if _amx_given(out, qs, kind):
         _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1)
         return
-    if _pair_tiles(out.shape[0], kind):
+    if _pairs_given(out.shape[0], kind):
         _rowsk_z(kind, w, d, b16, b32, qs, out, g0, g1)
         return
     rb = w.shape[1]
@@ -3502,8 +3502,14 @@ def _pair_tiles(M, kind):
     """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). IQ4_XS and
     IQ4_NL, whose interleaved layouts exist only where they do (repack.REPACKED_TYPES), take two rows that way too.
     Not where the AMX tiles take the product (_amx_tiles)."""
+    return _pairs_given(M, kind) and not _amx_tiles(M, kind)
+
+
+@njit(inline="always", **DOT)
+def _pairs_given(M, kind):
+    """In a worker: whether its launcher passed pair layouts, the AMX case set apart first (_amx_given)."""
     two = M == 2 and (kind == IQ4_XS or kind == IQ4_NL)
-    return HAS_ZMM and (M >= ZMM_MIN_ROWS or two) and not _amx_tiles(M, kind)
+    return HAS_ZMM and (M >= ZMM_MIN_ROWS or two)
 
 
 @njit(inline="always", **DOT)
@@ -4110,12 +4116,24 @@ def acc16i_store(typingctx, acc, a, off):
 
 
 @njit(inline="always", **DOT)
-def _amx_tiles(M, kind):
-    """Whether a product of M activation rows runs on the AMX tiles (launcher and worker both ask): the 32-value
-    types, the K-quants with interleaved layouts and IQ4_XS."""
+def _amx_kind(kind):
+    """Whether `kind` has AMX tiles: the 32-value types, the K-quants with interleaved layouts and IQ4_XS."""
     tiles = kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL
-    tiles = tiles or kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == IQ4_XS
-    return AMX_CPU and M >= AMX_MIN_ROWS and tiles and amx_granted()
+    return tiles or kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == IQ4_XS
+
+
+@njit(inline="always", **DOT)
+def _amx_tiles(M, kind):
+    """Whether a launcher runs a product of M activation rows on the AMX tiles (the flag use_amx sets, read once)."""
+    return AMX_CPU and M >= AMX_MIN_ROWS and _amx_kind(kind) and amx_granted()
+
+
+@njit(inline="always", **DOT)
+def _amx_given(out, qs, kind):
+    """In a worker: whether its launcher chose the AMX tiles, from the layout it passed: the activation rows as they
+    are (qs has out's rows; pair layouts have half as many). Not the flag again: use_amx called from another thread
+    between the launcher's read and the worker's cannot hand a worker a layout it does not expect."""
+    return AMX_CPU and out.shape[0] >= AMX_MIN_ROWS and _amx_kind(kind) and qs.shape[0] == out.shape[0]
 
 
 @njit(inline="always", **DOT)
@@ -5514,9 +5532,9 @@ def dot_q6_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    if _amx_tiles(out.shape[0], IQ4_XS):
+    if _amx_given(out, qs, IQ4_XS):
         _rowsk_amx(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
-    elif _pair_tiles(out.shape[0], IQ4_XS):  # the activations as pairs (dot_iq4_xs_x8)
+    elif _pairs_given(out.shape[0], IQ4_XS):  # the activations as pairs (dot_iq4_xs_x8)
         _rowsk_z(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
     else:  # one row (the interleaved IQ4_XS layout exists only where pair tiles do)
         _rowsk_x8_one(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
@@ -5552,9 +5570,9 @@ def dot_iq4_xs_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
-    if _amx_tiles(out.shape[0], IQ4_NL):
+    if _amx_given(out, qs, IQ4_NL):
         _rows_amx(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
-    elif _pair_tiles(out.shape[0], IQ4_NL):  # the activations as pairs (dot_iq4_nl_x8)
+    elif _pairs_given(out.shape[0], IQ4_NL):  # the activations as pairs (dot_iq4_nl_x8)
         _rows_z(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     else:  # one row (the interleaved IQ4_NL layout exists only where pair tiles do)
         _rows_x8_one(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)

@@ -4116,16 +4116,10 @@ def acc16i_store(typingctx, acc, a, off):
 
 
 @njit(inline="always", **DOT)
-def _amx_kind(kind):
-    """Whether `kind` has AMX tiles: the 32-value types, the K-quants with interleaved layouts and IQ4_XS."""
-    tiles = kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL
-    return tiles or kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == IQ4_XS
-
-
-@njit(inline="always", **DOT)
 def _amx_tiles(M, kind):
-    """Whether a launcher runs a product of M activation rows on the AMX tiles (the flag use_amx sets, read once)."""
-    return AMX_CPU and M >= AMX_MIN_ROWS and _amx_kind(kind) and amx_granted()
+    """Whether a launcher runs a product of M activation rows on the AMX tiles (the flag use_amx sets, read once).
+    Every interleaved layout (kind) has them."""
+    return AMX_CPU and M >= AMX_MIN_ROWS and amx_granted()
 
 
 @njit(inline="always", **DOT)
@@ -4133,7 +4127,7 @@ def _amx_given(out, qs, kind):
     """In a worker: whether its launcher chose the AMX tiles, from the layout it passed: the activation rows as they
     are (qs has out's rows; pair layouts have half as many). Not the flag again: use_amx called from another thread
     between the launcher's read and the worker's cannot hand a worker a layout it does not expect."""
-    return AMX_CPU and out.shape[0] >= AMX_MIN_ROWS and _amx_kind(kind) and qs.shape[0] == out.shape[0]
+    return AMX_CPU and out.shape[0] >= AMX_MIN_ROWS and qs.shape[0] == out.shape[0]
 
 
 @njit(inline="always", **DOT)
@@ -4275,13 +4269,13 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                 acc16i_store(isum, isums, 0)
                 oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
                 dw = ld_f16x16(w, oa, ob)
+                dmw = ld_f16x16(w, oa + 16, ob + 16) if _has_min(kind) else dw  # dmin (Q4_K, Q5_K)
                 for r in range(16):
                     m = min(m0 + r, M - 1)
                     i = m * nsb + b
                     if _has_min(kind):
                         mn = kmin_z16(w, oa + 96, ob + 96, b32, 4 * (m * n32 + 8 * b))
-                        dm = fscale_z(ld_f16x16(w, oa + 16, ob + 16), -d1[i])
-                        st_z(acc, 64 * (16 + r), fma_z(ld_f32z(acc, 64 * (16 + r)), fcvt_z(mn), dm))
+                        st_z(acc, 64 * (16 + r), fma_z(ld_f32z(acc, 64 * (16 + r)), fcvt_z(mn), fscale_z(dmw, -d1[i])))
                     st_z(acc, 64 * r, fma_z(ld_f32z(acc, 64 * r), fcvt_z(ld_i32z(isums, 64 * r)), fscale_z(dw, d1[i])))
             for r in range(rows):
                 v = fadd_z(ld_f32z(acc, 64 * r), ld_f32z(acc, 64 * (16 + r)))

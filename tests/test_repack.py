@@ -250,10 +250,11 @@ def test_the_interleaved_kernels_can_be_cached_on_disk():
 @pytest.mark.skipif(not dot.AMX_PERMITTED, reason="this CPU or kernel gives no AMX tiles (Sapphire Rapids+, Linux)")
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
 def test_amx_tiles_give_the_same_bits(qtype):
-    """The AMX routes (dot._rows_amx, _rowsk_amx: 16 x 16 tiles, a partial last tile, an odd last group) against the
-    pair tiles and the file layout's kernel, bit for bit."""
+    """The AMX routes (dot._rows_amx, _rowsk_amx: 16 x 16 tiles, a partial last tile, an odd last group, work items
+    of several pairs of groups) against the pair tiles and the file layout's kernel, bit for bit."""
     rng = np.random.default_rng(int(qtype))
-    for n, k in ((40, 256), (64, 2048)) if qtype in K_TYPES else ((40, 96), (64, 2048)):
+    # 1048 rows: work items of several pairs of groups (dot._x8_chunk), the last one with an odd group
+    for n, k in ((40, 256), (64, 2048), (1048, 256)) if qtype in K_TYPES else ((40, 96), (64, 2048), (1048, 256)):
         w = _random_blocks(qtype, n, k, rng)
         w8, kernel = repack(w, qtype)
         for m in (dot.AMX_MIN_ROWS, 37, 70, 128):

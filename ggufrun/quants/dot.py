@@ -4132,15 +4132,17 @@ def _amx_given(out, qs, kind):
 
 @njit(inline="always", **DOT)
 def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
-    """_rows_x8 on the AMX tiles (section note): per two groups, their codes over the whole K unpacked once into B
-    tiles, then every 16 activation rows through one tdpbssd per block (two blocks in flight) and _group_x8_z16_one's
-    FMAs per row."""
+    """_rows_x8 on the AMX tiles (section note): the codes of the work item's groups over the whole K unpacked once
+    into B tiles (two groups, 16 rows, per tile; the launcher sizes the item so that they stay in L2, _x8_chunk),
+    then every 16 activation rows through each pair's B tiles: one tdpbssd per block (two blocks in flight) and
+    _group_x8_z16_one's FMAs per row."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nb = K // 32
     off = _offset32(kind)
-    btiles = np.empty(512 * nb, np.int8)  # the work item's two groups: 8 rows x 64 bytes per block
-    dws, mws = np.empty(16 * nb, np.float32), np.empty(16 * nb, np.float32)
+    npair = (g1 - g0 + 1) // 2
+    btiles = np.empty(512 * nb * npair, np.int8)  # per pair of groups: 8 rows x 64 bytes per block
+    dws, mws = np.empty(16 * nb * npair, np.float32), np.empty(16 * nb * npair, np.float32)
     sums32 = np.empty(512, np.int32)  # two blocks' int32 sums, 16 x 16 each
     q1, d1, s1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1)
     tail = M % 16
@@ -4148,70 +4150,77 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     part[: tail * K] = q1[(M - tail) * K :]
     last = M * nb - 1
     tile_config(AMX_CONFIG)
-    for g in range(g0, g1, 2):
+    for p in range(npair):
+        g = g0 + 2 * p
         gb = min(g + 1, g1 - 1)  # an odd last group as both halves; only its 8 columns are stored
+        bt, dt = 512 * nb * p, 64 * nb * p
         for b in range(nb):
             oa, ob = g * rb + b * bsize, gb * rb + b * bsize
             if kind == Q8_0:
-                st_btile8(w, oa + 16, ob + 16, btiles, 512 * b)
+                st_btile8(w, oa + 16, ob + 16, btiles, bt + 512 * b)
             elif kind == Q5_0:
-                st_btile(codes5_z16(w, oa + 16, ob + 16), btiles, 512 * b, off)
+                st_btile(codes5_z16(w, oa + 16, ob + 16), btiles, bt + 512 * b, off)
             elif kind == IQ4_NL:  # the code book + 128, minus its offset 128: the signed values
-                st_btile(iq4_codes_z16(w, oa + 16, ob + 16), btiles, 512 * b, off)
+                st_btile(iq4_codes_z16(w, oa + 16, ob + 16), btiles, bt + 512 * b, off)
             else:
                 c = 32 if kind == Q4_1 else 16
-                st_btile(codes_z16(w, oa + c, ob + c), btiles, 512 * b, off)
-            st_z(dws, 64 * b, ld_f16x16(w, oa, ob))
+                st_btile(codes_z16(w, oa + c, ob + c), btiles, bt + 512 * b, off)
+            st_z(dws, dt + 64 * b, ld_f16x16(w, oa, ob))
             if kind == Q4_1:
-                st_z(mws, 64 * b, ld_f16x16(w, oa + 16, ob + 16))
-        for m0 in range(0, M, 16):
-            rows = min(16, M - m0)
-            x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
+                st_z(mws, dt + 64 * b, ld_f16x16(w, oa + 16, ob + 16))
+    for m0 in range(0, M, 16):  # each 16 activation rows read once per work item, its pairs' B tiles from L2
+        rows = min(16, M - m0)
+        x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
+        for p in range(npair):
+            g = g0 + 2 * p
+            gb = min(g + 1, g1 - 1)
+            bt, dt = 512 * nb * p, 64 * nb * p
             acc, accm = acc16_zero(), acc16_zero()
             for b in range(0, nb - 1, 2):
                 tile_zero(0)
                 tile_zero(3)
                 tile_load(1, x, xo + 32 * b, K)
-                tile_load(2, btiles, 512 * b, 64)
+                tile_load(2, btiles, bt + 512 * b, 64)
                 tile_load(4, x, xo + 32 * b + 32, K)
-                tile_load(5, btiles, 512 * b + 512, 64)
+                tile_load(5, btiles, bt + 512 * b + 512, 64)
                 tile_dpbssd(0, 1, 2)
                 tile_dpbssd(3, 4, 5)
                 tile_store(0, sums32, 0, 64)
                 tile_store(3, sums32, 1024, 64)
-                acc = acc16_sums(acc, sums32, 0, ld_f32z(dws, 64 * b), d1, m0 * nb + b, nb, last)
-                acc = acc16_sums(acc, sums32, 1024, ld_f32z(dws, 64 * b + 64), d1, m0 * nb + b + 1, nb, last)
+                acc = acc16_sums(acc, sums32, 0, ld_f32z(dws, dt + 64 * b), d1, m0 * nb + b, nb, last)
+                acc = acc16_sums(acc, sums32, 1024, ld_f32z(dws, dt + 64 * b + 64), d1, m0 * nb + b + 1, nb, last)
             if nb % 2:
                 b = nb - 1
                 tile_zero(0)
                 tile_load(1, x, xo + 32 * b, K)
-                tile_load(2, btiles, 512 * b, 64)
+                tile_load(2, btiles, bt + 512 * b, 64)
                 tile_dpbssd(0, 1, 2)
                 tile_store(0, sums32, 0, 64)
-                acc = acc16_sums(acc, sums32, 0, ld_f32z(dws, 64 * b), d1, m0 * nb + b, nb, last)
+                acc = acc16_sums(acc, sums32, 0, ld_f32z(dws, dt + 64 * b), d1, m0 * nb + b, nb, last)
             if kind == Q4_1:
                 for b in range(nb):
-                    accm = acc16_mins(accm, ld_f32z(mws, 64 * b), s1, m0 * nb + b, nb, last)
+                    accm = acc16_mins(accm, ld_f32z(mws, dt + 64 * b), s1, m0 * nb + b, nb, last)
             acc16_store(acc, accm, out, 4 * (m0 * N + 8 * g), 4 * N, rows, 16 if gb > g else 8)
     tile_release()
 
 
 @njit(inline="always", **DOT)
 def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
-    """_rowsk_x8 on the AMX tiles for Q4_K, Q5_K, Q6_K and IQ4_XS: per two groups, their codes unpacked once into one B
-    tile per scale group (32 values; Q6_K 16, with AMX_CONFIG16's shapes; IQ4_XS: the code book's signed values and
-    Q6_K its codes minus 32, so no correction term is needed); per 16 activation rows and super-block, one tdpbssd
-    per scale group (two in flight), the sums times the groups' scales in int32 (rowk's integers: sum of scale x
-    codes . quants), then _group_k_z16_one's FMAs (the d and, for Q4_K / Q5_K, the dmin terms, their accumulators in
-    L1)."""
+    """_rowsk_x8 on the AMX tiles for Q4_K, Q5_K, Q6_K and IQ4_XS: the work item's codes unpacked once into one B tile
+    per pair of groups and scale group (32 values; Q6_K 16, with AMX_CONFIG16's shapes; IQ4_XS: the code book's signed
+    values and Q6_K its codes minus 32, so no correction term is needed), sized by the launcher to stay in L2
+    (_x8_chunk); per 16 activation rows, pair and super-block, one tdpbssd per scale group (two in flight), the sums
+    times the groups' scales in int32 (rowk's integers: sum of scale x codes . quants), then _group_k_z16_one's FMAs
+    (the d and, for Q4_K / Q5_K, the dmin terms, their accumulators in L1)."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nsb, n32 = K // 256, b32.shape[1]
     sbytes = _kx8_bytes(kind)
     gs = 16 if kind == Q6_K else 32  # values per scale group and tile
     ng, tb = 256 // gs, 16 * gs  # scale groups per super-block, bytes per B tile
-    btiles = np.empty(4096 * nsb, np.int8)  # a super-block's B tiles: 4096 bytes
-    scs = np.empty(16 * ng * nsb, np.int32)  # the 16 rows' scale of each group
+    npair = (g1 - g0 + 1) // 2
+    btiles = np.empty(4096 * nsb * npair, np.int8)  # per pair of groups, a super-block's B tiles: 4096 bytes
+    scs = np.empty(16 * ng * nsb * npair, np.int32)  # the 16 rows' scale of each group
     sums32, isums = np.empty(512, np.int32), np.empty(256, np.int32)
     acc = np.empty(512, np.float32)  # per tile row: the d terms (rows 0-15), then the dmin terms (16-31)
     q1, d1 = qs.reshape(-1), d.reshape(-1)
@@ -4219,14 +4228,16 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
     part = np.empty(16 * K, np.int8)
     part[: tail * K] = q1[(M - tail) * K :]
     tile_config(AMX_CONFIG16 if kind == Q6_K else AMX_CONFIG)
-    for g in range(g0, g1, 2):
+    for p in range(npair):
+        g = g0 + 2 * p
         gb = min(g + 1, g1 - 1)
+        bt, st = 4096 * nsb * p, 64 * ng * nsb * p
         for b in range(nsb):
             oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
             if kind == Q4_K or kind == Q5_K:
                 for jj in range(4):
                     for h in range(2):
-                        t = 4096 * b + 1024 * jj + 256 * h
+                        t = bt + 4096 * b + 1024 * jj + 256 * h
                         if kind == Q5_K:  # a fifth-bit plane before each half's chunks
                             c = 160 + 320 * jj + 160 * h
                             st_btile_k(codes5_z16(w, oa + c, ob + c), btiles, t, 0)
@@ -4237,23 +4248,29 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                 for h in range(2):
                     for c in range(8):
                         at = 144 + 768 * h + 32 * c
-                        st_btile6(w, oa + at, ob + at, btiles, 4096 * b + 2048 * h + 256 * (c // 4) + 64 * (c % 4))
+                        t = bt + 4096 * b + 2048 * h + 256 * (c // 4) + 64 * (c % 4)
+                        st_btile6(w, oa + at, ob + at, btiles, t)
             else:  # IQ4_XS: the code book's values as signed bytes (iq4_codes_z16 gives them + 128)
                 for sb in range(8):
                     c = 80 + 128 * sb
-                    st_btile(iq4_codes_z16(w, oa + c, ob + c), btiles, 4096 * b + 512 * sb, 128)
+                    st_btile(iq4_codes_z16(w, oa + c, ob + c), btiles, bt + 4096 * b + 512 * sb, 128)
             so = 32 if _has_min(kind) else 16  # the scale pairs
             for sb in range(ng):
-                st_z(scs, 64 * (ng * b + sb), kscw_z16(w, oa + so + 16 * (sb // 2), ob + so + 16 * (sb // 2), sb % 2))
-        for m0 in range(0, M, 16):
-            rows = min(16, M - m0)
-            x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
+                sc = kscw_z16(w, oa + so + 16 * (sb // 2), ob + so + 16 * (sb // 2), sb % 2)
+                st_z(scs, st + 64 * (ng * b + sb), sc)
+    for m0 in range(0, M, 16):  # each 16 activation rows read once per work item, its pairs' B tiles from L2
+        rows = min(16, M - m0)
+        x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
+        for p in range(npair):
+            g = g0 + 2 * p
+            gb = min(g + 1, g1 - 1)
+            bt, st = 4096 * nsb * p, 64 * ng * nsb * p
             for a in range(0, 2048, 64):
                 st_z(acc, a, fzero_z())
             for b in range(nsb):
                 isum = acc16i_zero()
                 for k in range(ng // 2):  # scale groups 2k, 2k + 1
-                    t, xk = 4096 * b + 2 * tb * k, xo + 256 * b + 2 * gs * k
+                    t, xk = bt + 4096 * b + 2 * tb * k, xo + 256 * b + 2 * gs * k
                     tile_zero(0)
                     tile_zero(3)
                     tile_load(1, x, xk, K)
@@ -4264,8 +4281,8 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                     tile_dpbssd(3, 4, 5)
                     tile_store(0, sums32, 0, 64)
                     tile_store(3, sums32, 1024, 64)
-                    isum = acc16i_madd(isum, sums32, 0, ld_i32z(scs, 64 * (ng * b + 2 * k)))
-                    isum = acc16i_madd(isum, sums32, 1024, ld_i32z(scs, 64 * (ng * b + 2 * k + 1)))
+                    isum = acc16i_madd(isum, sums32, 0, ld_i32z(scs, st + 64 * (ng * b + 2 * k)))
+                    isum = acc16i_madd(isum, sums32, 1024, ld_i32z(scs, st + 64 * (ng * b + 2 * k + 1)))
                 acc16i_store(isum, isums, 0)
                 oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
                 dw = ld_f16x16(w, oa, ob)
@@ -5144,20 +5161,30 @@ def _rows_q4_0_x8(w, d, s, qs, sums, out, g0, g1):
 X8_TILE_BYTES = 1 << 21  # a multi-row work item's weights: up to about L2's size...
 X8_MIN_ITEMS = 32  # ...in at least this many work items (threads take them in turn; a constant, not the thread
 # count: numba.get_num_threads in a launcher keeps Numba from caching it)
+# An AMX work item's B tiles (its groups' codes unpacked to int8, 8 x K bytes a group): up to this many bytes, which
+# stay in L2 while every 16 activation rows go through them (read once per item, not once per pair of groups).
+# IQ4_XS kernels alone, 512 rows, 2 threads, Intel Xeon: 8960 x 1536 11.8 -> 9.8 ms, 2048 x 8192 17.4 -> 12.5,
+# 1536 x 8960 10.5 -> 10.1; items of 1 MB ran 1536 x 8960 in 12.2 ms
+AMX_ITEM_BYTES = 1 << 19
 
 
 @njit(inline="always", **DOT)
-def _x8_chunk(G, group_bytes, M):
+def _x8_chunk(G, group_bytes, M, K, kind):
     """Groups of 8 interleaved weight rows per parallel work item of a tiled kernel: X8_GROUPS for decode and small
     batches (M <= X8_STACK_ROWS); for more activation rows, up to X8_TILE_BYTES of weights, at least X8_MIN_ITEMS
     work items. A work item sweeps every activation tile over its groups, so with X8_GROUPS (2) each 16 weight rows read
     all M activation rows again (an ffn_down's 512 x 8 KB from L3); larger items read them once per item, their
     weights staying in L2. 512-token prefill, Q4_K / Q6_K launchers, Intel Xeon, 2 threads, alternating processes:
     qwen2.5-1.5b 96.5 / 100.3 -> 109.6 / 107.6 tok/s at 512 KB and 105.8 / 110.3 at 2 MB (its 8960 x 1536 gate / up
-    2.74 / 2.58 -> 2.20-2.32 s), llama3.2-1b 141-145 -> 147-149 tok/s. The rows' arithmetic is unchanged."""
+    2.74 / 2.58 -> 2.20-2.32 s), llama3.2-1b 141-145 -> 147-149 tok/s. The rows' arithmetic is unchanged.
+    On the AMX tiles (kind's launcher takes them for M rows) an item's unpacked B tiles are what stays in L2:
+    AMX_ITEM_BYTES of them."""
     if M <= X8_STACK_ROWS:
         return X8_GROUPS
-    per = max(X8_GROUPS, X8_TILE_BYTES // group_bytes)
+    if _amx_tiles(M, kind):  # a group's B tiles: its 8 rows' codes as K bytes each
+        per = max(X8_GROUPS, AMX_ITEM_BYTES // (8 * K))
+    else:
+        per = max(X8_GROUPS, X8_TILE_BYTES // group_bytes)
     per = max(X8_GROUPS, min(per, G // X8_MIN_ITEMS))
     return per - per % 2  # whole pairs of groups (the AMX tiles take 16 weight rows at a time)
 
@@ -5166,7 +5193,7 @@ def _x8_chunk(G, group_bytes, M):
 def dot_q4_0_x8(w, d, s, qs, sums, out):
     """dot_q4_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 144]."""
     G = w.shape[0]
-    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_0)
     if _pair_tiles(qs.shape[0], Q4_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
         for c in prange((G + per - 1) // per):
@@ -5199,7 +5226,7 @@ def _rows_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
 def dot_q4_1_x8(w, d, s, qs, sums, out):
     """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
     G = w.shape[0]
-    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_1)
     if _pair_tiles(qs.shape[0], Q4_1):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
         for c in prange((G + per - 1) // per):
@@ -5232,7 +5259,7 @@ def _rows_q5_0_x8(w, d, s, qs, sums, out, g0, g1):
 def dot_q5_0_x8(w, d, s, qs, sums, out):
     """dot_q5_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 176]."""
     G = w.shape[0]
-    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q5_0)
     if _pair_tiles(qs.shape[0], Q5_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
         for c in prange((G + per - 1) // per):
@@ -5265,7 +5292,7 @@ def _rows_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
 def dot_q8_0_x8(w, d, s, qs, sums, out):
     """dot_q8_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 272]."""
     G = w.shape[0]
-    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q8_0)
     if _pair_tiles(qs.shape[0], Q8_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
         for c in prange((G + per - 1) // per):
@@ -5434,7 +5461,7 @@ def _rows_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
 def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q4_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1184]."""
     G = w.shape[0]
-    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_K)
     if _pair_tiles(qs.shape[0], Q4_K):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b32p, qp = _pairs_q8_k(d, b32, qs)
         for c in prange((G + per - 1) // per):
@@ -5467,7 +5494,7 @@ def _rows_q5_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
 def dot_q5_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q5_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1440]."""
     G = w.shape[0]
-    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q5_K)
     if _pair_tiles(qs.shape[0], Q5_K):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b32p, qp = _pairs_q8_k(d, b32, qs)
         for c in prange((G + per - 1) // per):
@@ -5500,7 +5527,7 @@ def _rows_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
 def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q6_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1680]."""
     G = w.shape[0]
-    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q6_K)
     if _pair_tiles(qs.shape[0], Q6_K):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b16p, qp = _pairs_q8_k(d, b16, qs)
         for c in prange((G + per - 1) // per):
@@ -5538,7 +5565,7 @@ def _rows_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
 def dot_iq4_xs_x8(w, qu, d, b16, b32, qs, out):
     """dot_iq4_xs for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1104]."""
     G = w.shape[0]
-    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], IQ4_XS)
     if _pair_tiles(qs.shape[0], IQ4_XS):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b32p, qp = _pairs_q8_k(d, b32, qs)
         for c in prange((G + per - 1) // per):
@@ -5576,7 +5603,7 @@ def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
 def dot_iq4_nl_x8(w, d, s, qs, sums, out):
     """dot_iq4_nl for weights in ggufrun.quants.repack's interleaved layout (Q4_0's): w [N/8, K/32 * 144]."""
     G = w.shape[0]
-    per = _x8_chunk(G, w.shape[1], qs.shape[0])
+    per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], IQ4_NL)
     if _pair_tiles(qs.shape[0], IQ4_NL):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums)
         for c in prange((G + per - 1) // per):

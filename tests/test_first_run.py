@@ -68,12 +68,12 @@ def test_recording_lists_the_forward_pass_kernels_in_order_without_compiling(tmp
     names = [line.split()[0] for line in out.stdout.splitlines()]
     assert len(names) == len(set(names))  # one entry per kernel: every layer calls the same compiled version
     k = "ggufrun.model.kernels:"
-    for kernel in ("rmsnorm", "qkv_rope_store", "attend_rows", "add_norm", "swiglu", "attend_one"):
+    for kernel in ("rmsnorm", "qkv_rope_store", "attend_rows", "add_norm", "swiglu", "swiglu_rows", "attend_one"):
         assert k + kernel in names, names
     assert "ggufrun.quants.dot:dot_f32" in names, names
-    # forward-pass order: prefill (attend_rows) first, the decode-only kernel last
+    # forward-pass order: prefill (attend_rows) first, the decode-only kernels last
     assert names.index(k + "rmsnorm") < names.index(k + "attend_rows") < names.index(k + "attend_one")
-    assert names[-1] == k + "attend_one"
+    assert names[-2:] == [k + "attend_one", k + "swiglu"]  # decode's own (prefill takes swiglu_rows)
     assert not [f for _, _, files in os.walk(tmp_path / "numba-cache") for f in files]  # nothing cached either
 
 

@@ -311,6 +311,23 @@ def test_batched_decode_attention_by_heads_or_blocks_of_heads_gives_attend_rows_
     assert ways == {True, False}
 
 
+def test_parallel_glu_gives_the_serial_bits():
+    """kernels.swiglu_rows / geglu_rows (prefill's, rows shared among the threads) against swiglu / geglu."""
+    rng = np.random.default_rng(5)
+    table = kernels.gelu_table()
+    for m in (2, 5, 33):
+        g = (rng.standard_normal((m, 300)) * 8).astype(np.float32)
+        u = rng.standard_normal((m, 300)).astype(np.float32)
+        a, b = g.copy(), g.copy()
+        kernels.swiglu(a, u)
+        kernels.swiglu_rows(b, u)
+        assert np.array_equal(a.view(np.int32), b.view(np.int32)), m
+        a, b = g.copy(), g.copy()
+        kernels.geglu(a, u, table)
+        kernels.geglu_rows(b, u, table)
+        assert np.array_equal(a.view(np.int32), b.view(np.int32)), m
+
+
 def test_gelu_table_is_llama_cpps():
     """kernels.gelu_table() equals llama.cpp's ggml_table_gelu_f16 (0c1e570, native AVX2 + FMA build, read from
     libggml-cpu.so after ggml_cpu_init) on every entry the CPU backend uses (finite x, |x| < 10): the sha256 of

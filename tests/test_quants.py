@@ -313,6 +313,22 @@ def test_float_activations_rounded_like_llamacpp():
     assert Q.quantize_activations(x, T.F32).arrays[0] is x
 
 
+@pytest.mark.parametrize("fmt", ["Q8_1", "Q8_K"])
+def test_parallel_quantizers_give_the_same_arrays(fmt):
+    """ACTIVATIONS[fmt].quantize_rows (prefill's, rows shared among the threads) fills the arrays quantize does, for
+    row counts around its work items (zero rows and huge values included)."""
+    rng = np.random.default_rng(11)
+    f = Q.ACTIVATIONS[fmt]
+    for m in (2, 7, 8, 9, 33):
+        x = (rng.standard_normal((m, 512)) * rng.choice([1e-3, 1.0, 3e4], (m, 1))).astype(np.float32)
+        x[1] = 0.0
+        want, got = f.empty(m, 512), f.empty(m, 512)
+        f.quantize(x, *want)
+        f.quantize_rows(x, *got)
+        for a, b in zip(want, got):
+            assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), (fmt, m)
+
+
 def test_quantize_activations_errors_and_reuse():
     x = np.ones((2, 256), np.float32)
     with pytest.raises(ValueError, match="K divisible by 256"):

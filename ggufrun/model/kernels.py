@@ -34,6 +34,7 @@ from ..quants.launch import call_worker, launcher
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says.
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 JIT = {"cache": True, "nogil": True, "fastmath": FASTMATH, "error_model": "numpy"}
+JIT_PARALLEL = dict(JIT, parallel=True)
 # Attention: no fast-math at all, so that decode and prefill compute each query the same way (see attend_rows).
 ATT = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
 ATT_PARALLEL = dict(ATT, parallel=True)
@@ -1070,6 +1071,38 @@ def geglu(gate, up, table):
     """gate = gelu_tanh(gate) * up, in place, through the half-precision table as llama.cpp computes it."""
     for m in range(gate.shape[0]):
         _geglu_row(gate[m], up[m], table)
+
+
+GLU_ROWS = 4  # rows per work item of swiglu_rows / geglu_rows
+
+
+@numba.njit(**JIT)
+def _swiglu_part(gate, up, m0, m1):
+    for m in range(m0, m1):
+        _swiglu_row(gate[m], up[m])
+
+
+@numba.njit(**JIT)
+def _geglu_part(gate, up, table, m0, m1):
+    for m in range(m0, m1):
+        _geglu_row(gate[m], up[m], table)
+
+
+@launcher(_swiglu_part, JIT_PARALLEL)
+def swiglu_rows(gate, up):
+    """swiglu with the rows shared among the threads (the same bits): prefill's, where the serial one was 4-5% of a
+    1B model's 512-token prefill."""
+    M = gate.shape[0]
+    for c in numba.prange((M + GLU_ROWS - 1) // GLU_ROWS):
+        call_worker("_swiglu_part", (gate, up, c * GLU_ROWS, min(M, c * GLU_ROWS + GLU_ROWS)))
+
+
+@launcher(_geglu_part, JIT_PARALLEL)
+def geglu_rows(gate, up, table):
+    """geglu with the rows shared among the threads (the same bits)."""
+    M = gate.shape[0]
+    for c in numba.prange((M + GLU_ROWS - 1) // GLU_ROWS):
+        call_worker("_geglu_part", (gate, up, table, c * GLU_ROWS, min(M, c * GLU_ROWS + GLU_ROWS)))
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)

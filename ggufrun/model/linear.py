@@ -107,15 +107,19 @@ class Projector:
         self._buffers: dict[tuple[str, int, int], quants.QuantizedActivations] = {}
 
     def quantize(self, x: np.ndarray, lin: Linear) -> quants.QuantizedActivations:
-        """x: float32 [M, K], C-contiguous."""
+        """x: float32 [M, K], C-contiguous. Several rows with `tiles` on: the format's parallel quantizer (the same
+        bits; compiled in the background with the tiles on the first run)."""
         key = (lin.act, x.shape[0], x.shape[1])
+        fmt = quants.ACTIVATIONS[lin.act]
+        quantize = fmt.quantize_rows if self.tiles and x.shape[0] > 1 and fmt.quantize_rows else fmt.quantize
         qx = self._buffers.get(key)
-        if qx is not None:  # reuse: straight to the quantizer kernel, skipping the checks
-            quants.ACTIVATIONS[lin.act].quantize(x, *qx.arrays)
-            return qx
-        qx = quants.quantize_activations(x, lin.qtype)
-        if quants.ACTIVATIONS[lin.act].quantize is not None and x.shape[0] in (1, self.max_rows):
-            self._buffers[key] = qx  # (F32 "quantization" is x itself: nothing to keep)
+        if qx is None:
+            if fmt.quantize is None or x.shape[1] % fmt.block:
+                return quants.quantize_activations(x, lin.qtype)  # F32: x itself; a K it cannot take: its error
+            qx = quants.QuantizedActivations(fmt.name, x.shape[0], x.shape[1], fmt.empty(*x.shape))
+            if x.shape[0] in (1, self.max_rows):
+                self._buffers[key] = qx  # reused; other row counts (a last prefill chunk) get fresh buffers
+        quantize(x, *qx.arrays)
         return qx
 
     def __call__(self, x: np.ndarray, *pairs: tuple[Linear, np.ndarray]) -> None:

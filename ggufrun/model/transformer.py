@@ -39,6 +39,7 @@ import numba
 import numpy as np
 
 from ..errors import ContextOverflowError
+from ..quants import ACTIVATIONS
 from ..quants.repack import ONE_ROW
 from ..runtime import ThreadGovernor, on_compute_thread
 from . import kernels
@@ -51,7 +52,11 @@ from .weights import LayerWeights, Weights, load_weights
 # forward_batch keeps the quantized-activation buffers of passes up to this many rows (the decode batches of a
 # server: a few hundred KB in all) instead of allocating them in every pass
 BATCH_PROJECTOR_ROWS = 64
-TILED = frozenset(ONE_ROW)  # the multi-row kernels Transformer.pending can hold: the tiled products...
+# the multi-row kernels Transformer.pending can hold: the tiled products with their parallel quantizers and SwiGLU /
+# GEGLU (Projector.tiles says whether a pass may call them)...
+TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8_K")} | {
+    kernels.swiglu_rows, kernels.geglu_rows,
+}  # fmt: skip
 ROWS = frozenset({kernels.attend_rows})  # ...and prefill attention
 
 
@@ -553,10 +558,11 @@ class Transformer:
             else:
                 gate, up = s.gate[:m], s.up[:m]
                 project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
+            rows = project.tiles and m > 1  # the parallel ones, compiled with the tiles (TILED)
             if self._gelu_table is not None:
-                kernels.geglu(gate, up, self._gelu_table)
+                (kernels.geglu_rows if rows else kernels.geglu)(gate, up, self._gelu_table)
             else:
-                kernels.swiglu(gate, up)
+                (kernels.swiglu_rows if rows else kernels.swiglu)(gate, up)
             project(gate, (lw.ffn_down, o))
         kernels.add_norm(s.x[:m], o, lw.post_ffw_norm, next_norm, c.rms_eps, h)
 
@@ -599,5 +605,5 @@ class Transformer:
         s, n, f = self.state, x.shape[0], gate.n_out
         g, u = s.expert_gate[: n * f].reshape(n, f), s.expert_up[: n * f].reshape(n, f)
         project(x, (gate, g), (up, u))
-        kernels.swiglu(g, u)
+        (kernels.swiglu_rows if project.tiles and n > 1 else kernels.swiglu)(g, u)
         project(g, (down, out))

@@ -73,7 +73,7 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils, config
 from numba.extending import intrinsic, models, register_model
 
-from .jit import DOT, DOT_PARALLEL, EXACT
+from .jit import DOT, DOT_PARALLEL, EXACT, EXACT_PARALLEL
 from .launch import call_worker, launcher
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1975,11 +1975,10 @@ def _amax(x, m, o, n):
 
 
 @njit(**EXACT)
-def quantize_q8_1(x, d, s, qs, sums):
-    """x float32 [M, K] -> d float32 [M, K/32] (fp16-rounded), s [M, K/32], qs int8 [M, K] (q),
-    sums int32 [M, K/32] (sum of q per block)."""
-    M, K = x.shape
-    for m in range(M):
+def _quantize_q8_1_rows(x, d, s, qs, sums, m0, m1):
+    """quantize_q8_1 of rows m0..m1-1."""
+    K = x.shape[1]
+    for m in range(m0, m1):
         for b in range(K // 32):
             amax = _amax(x, m, b * 32, 32)
             dm = amax / np.float32(127.0)
@@ -1995,10 +1994,17 @@ def quantize_q8_1(x, d, s, qs, sums):
 
 
 @njit(**EXACT)
-def quantize_q8_k(x, qu, d, bsums16, bsums32, qs):
-    """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d [M, K/256], bsums16 [M, K/16], bsums32 [M, K/32]."""
-    M, K = x.shape
-    for m in range(M):
+def quantize_q8_1(x, d, s, qs, sums):
+    """x float32 [M, K] -> d float32 [M, K/32] (fp16-rounded), s [M, K/32], qs int8 [M, K] (q),
+    sums int32 [M, K/32] (sum of q per block)."""
+    _quantize_q8_1_rows(x, d, s, qs, sums, 0, x.shape[0])
+
+
+@njit(**EXACT)
+def _quantize_q8_k_rows(x, qu, d, bsums16, bsums32, qs, m0, m1):
+    """quantize_q8_k of rows m0..m1-1."""
+    K = x.shape[1]
+    for m in range(m0, m1):
         for b in range(K // 256):
             o = b * 256
             amax = _amax(x, m, o, 256)
@@ -2019,6 +2025,33 @@ def quantize_q8_k(x, qu, d, bsums16, bsums32, qs):
                 bsums16[m, b * 16 + g] = t
             for g in range(8):
                 bsums32[m, b * 8 + g] = bsums16[m, b * 16 + 2 * g] + bsums16[m, b * 16 + 2 * g + 1]
+
+
+@njit(**EXACT)
+def quantize_q8_k(x, qu, d, bsums16, bsums32, qs):
+    """x float32 [M, K] -> qu uint8 [M, K] (q + 128), d [M, K/256], bsums16 [M, K/16], bsums32 [M, K/32]."""
+    _quantize_q8_k_rows(x, qu, d, bsums16, bsums32, qs, 0, x.shape[0])
+
+
+QUANTIZE_ROWS = 8  # activation rows per work item of the parallel quantizers
+
+
+@launcher(_quantize_q8_1_rows, EXACT_PARALLEL)
+def quantize_q8_1_rows(x, d, s, qs, sums):
+    """quantize_q8_1 with its rows shared among the threads (the same arrays and bits): prefill's quantizer."""
+    M = x.shape[0]
+    for c in prange((M + QUANTIZE_ROWS - 1) // QUANTIZE_ROWS):
+        n0 = c * QUANTIZE_ROWS
+        call_worker("_quantize_q8_1_rows", (x, d, s, qs, sums, n0, min(M, n0 + QUANTIZE_ROWS)))
+
+
+@launcher(_quantize_q8_k_rows, EXACT_PARALLEL)
+def quantize_q8_k_rows(x, qu, d, bsums16, bsums32, qs):
+    """quantize_q8_k with its rows shared among the threads (the same arrays and bits): prefill's quantizer."""
+    M = x.shape[0]
+    for c in prange((M + QUANTIZE_ROWS - 1) // QUANTIZE_ROWS):
+        n0 = c * QUANTIZE_ROWS
+        call_worker("_quantize_q8_k_rows", (x, qu, d, bsums16, bsums32, qs, n0, min(M, n0 + QUANTIZE_ROWS)))
 
 
 @njit(**EXACT)

@@ -43,6 +43,7 @@ FASTMATH = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
 DOT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 DOT_PARALLEL = dict(DOT, parallel=True)
 EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
+EXACT_PARALLEL = dict(EXACT, parallel=True)
 FAST = dict(cache=True, nogil=True, fastmath=set(FASTMATH), error_model="numpy", boundscheck=False)
 
 

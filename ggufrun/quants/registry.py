@@ -121,6 +121,8 @@ class ActivationFormat:
     block: int  # K must be a multiple of this (values per activation scale; 1 for float formats)
     quantize: Callable | None  # njit quantize(x float32 [M, K], *arrays); None: the arrays are (x,) itself
     arrays: tuple[tuple[int, np.dtype], ...]  # per array: (values of K per element, dtype); shape [M, K // that]
+    # the same with the rows shared among the threads (the same bits), for many rows (prefill); None: quantize
+    quantize_rows: Callable | None = None
 
     def empty(self, M: int, K: int) -> tuple[np.ndarray, ...]:
         """Fresh buffers for M rows of K activations."""
@@ -131,9 +133,17 @@ _f32, _i32, _i8, _u8 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int
 
 ACTIVATIONS: dict[str, ActivationFormat] = {
     # d (fp16-rounded scale) and s (Q8_1's d * sum) per 32 values, qs the int8 quants, sums their sum per 32
-    "Q8_1": ActivationFormat("Q8_1", 32, dot.quantize_q8_1, ((32, _f32), (32, _f32), (1, _i8), (32, _i32))),
+    "Q8_1": ActivationFormat(
+        "Q8_1", 32, dot.quantize_q8_1, ((32, _f32), (32, _f32), (1, _i8), (32, _i32)), dot.quantize_q8_1_rows
+    ),
     # qu = qs + 128, d per 256 values, bsums16 / bsums32 (sums of qs per 16 / 32 values), qs the int8 quants
-    "Q8_K": ActivationFormat("Q8_K", 256, dot.quantize_q8_k, ((1, _u8), (256, _f32), (16, _i32), (32, _i32), (1, _i8))),
+    "Q8_K": ActivationFormat(
+        "Q8_K",
+        256,
+        dot.quantize_q8_k,
+        ((1, _u8), (256, _f32), (16, _i32), (32, _i32), (1, _i8)),
+        dot.quantize_q8_k_rows,
+    ),
     # float32 as given
     "F32": ActivationFormat("F32", 1, None, ((1, _f32),)),
     # float32 rounded to IEEE half / bfloat16 precision, as llama.cpp converts them for F16 / BF16 weights

@@ -28,7 +28,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from ..quants.dot import F32x8, bits_f32
+from ..quants.dot import HAS_ZMM, F32x8, F32x16, bits_f32
 from ..quants.launch import call_worker, launcher
 
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says.
@@ -141,6 +141,71 @@ def _fma_v(typingctx, acc, a, b):
         return builder.call(fn, [args[1], args[2], args[0]])
 
     return F32x8(F32x8, F32x8, F32x8), codegen
+
+
+_V16 = ir.VectorType(ir.FloatType(), 16)
+
+
+@intrinsic
+def _ld_f32x16(typingctx, a, i):
+    """_ld_f32x8 with 16 lanes (AVX-512's zmm: the attention tiles of HAS_ZMM CPUs)."""
+    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype in (types.uint16, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        if sig.args[0].dtype == types.uint16:
+            h = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), 16).as_pointer()), align=2)
+            return builder.fpext(h, _V16)
+        return builder.load(builder.bitcast(ptr, _V16.as_pointer()), align=4)
+
+    return F32x16(a, i), codegen
+
+
+@intrinsic
+def _st_f32x16(typingctx, a, i, v):
+    """a[i:i+16] = v, a float32 C-contiguous."""
+    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        builder.store(args[2], builder.bitcast(ptr, _V16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(a, i, F32x16), codegen
+
+
+@intrinsic
+def _fbcast16(typingctx, x):
+    """x in all 16 lanes."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = builder.insert_element(ir.Constant(_V16, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+
+    return F32x16(types.float32), codegen
+
+
+@intrinsic
+def _fzero16(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V16, [0.0] * 16)
+
+    return F32x16(), codegen
+
+
+@intrinsic
+def _fma_v16(typingctx, acc, a, b):
+    """a * b + acc in 16 lanes, each rounded once (llvm.fma): lane for lane what _fma_v computes."""
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fma.v16f32")
+        return builder.call(fn, [args[1], args[2], args[0]])
+
+    return F32x16(F32x16, F32x16, F32x16), codegen
 
 
 @intrinsic
@@ -561,7 +626,10 @@ def _heads_block(q2, h0, nr, keys, values, t0, n, softcap, sc, out2):
     heads instead of positions: each head gets _attend_head's bits (the same lane-wise FMA chains)."""
     r1, r2, r3 = h0 + min(1, nr - 1), h0 + min(2, nr - 1), h0 + min(3, nr - 1)  # missing rows repeat the last
     zero = np.int64(0)  # not the literal 0: the tiles' compiled versions are attend_rows' own (int64 offsets)
-    _scores_block(q2, h0, r1, r2, r3, zero, keys, t0, zero, n, sc)
+    if HAS_ZMM:
+        _scores_block_z(q2, h0, r1, r2, r3, zero, keys, t0, zero, n, sc)
+    else:
+        _scores_block(q2, h0, r1, r2, r3, zero, keys, t0, zero, n, sc)
     for r in range(QUERY_BLOCK):
         p = sc[r, :n]
         if r >= nr:  # a repeated row: no output, but its probabilities must be finite zeros
@@ -572,7 +640,10 @@ def _heads_block(q2, h0, nr, keys, values, t0, n, softcap, sc, out2):
         inv = _softmax_inplace(p)
         for j in range(n):
             p[j] = _kv_round(p[j] * inv, values)
-    _values_block(sc, zero, n, values, t0, out2, h0, nr, zero)
+    if HAS_ZMM:
+        _values_block_z(sc, zero, n, values, t0, out2, h0, nr, zero)
+    else:
+        _values_block(sc, zero, n, values, t0, out2, h0, nr, zero, zero)
 
 
 @numba.njit(inline="always", **ATT)
@@ -724,12 +795,12 @@ def _scores_block(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc):
 
 
 @numba.njit(**ATT)
-def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo):
-    """out[r0 + r, oo:oo+hd_v] = sum over t in [lo, hi) of sc[r, t] * values[t0 + t] for r < nr; tiles of 16
-    dims x 4 queries, each lane the chain _values_one computes (probability-0 terms leave a sum unchanged)."""
+def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo, i0):
+    """out[r0 + r, oo+i0:oo+hd_v] = sum over t in [lo, hi) of sc[r, t] * values[t0 + t, i0:] for r < nr; tiles of
+    16 dims x 4 queries, each lane the chain _values_one computes (probability-0 terms leave a sum unchanged)."""
     hd = values.shape[1]
     p0, p1, p2, p3 = sc[0], sc[1], sc[2], sc[3]
-    i = 0
+    i = i0
     while i + 16 <= hd:
         a0, a1, b0, b1 = _fzero(), _fzero(), _fzero(), _fzero()
         c0, c1, e0, e1 = _fzero(), _fzero(), _fzero(), _fzero()
@@ -765,6 +836,71 @@ def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo):
 
 
 @numba.njit(**ATT)
+def _scores_block_z(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc):
+    """_scores_block in tiles of 32 positions x 4 queries (16-lane vectors, HAS_ZMM): every lane the same chain."""
+    stride = keys.shape[1]
+    for t in range(lo, hi, 32):
+        a0, a1, b0, b1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+        c0, c1, e0, e1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+        for i in range(keys.shape[0]):
+            o = i * stride + t0 + t
+            k0, k1 = _ld_f32x16(keys, o), _ld_f32x16(keys, o + 16)
+            x = _fbcast16(q[r0, qo + i])
+            a0, a1 = _fma_v16(a0, x, k0), _fma_v16(a1, x, k1)
+            x = _fbcast16(q[r1, qo + i])
+            b0, b1 = _fma_v16(b0, x, k0), _fma_v16(b1, x, k1)
+            x = _fbcast16(q[r2, qo + i])
+            c0, c1 = _fma_v16(c0, x, k0), _fma_v16(c1, x, k1)
+            x = _fbcast16(q[r3, qo + i])
+            e0, e1 = _fma_v16(e0, x, k0), _fma_v16(e1, x, k1)
+        _st_f32x16(sc[0], t, a0)
+        _st_f32x16(sc[0], t + 16, a1)
+        _st_f32x16(sc[1], t, b0)
+        _st_f32x16(sc[1], t + 16, b1)
+        _st_f32x16(sc[2], t, c0)
+        _st_f32x16(sc[2], t + 16, c1)
+        _st_f32x16(sc[3], t, e0)
+        _st_f32x16(sc[3], t + 16, e1)
+
+
+@numba.njit(**ATT)
+def _values_block_z(sc, lo, hi, values, t0, out, r0, nr, oo):
+    """_values_block in tiles of 32 dims x 4 queries (16-lane vectors, HAS_ZMM), then _values_block's for the
+    dims left (a head of 80 or 112); every lane the same chain."""
+    hd = values.shape[1]
+    p0, p1, p2, p3 = sc[0], sc[1], sc[2], sc[3]
+    i = 0
+    while i + 32 <= hd:
+        a0, a1, b0, b1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+        c0, c1, e0, e1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+        for t in range(lo, hi):
+            o = (t0 + t) * hd + i
+            v0, v1 = _ld_f32x16(values, o), _ld_f32x16(values, o + 16)
+            x = _fbcast16(p0[t])
+            a0, a1 = _fma_v16(a0, x, v0), _fma_v16(a1, x, v1)
+            x = _fbcast16(p1[t])
+            b0, b1 = _fma_v16(b0, x, v0), _fma_v16(b1, x, v1)
+            x = _fbcast16(p2[t])
+            c0, c1 = _fma_v16(c0, x, v0), _fma_v16(c1, x, v1)
+            x = _fbcast16(p3[t])
+            e0, e1 = _fma_v16(e0, x, v0), _fma_v16(e1, x, v1)
+        _st_f32x16(out[r0], oo + i, a0)
+        _st_f32x16(out[r0], oo + i + 16, a1)
+        if nr > 1:
+            _st_f32x16(out[r0 + 1], oo + i, b0)
+            _st_f32x16(out[r0 + 1], oo + i + 16, b1)
+        if nr > 2:
+            _st_f32x16(out[r0 + 2], oo + i, c0)
+            _st_f32x16(out[r0 + 2], oo + i + 16, c1)
+        if nr > 3:
+            _st_f32x16(out[r0 + 3], oo + i, e0)
+            _st_f32x16(out[r0 + 3], oo + i + 16, e1)
+        i += 32
+    if i < hd:
+        _values_block(sc, lo, hi, values, t0, out, r0, nr, oo, i)
+
+
+@numba.njit(**ATT)
 def _attend_rows_slots(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out, slot0, slot1):
     """attend_rows' slots slot0..slot1-1."""
     m_rows, n_kv, hd_k, hd_v = q.shape[0], k_cache.shape[0], k_cache.shape[1], v_cache.shape[2]
@@ -781,7 +917,10 @@ def _attend_rows_slots(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores
             lo = max(0, pos0 + m0 - window + 1 - t0) if window > 0 else 0
             hi = min(n, pos0 + m0 + nr - t0)
             r1, r2, r3 = m0 + min(1, nr - 1), m0 + min(2, nr - 1), m0 + min(3, nr - 1)
-            _scores_block(q, m0, r1, r2, r3, h * hd_k, k_cache[g], t0, lo, hi, sc)
+            if HAS_ZMM:
+                _scores_block_z(q, m0, r1, r2, r3, h * hd_k, k_cache[g], t0, lo, hi, sc)
+            else:
+                _scores_block(q, m0, r1, r2, r3, h * hd_k, k_cache[g], t0, lo, hi, sc)
             for r in range(QUERY_BLOCK):
                 row = sc[r]
                 if r >= nr:  # a repeated row: no output, but its probabilities must be finite zeros
@@ -798,7 +937,10 @@ def _attend_rows_slots(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores
                     visible[j] = _kv_round(visible[j] * inv, v_cache)
                 row[lo:rlo] = 0.0
                 row[rhi:hi] = 0.0
-            _values_block(sc, lo, hi, v_cache[g], t0, out, m0, nr, h * hd_v)
+            if HAS_ZMM:
+                _values_block_z(sc, lo, hi, v_cache[g], t0, out, m0, nr, h * hd_v)
+            else:
+                _values_block(sc, lo, hi, v_cache[g], t0, out, m0, nr, h * hd_v, np.int64(0))
 
 
 @launcher(_attend_rows_slots, ATT_PARALLEL)

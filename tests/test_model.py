@@ -247,8 +247,9 @@ def test_attention_softcap_against_numpy(kv_dtype):
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("hd", [64, 80, 96, 136])
 def test_attend_one_long_rows_and_wide_heads_give_attend_rows_bits(kv_dtype, hd):
-    """attend_one's 64-position score tiles (then 32-position ones near the end of the row's KV_PAD) and 64-dimension
-    value tiles (then 32, then single dimensions) give each query attend_rows' bits (whose tiles on AVX-512 take 32
+    """attend_one's 64-position score tiles (on AVX-512 128, then 64; then 32-position ones near the end of the
+    row's KV_PAD) and 64-dimension value tiles (on AVX-512 128, then 64; then 32, then single dimensions) give each
+    query attend_rows' bits (whose tiles on AVX-512 take 32
     dimensions, then 16, then single ones): 100 positions, head dimensions 64 (one wide tile), 80 (one wide and 16
     single; attend_rows: 2 x 32 and one 16), 96 (wide, then 32) and 136 (two wide, then 8 single); a tolerance
     against float64 NumPy."""

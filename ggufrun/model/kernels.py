@@ -511,9 +511,48 @@ KV_PAD = 32  # extra positions at the end of every key row and score row: tiles 
 def _scores_one(q, qo, keys, t0, n, s):
     """s[:n] = q[qo:qo+hd] . keys[:, t0:t0+n], keys [hd, n_ctx + KV_PAD]; 64 positions at a time (8 FMA chains, where
     4 waited on each other's latency: one head over 3,000 positions 8.6 -> 8.0 us), then 32 at a time (4 chains)
-    while 64 would read past the row's KV_PAD spare positions. Each lane is one position's chain either way."""
+    while 64 would read past the row's KV_PAD spare positions; on AVX-512 (HAS_ZMM) first 128 at a time in 8 chains of
+    16 lanes, then 64 in 4. Each lane is one position's chain either way."""
     stride = keys.shape[1]
     wide = 0
+    if HAS_ZMM:  # 16-lane vectors: 128 positions in 8 chains, then 64 in 4; the 32-position tiles below finish
+        while wide + 128 <= n + KV_PAD:
+            a0, a1, a2, a3 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+            b0, b1, b2, b3 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+            for i in range(keys.shape[0]):
+                qi = _fbcast16(q[qo + i])
+                o = i * stride + t0 + wide
+                a0 = _fma_v16(a0, qi, _ld_f32x16(keys, o))
+                a1 = _fma_v16(a1, qi, _ld_f32x16(keys, o + 16))
+                a2 = _fma_v16(a2, qi, _ld_f32x16(keys, o + 32))
+                a3 = _fma_v16(a3, qi, _ld_f32x16(keys, o + 48))
+                b0 = _fma_v16(b0, qi, _ld_f32x16(keys, o + 64))
+                b1 = _fma_v16(b1, qi, _ld_f32x16(keys, o + 80))
+                b2 = _fma_v16(b2, qi, _ld_f32x16(keys, o + 96))
+                b3 = _fma_v16(b3, qi, _ld_f32x16(keys, o + 112))
+            _st_f32x16(s, wide, a0)
+            _st_f32x16(s, wide + 16, a1)
+            _st_f32x16(s, wide + 32, a2)
+            _st_f32x16(s, wide + 48, a3)
+            _st_f32x16(s, wide + 64, b0)
+            _st_f32x16(s, wide + 80, b1)
+            _st_f32x16(s, wide + 96, b2)
+            _st_f32x16(s, wide + 112, b3)
+            wide += 128
+        while wide + 64 <= n + KV_PAD:
+            a0, a1, a2, a3 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+            for i in range(keys.shape[0]):
+                qi = _fbcast16(q[qo + i])
+                o = i * stride + t0 + wide
+                a0 = _fma_v16(a0, qi, _ld_f32x16(keys, o))
+                a1 = _fma_v16(a1, qi, _ld_f32x16(keys, o + 16))
+                a2 = _fma_v16(a2, qi, _ld_f32x16(keys, o + 32))
+                a3 = _fma_v16(a3, qi, _ld_f32x16(keys, o + 48))
+            _st_f32x16(s, wide, a0)
+            _st_f32x16(s, wide + 16, a1)
+            _st_f32x16(s, wide + 32, a2)
+            _st_f32x16(s, wide + 48, a3)
+            wide += 64
     while wide + 64 <= n + KV_PAD:
         a0, a1, a2, a3 = _fzero(), _fzero(), _fzero(), _fzero()
         b0, b1, b2, b3 = _fzero(), _fzero(), _fzero(), _fzero()
@@ -555,9 +594,48 @@ def _scores_one(q, qo, keys, t0, n, s):
 @numba.njit(**ATT)
 def _values_one(p, values, t0, n, out, oo):
     """out[oo:oo+hd_v] = sum over t < n of p[t] * values[t0 + t] (values [n_ctx, hd_v]), each lane in t order; 64
-    dimensions at a time (8 chains, as _scores_one: 3,000 positions 7.9 -> 6.5 us), then 32 (4), then one."""
+    dimensions at a time (8 chains, as _scores_one: 3,000 positions 7.9 -> 6.5 us), then 32 (4), then one; on AVX-512
+    (HAS_ZMM) first 128 in 8 chains of 16 lanes, then 64 in 4."""
     hd = values.shape[1]
     i = 0
+    if HAS_ZMM:  # 16-lane vectors: 128 dimensions in 8 chains, then 64 in 4, then 32 in 2
+        while i + 128 <= hd:
+            c0, c1, c2, c3 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+            e0, e1, e2, e3 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+            for t in range(n):
+                pt = _fbcast16(p[t])
+                o = (t0 + t) * hd + i
+                c0 = _fma_v16(c0, pt, _ld_f32x16(values, o))
+                c1 = _fma_v16(c1, pt, _ld_f32x16(values, o + 16))
+                c2 = _fma_v16(c2, pt, _ld_f32x16(values, o + 32))
+                c3 = _fma_v16(c3, pt, _ld_f32x16(values, o + 48))
+                e0 = _fma_v16(e0, pt, _ld_f32x16(values, o + 64))
+                e1 = _fma_v16(e1, pt, _ld_f32x16(values, o + 80))
+                e2 = _fma_v16(e2, pt, _ld_f32x16(values, o + 96))
+                e3 = _fma_v16(e3, pt, _ld_f32x16(values, o + 112))
+            _st_f32x16(out, oo + i, c0)
+            _st_f32x16(out, oo + i + 16, c1)
+            _st_f32x16(out, oo + i + 32, c2)
+            _st_f32x16(out, oo + i + 48, c3)
+            _st_f32x16(out, oo + i + 64, e0)
+            _st_f32x16(out, oo + i + 80, e1)
+            _st_f32x16(out, oo + i + 96, e2)
+            _st_f32x16(out, oo + i + 112, e3)
+            i += 128
+        while i + 64 <= hd:
+            c0, c1, c2, c3 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+            for t in range(n):
+                pt = _fbcast16(p[t])
+                o = (t0 + t) * hd + i
+                c0 = _fma_v16(c0, pt, _ld_f32x16(values, o))
+                c1 = _fma_v16(c1, pt, _ld_f32x16(values, o + 16))
+                c2 = _fma_v16(c2, pt, _ld_f32x16(values, o + 32))
+                c3 = _fma_v16(c3, pt, _ld_f32x16(values, o + 48))
+            _st_f32x16(out, oo + i, c0)
+            _st_f32x16(out, oo + i + 16, c1)
+            _st_f32x16(out, oo + i + 32, c2)
+            _st_f32x16(out, oo + i + 48, c3)
+            i += 64
     while i + 64 <= hd:
         c0, c1, c2, c3 = _fzero(), _fzero(), _fzero(), _fzero()
         e0, e1, e2, e3 = _fzero(), _fzero(), _fzero(), _fzero()

@@ -29,7 +29,8 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   Loads and stores say lane type and count (ld_i8x32, ld_f32x8, st_i8x8);
                                   int32-lane operations start with i (izero, isum1, imadd16), float ones with
                                   f (fzero, fma_v, fscale)
-    3. Activation quantizers      quantize_q8_1, quantize_q8_k, round_f16_rows, round_bf16_rows
+    3. Activation quantizers      quantize_q8_1, quantize_q8_k, round_f16_rows, round_bf16_rows; the first two
+                                  with their rows shared among the threads (quantize_q8_1_rows, _q8_k_rows)
     4. Row dots                   per weight family, the dot of weight rows with activation rows:
                                   32-value blocks (_block32, row32, rows8x1, _tiles32; interleaved: _rows_x8),
                                   K-quants (_scales_k, _group_k, rowk, rowkx4; interleaved: _rowsk_x8), grid
@@ -3820,13 +3821,14 @@ def _pairs_q8_k(d, b, qs):
 # (one scale group for the K-quants: 32 values, Q6_K's 16), so each tile's sums go back to memory (tilestored) and take
 # their scale there: the same integers (codes minus the type's offset as signed bytes: sum((q - off) x) = sum(q x) - off
 # sum(x)) and the same FMAs per lane as _group_x8_z16_one / _group_k_z16_one, so the same bits as every other route
-# (tests/test_repack). A work item unpacks 16 weight rows (two groups of the interleaved layout) over the whole K once
-# into the tiles' VNNI layout (row k of a B tile: 4 codes of each of the 16 rows) and sweeps every 16-row activation
-# tile over them; a 32-value tile's 16 accumulators stay in registers (Acc16), a K-quant super-block's integer sums too
-# (AccI16). llama.cpp's AMX kernels (ggml-cpu/amx/mmq.cpp) take the same route: int8 tiles per block, the scales applied
-# with AVX-512 after each tile store. The granted flag is read at run time (amx_granted), not frozen into the compiled
-# code: a kernel cached by a process that had AMX never issues a tile instruction in one that was refused it (a tile
-# instruction without the grant is SIGILL).
+# (tests/test_repack). A work item unpacks its weight rows (pairs of groups of the interleaved layout, 16 rows per B
+# tile) over the whole K once into the tiles' VNNI layout (row k of a B tile: 4 codes of each of the 16 rows), up to
+# AMX_ITEM_BYTES so that they stay in L2, and sends every 16-row activation tile through all of them (each activation
+# tile read once per item); a 32-value tile's 16 accumulators stay in registers (Acc16), a K-quant super-block's
+# integer sums too (AccI16). llama.cpp's AMX kernels (ggml-cpu/amx/mmq.cpp) take the same route: int8 tiles per
+# block, the scales applied with AVX-512 after each tile store. The granted flag is read at run time (amx_granted), not
+# frozen into the compiled code: a kernel cached by a process that had AMX never issues a tile instruction in one that
+# was refused it (a tile instruction without the grant is SIGILL).
 # -----------------------------------------------------------------------------------------------------------------
 
 AMX_CPU = HAS_ZMM and {"amx-tile", "amx-int8"} <= _FEATS

@@ -68,7 +68,17 @@ def test_recording_lists_the_forward_pass_kernels_in_order_without_compiling(tmp
     names = [line.split()[0] for line in out.stdout.splitlines()]
     assert len(names) == len(set(names))  # one entry per kernel: every layer calls the same compiled version
     k = "ggufrun.model.kernels:"
-    for kernel in ("rmsnorm", "qkv_rope_store", "attend_rows", "add_norm", "swiglu", "swiglu_rows", "attend_one"):
+    for kernel in (
+        "rmsnorm",
+        "qkv_rope_store",
+        "attend_rows",
+        "add_norm",
+        "swiglu",
+        "swiglu_rows",
+        "attend_one",
+        "qkv_rope_store_group",
+        "attend_group",
+    ):  # fmt: skip  (a batching server's decode steps too)
         assert k + kernel in names, names
     assert "ggufrun.quants.dot:dot_f32" in names, names
     # forward-pass order: prefill (attend_rows) first, the decode-only kernels last

@@ -57,7 +57,8 @@ BATCH_PROJECTOR_ROWS = 64
 TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8_K")} | {
     kernels.swiglu_rows, kernels.geglu_rows,
 }  # fmt: skip
-ROWS = frozenset({kernels.attend_rows})  # ...and prefill attention
+# ...and prefill attention, and the batched decode steps' (a server's slots: _decode_groups)
+ROWS = frozenset({kernels.attend_rows, kernels.qkv_rope_store_group, kernels.attend_group})
 
 
 @dataclass
@@ -242,6 +243,9 @@ class Transformer:
         if self.n_ctx >= 2:
             self.forward([0, 0], cache=scratch)  # prefill kernels
             scratch.reset()
+            if not scratch.quantized:  # a batching server's decode steps: two slots of a group (2 positions each)
+                a, b = KVCache.group(self.config, 2, scratch.dtype, 2)
+                self.forward_batch([(a, [0]), (b, [0])])
         self.forward([0], cache=scratch)  # decode kernels
 
     # ---- forward ----
@@ -428,8 +432,8 @@ class Transformer:
         if self._embed_scale is not None:  # one float32 product per value: NumPy's bits, no kernel to compile
             np.multiply(x, self._embed_scale, out=x)
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
-        groups, grouped = self._decode_groups(spans)
         project.tiles, rows = self._multi_row_ready() if m > 1 else (True, True)
+        groups, grouped = self._decode_groups(spans) if rows else ([], frozenset())  # (ROWS: the group kernels)
         step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
             step(bucket + kinds[il], m)

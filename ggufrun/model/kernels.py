@@ -7,11 +7,12 @@ CPU's F16C instructions (LLVM `fpext`/`fptrunc` on `half`), so the loops still v
 
 All helpers a kernel calls are in this module: Numba's on-disk cache keys a kernel on its own source file, so a
 kernel that inlined a helper from another file would keep running stale machine code after that file changed. The
-imports are the F32x8 lane type of ggufrun.quants.dot, a type registration that generates no code, and
+imports are the F32x8 / F32x16 lane types of ggufrun.quants.dot, type registrations that generate no code, its
+HAS_ZMM constant (attention takes 16-lane tiles where the CPU has AVX-512: the same chains per lane), and
 ggufrun.quants.launch, whose call_worker emits only a call by name: each attention kernel is a parallel launcher whose
 prange body calls a serial worker of this module (`_attend_*`) by its exported name instead of compiling a copy of
 it (cold compile of attend_rows 8.1 -> 3.1 s, attend_one 3.7 -> 2.0 s, SmolLM2's shapes). For the same
-reason the few 8 x float32 intrinsics attention needs are written here rather than imported from the vector
+reason the few 8 and 16 x float32 intrinsics attention needs are written here rather than imported from the vector
 vocabulary of ggufrun.quants.dot; they are named after their counterparts there (_ld_f32x8 / ld_f32x8, _fma_v /
 fma_v, ...) but index arrays by element rather than by byte (a uint16 KV cache row holds IEEE halves), and their
 FMA is always llvm.fma (ggml's exp needs the single rounding even where the CPU has no FMA instruction).

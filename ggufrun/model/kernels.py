@@ -69,12 +69,10 @@ def _f32_to_f16(typingctx, x):
     return sig, codegen
 
 
-# ---- 8 x float32 vectors for attention (the lane type is ggufrun.quants.dot's F32x8) ------------------------------
+# ---- 8 and 16 x float32 vectors for attention (lane types: ggufrun.quants.dot's F32x8, F32x16) --------------------
 # Attention tiles keep their accumulators in registers through these. Multiply-adds are llvm.fma, as in the
 # scalar _fma, so a lane computes exactly what the scalar code would. Why not ggufrun.quants.dot's: see the
 # module docstring.
-
-_V8 = ir.VectorType(ir.FloatType(), 8)
 
 
 def _elem_ptr(context, builder, aryty, ary, idx, idxty):
@@ -82,131 +80,70 @@ def _elem_ptr(context, builder, aryty, ary, idx, idxty):
     return builder.gep(data, [context.cast(builder, idx, idxty, types.intp)], inbounds=True)
 
 
-@intrinsic
-def _ld_f32x8(typingctx, a, i):
-    """a[i:i+8] (flat element index into a C-contiguous array) as float32 lanes; uint16 arrays hold IEEE halves."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype in (types.uint16, types.float32)):
-        return None
+def _f32_lanes(n: int, lane_type):
+    """The loads, stores, broadcast, zero and FMA of n x float32 vectors (lane_type: F32x8 or F32x16), as intrinsics:
+    (ld, st, bcast, zero, fma). ld(a, i) is a[i:i+n] (flat element index into a C-contiguous array; uint16 arrays
+    hold IEEE halves), st(a, i, v) stores v there (a float32), fma(acc, a, b) is a * b + acc rounded once per lane."""
+    vty = ir.VectorType(ir.FloatType(), n)
 
-    def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        if sig.args[0].dtype == types.uint16:
-            h = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), 8).as_pointer()), align=2)
-            return builder.fpext(h, _V8)
-        return builder.load(builder.bitcast(ptr, _V8.as_pointer()), align=4)
+    @intrinsic
+    def ld(typingctx, a, i):
+        if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype in (types.uint16, types.float32)):
+            return None
 
-    return F32x8(a, i), codegen
+        def codegen(context, builder, sig, args):
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            if sig.args[0].dtype == types.uint16:
+                h = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), n).as_pointer()), align=2)
+                return builder.fpext(h, vty)
+            return builder.load(builder.bitcast(ptr, vty.as_pointer()), align=4)
 
+        return lane_type(a, i), codegen
 
-@intrinsic
-def _st_f32x8(typingctx, a, i, v):
-    """a[i:i+8] = v, a float32 C-contiguous."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32):
-        return None
+    @intrinsic
+    def st(typingctx, a, i, v):
+        if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32):
+            return None
 
-    def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        builder.store(args[2], builder.bitcast(ptr, _V8.as_pointer()), align=4)
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            builder.store(args[2], builder.bitcast(ptr, vty.as_pointer()), align=4)
+            return context.get_dummy_value()
 
-    return types.none(a, i, F32x8), codegen
+        return types.none(a, i, lane_type), codegen
 
+    @intrinsic
+    def bcast(typingctx, x):
+        if x != types.float32:
+            return None
 
-@intrinsic
-def _fbcast(typingctx, x):
-    """x in every lane."""
-    if x != types.float32:
-        return None
+        def codegen(context, builder, sig, args):
+            v = builder.insert_element(ir.Constant(vty, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n))
 
-    def codegen(context, builder, sig, args):
-        v = builder.insert_element(ir.Constant(_V8, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0))
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+        return lane_type(types.float32), codegen
 
-    return F32x8(types.float32), codegen
+    @intrinsic
+    def zero(typingctx):
+        def codegen(context, builder, sig, args):
+            return ir.Constant(vty, [0.0] * n)
 
+        return lane_type(), codegen
 
-@intrinsic
-def _fzero(typingctx):
-    def codegen(context, builder, sig, args):
-        return ir.Constant(_V8, [0.0] * 8)
+    @intrinsic
+    def fma(typingctx, acc, a, b):
+        def codegen(context, builder, sig, args):
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3), f"llvm.fma.v{n}f32")
+            return builder.call(fn, [args[1], args[2], args[0]])
 
-    return F32x8(), codegen
+        return lane_type(lane_type, lane_type, lane_type), codegen
 
-
-@intrinsic
-def _fma_v(typingctx, acc, a, b):
-    """a * b + acc, lane-wise, rounded once (llvm.fma, like the scalar _fma)."""
-
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V8] * 3), "llvm.fma.v8f32")
-        return builder.call(fn, [args[1], args[2], args[0]])
-
-    return F32x8(F32x8, F32x8, F32x8), codegen
-
-
-_V16 = ir.VectorType(ir.FloatType(), 16)
+    return ld, st, bcast, zero, fma
 
 
-@intrinsic
-def _ld_f32x16(typingctx, a, i):
-    """_ld_f32x8 with 16 lanes (AVX-512's zmm: the attention tiles of HAS_ZMM CPUs)."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype in (types.uint16, types.float32)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        if sig.args[0].dtype == types.uint16:
-            h = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), 16).as_pointer()), align=2)
-            return builder.fpext(h, _V16)
-        return builder.load(builder.bitcast(ptr, _V16.as_pointer()), align=4)
-
-    return F32x16(a, i), codegen
-
-
-@intrinsic
-def _st_f32x16(typingctx, a, i, v):
-    """a[i:i+16] = v, a float32 C-contiguous."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        builder.store(args[2], builder.bitcast(ptr, _V16.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return types.none(a, i, F32x16), codegen
-
-
-@intrinsic
-def _fbcast16(typingctx, x):
-    """x in all 16 lanes."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = builder.insert_element(ir.Constant(_V16, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0))
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
-
-    return F32x16(types.float32), codegen
-
-
-@intrinsic
-def _fzero16(typingctx):
-    def codegen(context, builder, sig, args):
-        return ir.Constant(_V16, [0.0] * 16)
-
-    return F32x16(), codegen
-
-
-@intrinsic
-def _fma_v16(typingctx, acc, a, b):
-    """a * b + acc in 16 lanes, each rounded once (llvm.fma): lane for lane what _fma_v computes."""
-
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fma.v16f32")
-        return builder.call(fn, [args[1], args[2], args[0]])
-
-    return F32x16(F32x16, F32x16, F32x16), codegen
+_ld_f32x8, _st_f32x8, _fbcast, _fzero, _fma_v = _f32_lanes(8, F32x8)
+# 16 lanes (AVX-512's zmm): the attention tiles of HAS_ZMM CPUs, lane for lane what the 8-lane ones compute
+_ld_f32x16, _st_f32x16, _fbcast16, _fzero16, _fma_v16 = _f32_lanes(16, F32x16)
 
 
 @intrinsic

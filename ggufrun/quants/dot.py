@@ -4166,6 +4166,16 @@ def _amx_given(out, qs, kind):
 
 
 @njit(inline="always", **DOT)
+def _amx_last_rows(q1, M, K):
+    """The activation quants of the last M % 16 rows (q1: [M, K] flat) at the start of a 16-row tile of their own
+    (tile_load reads 16 rows; the padding rows' sums are computed and never stored)."""
+    tail = M % 16
+    part = np.empty(16 * K, np.int8)
+    part[: tail * K] = q1[(M - tail) * K :]
+    return part
+
+
+@njit(inline="always", **DOT)
 def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """_rows_x8 on the AMX tiles (section note): the codes of the work item's groups over the whole K unpacked once
     into B tiles (two groups, 16 rows, per tile; the launcher sizes the item so that they stay in L2, _x8_chunk),
@@ -4180,9 +4190,7 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     dws, mws = np.empty(16 * nb * npair, np.float32), np.empty(16 * nb * npair, np.float32)
     sums32 = np.empty(512, np.int32)  # two blocks' int32 sums, 16 x 16 each
     q1, d1, s1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1)
-    tail = M % 16
-    part = np.empty(16 * K, np.int8)  # a last tile of fewer than 16 rows, padded (its extra rows are not stored)
-    part[: tail * K] = q1[(M - tail) * K :]
+    part = _amx_last_rows(q1, M, K)
     last = M * nb - 1
     tile_config(AMX_CONFIG)
     for p in range(npair):
@@ -4259,9 +4267,7 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
     sums32, isums = np.empty(512, np.int32), np.empty(256, np.int32)
     acc = np.empty(512, np.float32)  # per tile row: the d terms (rows 0-15), then the dmin terms (16-31)
     q1, d1 = qs.reshape(-1), d.reshape(-1)
-    tail = M % 16
-    part = np.empty(16 * K, np.int8)
-    part[: tail * K] = q1[(M - tail) * K :]
+    part = _amx_last_rows(q1, M, K)
     tile_config(AMX_CONFIG16 if kind == Q6_K else AMX_CONFIG)
     for p in range(npair):
         g = g0 + 2 * p

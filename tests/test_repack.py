@@ -257,7 +257,7 @@ def test_amx_tiles_give_the_same_bits(qtype):
     for n, k in ((40, 256), (64, 2048), (1048, 256)) if qtype in K_TYPES else ((40, 96), (64, 2048), (1048, 256)):
         w = _random_blocks(qtype, n, k, rng)
         w8, kernel = repack(w, qtype)
-        for m in (dot.AMX_MIN_ROWS, 37, 70, 128):
+        for m in (dot.AMX_MIN_ROWS, 16, 37, 70, 128):
             x = rng.standard_normal((m, k)).astype(np.float32)
             x[3, :32] = 0.0
             qx = Q.quantize_activations(x, qtype)

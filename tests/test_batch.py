@@ -170,6 +170,50 @@ def test_a_groups_keys_ask_for_huge_pages_and_a_single_caches_do_not(model_dir):
     assert "hg" not in _vm_flags(tf.new_cache().k)
 
 
+def _mapping_rss_kb(array: np.ndarray) -> int | None:
+    """The kernel's Rss (kB) of the mapping holding array's first byte (Linux), else None."""
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    address, inside = array.__array_interface__["data"][0], False
+    for line in lines:
+        head = line.split()[0] if line else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("Rss:"):
+            return int(line.split()[1])
+    return None
+
+
+def test_prefault_group_keys_brings_the_pages_in_and_changes_nothing(model_dir):
+    """prefault_group_keys makes a group's key pages resident without touching what the slots hold (it may run
+    beside the steps); a single cache, or a stop event already set, is left alone."""
+    from ggufrun.model.kv_cache import prefault_group_keys
+
+    tf = _transformer(model_dir, "llama", n_ctx=256)
+    caches = tf.new_caches(3)
+    keys = caches[0].group_kv[0]
+    before = _mapping_rss_kb(keys)
+    if before is None:
+        pytest.skip("no /proc/self/smaps")
+    want = tf.forward([7, 8, 9], cache=caches[1]).copy()
+    held = keys.copy()
+    stop = threading.Event()
+    stop.set()
+    assert prefault_group_keys(caches, stop) is False
+    assert prefault_group_keys([tf.new_cache()]) is False
+    if not prefault_group_keys(caches):
+        pytest.skip("the kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    after = _mapping_rss_kb(keys)
+    assert after * 1024 >= keys.nbytes * 0.99 > before * 1024 * 2, (before, after, keys.nbytes)
+    np.testing.assert_array_equal(keys, held)
+    np.testing.assert_array_equal(tf.forward([5], cache=caches[1]), _alone(tf, [7, 8, 9, 5]))
+    np.testing.assert_array_equal(want, _alone(tf, [7, 8, 9]))
+
+
 def test_kv_cache_copy_prefix(model_dir):
     tf = _transformer(model_dir, "qwen2", n_ctx=32)
     src, dst = tf.new_cache(), tf.new_cache()

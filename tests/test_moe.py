@@ -63,6 +63,29 @@ def test_batch_invariance(model_dir, name):
     np.testing.assert_array_equal(rows, whole[[10, 10]])
 
 
+def test_decode_takes_each_experts_gate_and_up_in_one_product():
+    """With an interleaved type (Q8_0) each expert's gate and up are copied into one matrix whose rows they are
+    views of (LayerWeights.ffn_gate_up_exps); a decode step takes them in one product: the same bits as the
+    two products, and as the prefill."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    f = GGUFFile(Path(__file__).parent / "data" / "golden" / "small-qwen3moe-q8_0.gguf")
+    tf = Transformer(f)
+    layer = tf.weights.layers[0]
+    assert len(layer.ffn_gate_up_exps) == tf.config.n_expert
+    fused = layer.ffn_gate_up_exps[1]
+    assert np.shares_memory(fused.w, layer.ffn_gate_exps[1].w) and np.shares_memory(fused.w, layer.ffn_up_exps[1].w)
+    whole = tf.logits(TOKENS).copy()
+    tf.cache.reset()
+    steps = np.stack([tf.forward(TOKENS[i : i + 1]).copy() for i in range(len(TOKENS))])
+    np.testing.assert_array_equal(steps, whole)
+    tf.weights = replace(tf.weights, layers=tuple(replace(lw, ffn_gate_up_exps=()) for lw in tf.weights.layers))
+    tf.cache.reset()
+    apart = np.stack([tf.forward(TOKENS[i : i + 1]).copy() for i in range(len(TOKENS))])
+    np.testing.assert_array_equal(apart, steps)
+
+
 def test_config(model_dir):
     c = ModelConfig.from_gguf(open_variant(model_dir, "qwen2moe"))
     assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_ff_shexp) == (6, 2, 32, 64)

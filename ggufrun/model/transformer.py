@@ -91,6 +91,7 @@ class RunState:
     expert_in: np.ndarray  # [n_batch, n_embd] the rows routed to one expert, gathered
     expert_gate: np.ndarray  # [n_batch * f] one expert's gate (then act(gate) * up), as [rows, width]
     expert_up: np.ndarray  # [n_batch * f]
+    expert_gate_up1: np.ndarray  # [1, 2 n_ff_exp] a decode step's gate and up of one expert (ffn_gate_up_exps)
     expert_out: np.ndarray  # [n_batch, n_embd] one expert's (or the shared expert's) output rows
     expert_outs: np.ndarray  # [n_batch * k, n_embd] row t * k + r: the output of token t's rank-r expert
     shexp_gate: np.ndarray  # [n_batch, 1] the shared expert's gate logit
@@ -126,6 +127,7 @@ class RunState:
             expert_in=np.zeros((n_batch if k else 0, c.n_embd), f32),
             expert_gate=np.zeros(n_batch * f, f32),
             expert_up=np.zeros(n_batch * f, f32),
+            expert_gate_up1=np.zeros((1, 2 * c.n_ff_exp), f32),
             expert_out=np.zeros((n_batch if f else 0, c.n_embd), f32),
             expert_outs=np.zeros((n_batch * k, c.n_embd), f32),
             shexp_gate=np.zeros((n_batch if c.n_ff_shexp else 0, 1), f32),
@@ -187,6 +189,8 @@ class Transformer:
         qkv1, gate_up1 = self.state.qkv1, self.state.gate_up1
         self._qkv1 = (qkv1[:, :nq], qkv1[:, nq : nq + nk], qkv1[:, nq + nk :])
         self._gate_up1 = (gate_up1[:, : c.n_ff], gate_up1[:, c.n_ff :])
+        eg = self.state.expert_gate_up1
+        self._expert_gate_up1 = (eg[:, : c.n_ff_exp], eg[:, c.n_ff_exp :])
         self._project = Projector(self.n_batch)
         self._batch_projectors: dict[int, Projector] = {}  # forward_batch passes of other row counts
         self._batch_logits = np.zeros((0, c.n_vocab), np.float32)  # [n_seqs, n_vocab] grown on demand
@@ -593,7 +597,8 @@ class Transformer:
             y = outs[rows[0] : rows[0] + 1] if m == 1 else s.expert_out[:n]
             if x is not h:
                 kernels.gather_rows(h, rows, k, x)
-            self._swiglu_ffn(lw.ffn_gate_exps[e], lw.ffn_up_exps[e], lw.ffn_down_exps[e], x, y, project)
+            gate_up = lw.ffn_gate_up_exps[e] if n == 1 and lw.ffn_gate_up_exps else None
+            self._swiglu_ffn(lw.ffn_gate_exps[e], lw.ffn_up_exps[e], lw.ffn_down_exps[e], x, y, project, gate_up)
             if m > 1:
                 kernels.scatter_rows(y, rows, outs)
         kernels.combine_experts(outs, weights, o)
@@ -604,10 +609,16 @@ class Transformer:
             kernels.add_gated(o, y, gate_logit)
         self.expert_bytes_read += n_active * lw.expert_bytes
 
-    def _swiglu_ffn(self, gate: Linear, up: Linear, down: Linear, x: np.ndarray, out: np.ndarray, project) -> None:
-        """out = down(silu(gate(x)) * up(x)) for one expert: x [n, n_embd], out [n, n_embd]."""
+    def _swiglu_ffn(self, gate: Linear, up: Linear, down: Linear, x: np.ndarray, out: np.ndarray, project,
+                    gate_up: Linear | None = None) -> None:  # fmt: skip
+        """out = down(silu(gate(x)) * up(x)) for one expert: x [n, n_embd], out [n, n_embd]; one row with the
+        expert's fused gate_up (LayerWeights.ffn_gate_up_exps) takes gate and up in one product."""
         s, n, f = self.state, x.shape[0], gate.n_out
-        g, u = s.expert_gate[: n * f].reshape(n, f), s.expert_up[: n * f].reshape(n, f)
-        project(x, (gate, g), (up, u))
+        if gate_up is not None:
+            g, u = self._expert_gate_up1
+            project(x, (gate_up, s.expert_gate_up1))
+        else:
+            g, u = s.expert_gate[: n * f].reshape(n, f), s.expert_up[: n * f].reshape(n, f)
+            project(x, (gate, g), (up, u))
         (kernels.swiglu_rows if project.tiles and n > 1 else kernels.swiglu)(g, u)
         project(g, (down, out))

@@ -21,14 +21,15 @@ Measured, and printed (JSON with --json, PNG chart with --chart):
 End-of-generation tokens are masked (logit_bias -100 over HTTP, -inf in-process), so every client generates
 exactly --max-tokens tokens.
 
-Numbers for the issue are taken on a quiet machine; this machine runs other work now. Earlier in-process engine
-figures (shared 2-core AMD EPYC, AVX2, no VNNI, load average 5-6; 32-token prompts, 48 tokens, 2 threads;
-aggregate / all-decoding tok/s, ratio to one client):
-    SmolLM2 Q4_1:  1 client 8.4 / 9.9;  8 clients 13.5 / 18.9 (1.6x / 1.9x);  16 clients 19.6 / 28.2 (2.4x / 2.9x)
-    Gemma3 Q4_K_M: 1 client 5.7 / 6.5;  8 clients 8.9 / 11.2 (1.6x / 1.7x);   16 clients 9.5 / 13.2 (1.7x / 2.0x)
-    TTFT of a new request alone vs beside 7 streaming clients: SmolLM2 0.90 / 1.32 s, Gemma3 1.05 / 2.12 s
-The product kernels are compute-bound on that CPU, a row costing about as much in a batch as alone (SmolLM2
-ffn_gate Q4_1 576x1536: 198 us for 1 row, 145 us per row at 4-16 rows), which caps the batching gain there.
+Numbers for the issue are taken on a quiet machine (README.md, "Many users at once", has every run). 2026-12-03,
+Intel Xeon with AMX, 2 threads, over HTTP, `--clients 1,8,16 --max-tokens 48 --rounds 2` (medians of the rounds'
+own ratios to one client, aggregate / while all decode):
+    SmolLM2 Q4_1:  1 client 199-205 / 250 tok/s;  8 clients 1.89x / 2.16x;  16 clients 2.33x / 2.84x
+    Gemma3 Q4_K_M: 1 client 85-89 / 93-97 tok/s;  8 clients 2.60x / 2.88x;  16 clients 3.60x / 4.47x
+    TTFT alone / beside 7 streams: SmolLM2 0.045 / 0.067 s, Gemma3 0.051 / 0.078 s; a 2,000-token prompt beside
+    4 streams: chunk / longest gap 0.255 / 0.223 s and 0.193 / 0.167 s.
+A batched step's products run near the multiply units' rate (the pair tiles up to 8 rows, AMX from 9), which caps
+the batching gain of these small models, whose weights a single decode step reads from cache.
 """
 
 from __future__ import annotations

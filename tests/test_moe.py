@@ -76,6 +76,9 @@ def test_decode_takes_each_experts_gate_and_up_in_one_product():
     assert len(layer.ffn_gate_up_exps) == tf.config.n_expert
     fused = layer.ffn_gate_up_exps[1]
     assert np.shares_memory(fused.w, layer.ffn_gate_exps[1].w) and np.shares_memory(fused.w, layer.ffn_up_exps[1].w)
+    # all experts' gate / up in one array, all their down matrices in another (weights.repack_matrices)
+    assert np.shares_memory(fused.w.base, layer.ffn_gate_up_exps[0].w)
+    assert layer.ffn_down_exps[1].packed and np.shares_memory(layer.ffn_down_exps[1].w.base, layer.ffn_down_exps[0].w)
     whole = tf.logits(TOKENS).copy()
     tf.cache.reset()
     steps = np.stack([tf.forward(TOKENS[i : i + 1]).copy() for i in range(len(TOKENS))])

@@ -55,27 +55,37 @@ class Linear:
         assert w.ndim == 2 and w.flags.c_contiguous and len(shape) == 2, t.name
         return cls(t.name, w, t.type, e.act, e.dot, shape[0], shape[1])
 
-    def repacked(self, rows_too: bool = False, release=None) -> Linear:
+    def repacked(self, rows_too: bool = False, release=None, out: np.ndarray | None = None) -> Linear:
         """This matrix copied into the interleaved layout of ggufrun.quants.repack, with that layout's kernel
         (the same output bits, faster), when its type has one (and, with rows_too, its rows can still be read
         back by `rows`: an embedding table); else itself. release(part) is called with each copied part of the
-        file's matrix (repack.repack)."""
+        file's matrix (repack.repack); out: where to copy it (rows of a larger array), default a new array."""
         if rows_too and self.qtype not in repack.ROW_LOOKUP_TYPES:
             return self
-        r = repack.repack(self.w, self.qtype, release)
+        r = repack.repack(self.w, self.qtype, release, out=out)
         return self if r is None else replace(self, w=r[0], dot=r[1], dot_one=repack.ONE_ROW.get(r[1]), packed=True)
 
     @staticmethod
-    def repacked_together(parts: list[Linear | None], release=None) -> tuple[Linear, ...] | None:
-        """(fused, *parts): the matrices `parts` (one type with an interleaved layout, the same n_in, not packed yet)
-        copied into consecutive rows of one matrix in that layout, `fused`, and each of them as a view of its rows;
-        None where they cannot be (another type, a missing part...)."""
+    def packed_rows(parts: list[Linear | None]) -> tuple[int, int] | None:
+        """The shape of repacked_together(parts)'s fused matrix, or None where they cannot be fused."""
         if any(p is None or p.packed for p in parts) or len({(p.qtype, p.n_in, p.w.shape[1]) for p in parts}) != 1:
             return None
         shapes = [repack.packed_shape(p.w, p.qtype) for p in parts]
-        if None in shapes:
+        return None if None in shapes else (sum(g for g, _ in shapes), shapes[0][1])
+
+    @staticmethod
+    def repacked_together(
+        parts: list[Linear | None], release=None, out: np.ndarray | None = None
+    ) -> tuple[Linear, ...] | None:
+        """(fused, *parts): the matrices `parts` (one type with an interleaved layout, the same n_in, not packed yet)
+        copied into consecutive rows of one matrix in that layout, `fused` (`out` if given: packed_rows(parts)'s
+        shape, rows of a larger array), and each of them as a view of its rows; None where they cannot be (another
+        type, a missing part...)."""
+        shape = Linear.packed_rows(parts)
+        if shape is None:
             return None
-        fused = np.empty((sum(g for g, _ in shapes), shapes[0][1]), np.uint8)
+        shapes = [repack.packed_shape(p.w, p.qtype) for p in parts]
+        fused = np.empty(shape, np.uint8) if out is None else out
         views, g0 = [], 0
         for p, (g, _) in zip(parts, shapes):
             _, kernel = repack.repack(p.w, p.qtype, release, out=fused[g0 : g0 + g])

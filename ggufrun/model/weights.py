@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType
 
 from .. import quants
 from ..errors import GGUFError
+from ..quants import repack
 from .config import ModelConfig
 from .linear import Linear
 
@@ -306,6 +307,32 @@ def repack_matrices(weights: Weights, gguf) -> Weights:
             return lin
         return lin.repacked(rows_too, release=gguf.release_pages)
 
+    def pack_experts(layer: LayerWeights) -> dict:
+        """A block's experts, each one's gate and up fused (ffn_gate_up_exps), all experts' in one array and all
+        their down matrices in another: NumPy gives arrays of 4 MB and more transparent huge pages (the 1-2 MB
+        matrices of experts allocated apart got 4 KB ones). qwen3moe-30b-a3b-16e Q4_K_M, 2 threads: 0.53 -> 2.53 GB
+        of the weights on huge pages; the chosen experts of every layer in turn, alone, streamed at 22.9-23.4 ->
+        25.0-25.5 GB/s (gate / up) and 19.8-20.8 -> 20.2-22.7 (down); decode 11.13 -> 11.30 tok/s (medians of 5
+        alternating process pairs). {} where the gate and up cannot be fused (each expert then packed apart)."""
+        gates, ups, downs = layer.ffn_gate_exps, layer.ffn_up_exps, layer.ffn_down_exps
+        pairs = [[g, u] for g, u in zip(gates, ups)]
+        shapes = [Linear.packed_rows(p) for p in pairs]
+        if not pairs or None in shapes or len(set(shapes)) != 1:
+            return {}
+        (rows, cols), n = shapes[0], len(pairs)
+        gate_up = np.empty((n * rows, cols), np.uint8)
+        experts = [Linear.repacked_together(p, gguf.release_pages, out=gate_up[e * rows : (e + 1) * rows])
+                   for e, p in enumerate(pairs)]  # fmt: skip
+        packed = {"ffn_gate_up_exps": tuple(e[0] for e in experts), "ffn_gate_exps": tuple(e[1] for e in experts),
+                  "ffn_up_exps": tuple(e[2] for e in experts)}  # fmt: skip
+        down_shapes = {repack.packed_shape(d.w, d.qtype) for d in downs}
+        if len(down_shapes) == 1 and None not in down_shapes and not any(d.packed for d in downs):
+            ((rows, cols),) = down_shapes
+            down = np.empty((n * rows, cols), np.uint8)
+            packed["ffn_down_exps"] = tuple(d.repacked(release=gguf.release_pages, out=down[e * rows : (e + 1) * rows])
+                                            for e, d in enumerate(downs))  # fmt: skip
+        return packed
+
     def pack_layer(layer: LayerWeights) -> LayerWeights:
         fused = {}
         for name, parts in FUSED.items():
@@ -313,12 +340,7 @@ def repack_matrices(weights: Weights, gguf) -> Weights:
             if lins is not None:
                 fused[name] = lins[0]
                 fused.update(zip(parts, lins[1:]))
-        experts = [Linear.repacked_together([g, u], release=gguf.release_pages)
-                   for g, u in zip(layer.ffn_gate_exps, layer.ffn_up_exps)]  # fmt: skip
-        if experts and all(e is not None for e in experts):
-            fused["ffn_gate_up_exps"] = tuple(e[0] for e in experts)
-            fused["ffn_gate_exps"] = tuple(e[1] for e in experts)
-            fused["ffn_up_exps"] = tuple(e[2] for e in experts)
+        fused.update(pack_experts(layer))
         return replace(layer, **{f.name: pack(getattr(layer, f.name)) for f in fields(layer) if f.name not in fused},
                        **fused)  # fmt: skip
 

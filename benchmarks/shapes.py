@@ -45,41 +45,16 @@ free disk space, and says so. qwen3moe-30b-a3b-16e is the same model with 16 exp
 token, as in the real one): the same attention and expert parameters per token in a 5.2B-parameter file (3.34B
 active against 3.35B: only its router is smaller), so its decode reads what the real model's reads.
 
-Measured (2026-12-01, AMD EPYC, 2 cores shared with other work, 2 threads, OPENBLAS_CORETYPE not set, llama.cpp
-llama-bench 0c1e570): medians of xN rounds, tokens/s; limit = read bandwidth / bytes per decode step (tok/s), %limit
-= ggufrun / llama.cpp decode as a share of it; load = 1-minute load average when the row began. Read bandwidth
-(1 GiB) 26.9 GB/s (first three rows), 19.2 GB/s (gemma3-1b, 3B, 4B), 26.8 GB/s (7B).
+Measured: README.md, "The sizes people run", holds every run's table with its command and machine. The latest,
+Intel Xeon with AMX, 2 threads, read bandwidth 35.8-36.5 GB/s, llama-bench 0c1e570 alternating:
 
-    python benchmarks/shapes.py --shapes qwen2.5-0.5b,llama3.2-1b,qwen2.5-1.5b,gemma3-1b --types Q4_K_M --repeat 3
-    python benchmarks/shapes.py --shapes llama3.2-3b,gemma3-4b --types Q4_K_M --repeat 1 --pp 128 --tg 32
-    python benchmarks/shapes.py --shapes qwen2.5-7b --types Q4_K_M --repeat 1 --pp 64 --tg 16
+    python benchmarks/shapes.py --shapes qwen2.5-0.5b,llama3.2-1b,qwen2.5-1.5b,gemma3-1b,llama3.2-3b \
+        --types Q4_K_M,Q8_0,IQ4_XS --repeat 2          # 2026-12-02: prefill 1.53-4.43x, decode 1.31-2.89x llama.cpp
+    python benchmarks/shapes.py --shapes qwen3moe-30b-a3b-16e --types Q4_K_M --repeat 2
+        # 2026-12-03: prefill 76.2 / 32.6 tok/s (2.34x), decode 10.6 / 8.7 (1.22x), 54% / 45% of the decode limit
 
-  shape         type     GB  pp/tg  xN | pp: ggufrun llama.cpp ratio | tg: ggufrun llama.cpp ratio | limit %limit | load
-  qwen2.5-0.5b  Q4_K_M 0.39 512/128 x3 |        61.6      48.8 1.26x |        15.1       4.0 3.72x |  68.5 22/ 6% | 2.6
-  llama3.2-1b   Q4_K_M 0.80 512/128 x3 |        32.2      26.4 1.22x |        10.2       3.9 2.63x |  33.6 30/12% | 3.7
-  qwen2.5-1.5b  Q4_K_M 0.98 512/128 x3 |        10.0      19.0 0.53x |         5.3       2.4 2.20x |  27.4 19/ 9% | 4.9
-  gemma3-1b     Q4_K_M 0.80 512/128 x1 |        23.8      28.3 0.84x |         5.0       1.1 4.55x |  24.0 21/ 5% | 5.7
-  llama3.2-3b   Q4_K_M 2.01 128/32  x1 |         7.3       8.9 0.81x |         3.8       0.7 5.47x |   9.5 39/ 7% | 4.1
-  gemma3-4b     Q4_K_M 2.48 128/32  x1 |         4.7       9.6 0.49x |         2.0       5.1 0.40x |   7.7 26/66% | 3.6
-  qwen2.5-7b    Q4_K_M 4.68 64/16   x1 |         5.5      11.8 0.47x |         3.1       5.9 0.52x |   6.1 50/96% | 2.2
-  qwen3moe-30b-a3b Q4_K_M skipped: its F16 file and Q4_K_M need 82 GB of disk (61 GB F16), 72 GB free
-
-The load average stayed at 2.6-5.7 on 2 cores (other benchmarks and test suites ran) during those rows, so their
-figures are far below a quiet machine's, single rounds swung by 2x, and llama.cpp's decode suffered most (its
-threads spin at each barrier): its tg reached 5-12% of the limit on the shapes up to 3B, so those tg ratios above
-2x are an artefact of the shared cores. Measured again once the machine had quietened (load 1.0-1.8, read
-bandwidth 52.5 GB/s), same command, --repeat 2, the three smallest shapes:
-
-  shape         type     GB  pp/tg  xN | pp: ggufrun llama.cpp ratio | tg: ggufrun llama.cpp ratio | limit %limit | load
-  qwen2.5-0.5b  Q4_K_M 0.39 512/128 x2 |       118.4     118.0 1.00x |        17.6      36.4 0.48x | 133.9 13/27% | 1.0
-  llama3.2-1b   Q4_K_M 0.80 512/128 x2 |        33.1      57.7 0.57x |        11.6      22.4 0.52x |  65.6 18/34% | 1.6
-  qwen2.5-1.5b  Q4_K_M 0.98 512/128 x2 |        24.4      45.0 0.54x |         9.2      20.5 0.45x |  53.5 17/38% | 1.8
-
-On the quieter machine ggufrun's decode is about half of llama.cpp's (0.45-0.52x; 13-18% of the bandwidth limit
-against 27-38%), as on qwen2.5-7b (0.52x; 96% / 50% of a limit from 26.8 GB/s) and gemma3-4b (0.40x), and
-its prefill is even on qwen2.5-0.5b (1.00x) and behind from 1B up (0.47-0.84x; qwen2.5-1.5b 0.54x, as issue 19's
-0.54x on the real file). Not measured for lack of time: Q8_0 and IQ4_XS, llama3.1-8b and qwen3moe-30b-a3b-16e;
-qwen3moe-30b-a3b did not fit on the disk.
+Decode reached 67-83% of the limit on the dense shapes (qwen2.5-1.5b and llama3.2-3b Q4_K_M / IQ4_XS below 70%) and
+54% on the MoE shape; qwen3moe-30b-a3b (128 experts) does not fit this machine's disk and memory.
 """
 
 from __future__ import annotations

@@ -190,15 +190,21 @@ class EngineRunner(ModelRunner):
     engine wakes it (submit's notify) and it reads with Stream.poll()."""
 
     def __init__(self, model, parallel: int, max_queue: int = 64):
-        from .batch import BatchEngine
+        from .batch import SLOT_MEMORY_SHARE, BatchEngine, available_memory_bytes
         from .model.kv_cache import prefault_group_keys
 
         super().__init__(model, max_queue)
         self.engine = BatchEngine.from_model(model, n_slots=parallel)
         # the slots' key pages faulted in now, before the server listens, as llama-server holds its whole KV cache
         # from the start: a fresh slot's first token otherwise faults in all of them (Gemma3, 16 slots: the first
-        # step of 16 new requests 0.48 s instead of 0.05 s); beside the steps, that kernel work made them stall
-        prefault_group_keys(self.engine.slots)
+        # step of 16 new requests 0.48 s instead of 0.05 s); beside the steps, that kernel work made them stall.
+        # Not when they would take more than the share of the memory available that default_slots plans with (an
+        # explicit --parallel with a long n_ctx): they are then faulted in as slots are first used.
+        group = self.engine.slots[0].group_kv
+        self.keys_mb = group[0].nbytes / 1e6 if group is not None and not self.engine.slots[0].quantized else 0.0
+        available = available_memory_bytes()
+        fits = available is None or self.keys_mb * 1e6 <= available * SLOT_MEMORY_SHARE
+        self.keys_prefaulted = fits and prefault_group_keys(self.engine.slots)
 
     @property
     def parallel(self) -> int:
@@ -1064,6 +1070,10 @@ def create_app(
                  model_id)  # fmt: skip
         if parallel > 1:
             log.info("ggufrun: %d requests generate at once (--parallel), in one batch", parallel)
+            keys_mb = getattr(runner, "keys_mb", 0.0)
+            if keys_mb:
+                log.info("ggufrun: the slots' keys (%.0f MB) %s", keys_mb, "were faulted in at start" if
+                         runner.keys_prefaulted else "are faulted in as the slots are first used")  # fmt: skip
         try:
             yield
         finally:

@@ -273,3 +273,26 @@ def test_serve_speculative_needs_parallel_1(tiny_path, monkeypatch, capsys):
     assert "--speculative" in err and "--parallel 1" in err and not calls
     assert main(["serve", str(tiny_path), "--speculative", "ngram", "--n-ctx", "256"]) == 0
     assert calls[-1]["parallel"] == 1
+
+
+def test_the_slots_keys_are_faulted_in_at_start_when_they_fit(chat_model, monkeypatch):
+    """A batching server faults in its slots' key pages before it listens (kv_cache.prefault_group_keys), unless
+    they would take more than the share of the available memory that batch.default_slots plans with."""
+    import sys
+
+    import ggufrun.batch
+    from ggufrun.server import create_app
+
+    app = create_app(chat_model, model_id="tiny", parallel=3)
+    runner = app.state.runner
+    try:
+        assert runner.keys_mb == runner.engine.slots[0].group_kv[0].nbytes / 1e6 > 0
+        assert runner.keys_prefaulted or not sys.platform.startswith("linux")  # (False on kernels before 5.14)
+    finally:
+        runner.close()
+    monkeypatch.setattr(ggufrun.batch, "available_memory_bytes", lambda: int(runner.keys_mb * 1e6))
+    app = create_app(chat_model, model_id="tiny", parallel=3)
+    try:
+        assert app.state.runner.keys_prefaulted is False
+    finally:
+        app.state.runner.close()

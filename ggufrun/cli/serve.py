@@ -67,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--speculative drafts only with --parallel 1 (one request at a time), not --parallel "
                          f"{parallel}: the batching engine does not draft")  # fmt: skip
     note(f"{parallel} request(s) at once (--parallel), n_ctx {model.n_ctx}, KV cache {model.cache.dtype}")
-    if parallel > 1 and not model.cache.quantized:  # server.EngineRunner: kv_cache.prefault_group_keys
-        note(f"the {parallel} slots' keys ({parallel * model.cache.k.nbytes / 1e6:.0f} MB) are faulted in at start")
     if model.chat_template is None:
         note(f"{model.path.name} has no chat template (a base model?); --chat-template chatml|gemma|FILE applies one")
     extra = {"cors_origins": list(args.cors)} if args.cors else {}

@@ -138,8 +138,9 @@ def test_kv_cache_group_slots_are_independent_caches(model_dir):
         tf.new_caches(0)
 
 
-def _vm_flags(array: np.ndarray) -> set[str] | None:
-    """The kernel's VmFlags of the mapping holding array's first byte (Linux), else None."""
+def _smaps_field(array: np.ndarray, field: str) -> list[str] | None:
+    """The values of line `field` (e.g. "VmFlags:") of the kernel's smaps entry for the mapping holding array's first
+    byte (Linux), else None."""
     try:
         with open("/proc/self/smaps") as f:
             lines = f.read().splitlines()
@@ -151,9 +152,15 @@ def _vm_flags(array: np.ndarray) -> set[str] | None:
         if "-" in head and ":" not in head:
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo <= address < hi
-        elif inside and line.startswith("VmFlags:"):
-            return set(line.split()[1:])
+        elif inside and line.startswith(field):
+            return line.split()[1:]
     return None
+
+
+def _vm_flags(array: np.ndarray) -> set[str] | None:
+    """The kernel's VmFlags of the mapping holding array's first byte (Linux), else None."""
+    flags = _smaps_field(array, "VmFlags:")
+    return None if flags is None else set(flags)
 
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no madvise(MADV_HUGEPAGE) on this platform")
@@ -172,25 +179,13 @@ def test_a_groups_keys_ask_for_huge_pages_and_a_single_caches_do_not(model_dir):
 
 def _mapping_rss_kb(array: np.ndarray) -> int | None:
     """The kernel's Rss (kB) of the mapping holding array's first byte (Linux), else None."""
-    try:
-        with open("/proc/self/smaps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    address, inside = array.__array_interface__["data"][0], False
-    for line in lines:
-        head = line.split()[0] if line else ""
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and line.startswith("Rss:"):
-            return int(line.split()[1])
-    return None
+    rss = _smaps_field(array, "Rss:")
+    return None if rss is None else int(rss[0])
 
 
 def test_prefault_group_keys_brings_the_pages_in_and_changes_nothing(model_dir):
     """prefault_group_keys makes a group's key pages resident without touching what the slots hold (it may run
-    beside the steps); a single cache, or a stop event already set, is left alone."""
+    beside the steps); a single cache is left alone."""
     from ggufrun.model.kv_cache import prefault_group_keys
 
     tf = _transformer(model_dir, "llama", n_ctx=256)
@@ -201,9 +196,6 @@ def test_prefault_group_keys_brings_the_pages_in_and_changes_nothing(model_dir):
         pytest.skip("no /proc/self/smaps")
     want = tf.forward([7, 8, 9], cache=caches[1]).copy()
     held = keys.copy()
-    stop = threading.Event()
-    stop.set()
-    assert prefault_group_keys(caches, stop) is False
     assert prefault_group_keys([tf.new_cache()]) is False
     if not prefault_group_keys(caches):
         pytest.skip("the kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")

@@ -63,10 +63,11 @@ def test_batch_invariance(model_dir, name):
     np.testing.assert_array_equal(rows, whole[[10, 10]])
 
 
-def test_decode_takes_each_experts_gate_and_up_in_one_product():
+def test_decode_takes_its_experts_in_one_product_per_matrix():
     """With an interleaved type (Q8_0) each expert's gate and up are copied into one matrix whose rows they are
-    views of (LayerWeights.ffn_gate_up_exps); a decode step takes them in one product: the same bits as the
-    two products, and as the prefill."""
+    views of (LayerWeights.ffn_gate_up_exps), all experts' into one array (ffn_gate_up_stack), their downs into
+    another (ffn_down_stack); a decode step takes its chosen experts' gate / up in one product and their downs in
+    another: the same bits as each expert's fused product, as the three products apart, and as the prefill."""
     from dataclasses import replace
     from pathlib import Path
 
@@ -79,14 +80,23 @@ def test_decode_takes_each_experts_gate_and_up_in_one_product():
     # all experts' gate / up in one array, all their down matrices in another (weights.repack_matrices)
     assert np.shares_memory(fused.w.base, layer.ffn_gate_up_exps[0].w)
     assert layer.ffn_down_exps[1].packed and np.shares_memory(layer.ffn_down_exps[1].w.base, layer.ffn_down_exps[0].w)
+    # and as stacks whose k chosen experts a decode step runs in one kernel call per matrix (Projector.experts)
+    assert layer.ffn_gate_up_stack.w is fused.w.base and layer.ffn_down_stack.w is layer.ffn_down_exps[0].w.base
+    calls = []
+    experts = tf._project.experts
+    tf._project.experts = lambda *a, **kw: calls.append(a[1]) or experts(*a, **kw)
     whole = tf.logits(TOKENS).copy()
+    assert not calls  # prefill runs each chosen expert on its rows
     tf.cache.reset()
     steps = np.stack([tf.forward(TOKENS[i : i + 1]).copy() for i in range(len(TOKENS))])
     np.testing.assert_array_equal(steps, whole)
-    tf.weights = replace(tf.weights, layers=tuple(replace(lw, ffn_gate_up_exps=()) for lw in tf.weights.layers))
-    tf.cache.reset()
-    apart = np.stack([tf.forward(TOKENS[i : i + 1]).copy() for i in range(len(TOKENS))])
-    np.testing.assert_array_equal(apart, steps)
+    assert len(calls) == 2 * len(TOKENS) * tf.config.n_layer
+    for fields in ({"ffn_gate_up_stack": None}, {"ffn_gate_up_exps": ()}):  # each expert's fused gate / up; apart
+        tf.weights = replace(tf.weights, layers=tuple(replace(lw, **fields) for lw in tf.weights.layers))
+        tf.cache.reset()
+        apart = np.stack([tf.forward(TOKENS[i : i + 1]).copy() for i in range(len(TOKENS))])
+        np.testing.assert_array_equal(apart, steps)
+    assert len(calls) == 2 * len(TOKENS) * tf.config.n_layer
 
 
 def test_config(model_dir):

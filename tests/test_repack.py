@@ -16,7 +16,7 @@ from ggufrun.model import Transformer
 from ggufrun.model.linear import Linear
 from ggufrun.model.weights import FUSED
 from ggufrun.quants import dot
-from ggufrun.quants.repack import ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
+from ggufrun.quants.repack import EXPERTS, ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
 from ggufrun.reader import GGUFFile
 
 K_TYPES = {T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}  # 256-value super-blocks (IQ4_XS repacked on AVX-512 only)
@@ -58,6 +58,28 @@ def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
         got[:] = np.nan
         ONE_ROW[kernel](w8, *qx.arrays, got)  # one row at a time: decode's kernel, the tiles' first-run stand-in
         assert np.array_equal(want.view(np.int32), got.view(np.int32)), ("one row", m, np.abs(want - got).max())
+
+
+@pytest.mark.parametrize("qtype", sorted(REPACKED_TYPES))
+def test_experts_kernel_gives_each_experts_one_row_bits(qtype):
+    """A stack of 5 experts of 24 rows (3 groups of 8: an odd last group per expert); a decode step's 3 chosen
+    experts in one call (repack.EXPERTS): row r is expert sel[r] times activation row 0 (shared) or row r, the bits
+    dot_one gives that expert alone."""
+    n_expert, n, k = 5, 24, 512 if qtype in K_TYPES else 96
+    rng = np.random.default_rng(7)
+    w8, kernel = repack(_random_blocks(qtype, n_expert * n, k, rng), qtype)
+    experts, one_row = EXPERTS[kernel], ONE_ROW[kernel]
+    sel = np.array([3, 0, 4], np.int32)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    for shared in (True, False):
+        rows = x[:1] if shared else x
+        got = np.full((3, n), np.nan, np.float32)
+        experts(w8, *Q.quantize_activations(rows, qtype).arrays, got, sel, int(shared))
+        for r, e in enumerate(sel):
+            want = np.zeros((1, n), np.float32)
+            qx = Q.quantize_activations(rows[0 if shared else r][None], qtype)
+            one_row(w8[e * n // 8 : (e + 1) * n // 8], *qx.arrays, want)
+            assert np.array_equal(want[0].view(np.int32), got[r].view(np.int32)), (shared, r)
 
 
 def test_repack_layout_holds_every_byte_once():

@@ -1240,6 +1240,16 @@ def swiglu(gate, up):
 
 
 @numba.njit(**JIT)
+def swiglu_halves(gate_up, out):
+    """out = silu(gate) * up for rows [gate | up] of gate_up (a decode step's experts' fused products): gate_up
+    float32 [M, 2 n], out [M, n]; swiglu's float operations."""
+    n = out.shape[1]
+    for m in range(out.shape[0]):
+        for i in range(n):
+            out[m, i] = _silu(gate_up[m, i]) * gate_up[m, n + i]
+
+
+@numba.njit(**JIT)
 def geglu(gate, up, table):
     """gate = gelu_tanh(gate) * up, in place, through the half-precision table as llama.cpp computes it."""
     for m in range(gate.shape[0]):

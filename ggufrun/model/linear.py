@@ -102,13 +102,40 @@ class Linear:
         return quants.get_rows(self.w, self.qtype, ids, out=out)
 
 
+@dataclass(frozen=True)
+class Experts:
+    """The matrices of a block's experts (each expert's ffn_down, or its fused gate / up) stacked in one array in an
+    interleaved layout, expert e's rows at groups e * n_out / 8 ..: a decode step runs its token's k chosen experts
+    in one kernel call (repack.EXPERTS; ggml's mul_mat_id for one token), expert by expert the bits of their own
+    Linear.dot_one. out[r] = x[0 if shared else r] @ W_{sel[r]}.T."""
+
+    w: np.ndarray  # [n_expert * n_out / 8, 8 x row_bytes] uint8
+    qtype: GGMLQuantizationType
+    act: str  # activation format
+    kernel: Callable  # kernel(w, *activation arrays, out float32 [k, n_out], sel int32 [k], shared int)
+    n_out: int  # rows of one expert
+    n_in: int
+
+    @classmethod
+    def of(cls, stack: np.ndarray, first: Linear) -> Experts | None:
+        """The experts in `stack`, whose first n_out rows are the (packed) Linear `first`; None where its layout has
+        no experts kernel."""
+        kernel = repack.EXPERTS.get(first.dot)
+        if kernel is None or not first.packed or stack.shape[0] * 8 % first.n_out:
+            return None
+        return cls(stack, first.qtype, first.act, kernel, first.n_out, first.n_in)
+
+
+KEEP_ROWS = 16  # Projector keeps quantized-activation buffers for up to this many rows (decode, experts, batches)
+
+
 class Projector:
     """Runs Linear products, quantizing each input once per activation format.
 
-    Quantized-activation buffers for one row (decode) and for `max_rows` rows (full prefill chunks) are kept
-    and reused; other row counts (the last prefill chunk) get fresh ones. One row goes to each matrix's dot_one;
-    several to its dot, or to dot_one too while `tiles` is False (the first run ever, while a helper process still
-    compiles the tiled kernels: Transformer.pending).
+    Quantized-activation buffers for up to KEEP_ROWS rows (decode, a step's experts, batched decode) and for
+    `max_rows` rows (full prefill chunks) are kept and reused; other row counts (a last prefill chunk) get fresh
+    ones. One row goes to each matrix's dot_one; several to its dot, or to dot_one too while `tiles` is False (the
+    first run ever, while a helper process still compiles the tiled kernels: Transformer.pending).
     """
 
     def __init__(self, max_rows: int):
@@ -116,18 +143,19 @@ class Projector:
         self.tiles = True
         self._buffers: dict[tuple[str, int, int], quants.QuantizedActivations] = {}
 
-    def quantize(self, x: np.ndarray, lin: Linear) -> quants.QuantizedActivations:
-        """x: float32 [M, K], C-contiguous. Several rows with `tiles` on: the format's parallel quantizer (the same
-        bits; compiled in the background with the tiles on the first run)."""
+    def quantize(self, x: np.ndarray, lin: Linear | Experts, serial: bool = False) -> quants.QuantizedActivations:
+        """x: float32 [M, K], C-contiguous. Several rows with `tiles` on and not `serial`: the format's parallel
+        quantizer (the same bits; compiled in the background with the tiles on the first run)."""
         key = (lin.act, x.shape[0], x.shape[1])
         fmt = quants.ACTIVATIONS[lin.act]
-        quantize = fmt.quantize_rows if self.tiles and x.shape[0] > 1 and fmt.quantize_rows else fmt.quantize
+        parallel = self.tiles and not serial and x.shape[0] > 1 and fmt.quantize_rows
+        quantize = fmt.quantize_rows if parallel else fmt.quantize
         qx = self._buffers.get(key)
         if qx is None:
             if fmt.quantize is None or x.shape[1] % fmt.block:
                 return quants.quantize_activations(x, lin.qtype)  # F32: x itself; a K it cannot take: its error
             qx = quants.QuantizedActivations(fmt.name, x.shape[0], x.shape[1], fmt.empty(*x.shape))
-            if x.shape[0] in (1, self.max_rows):
+            if x.shape[0] <= KEEP_ROWS or x.shape[0] == self.max_rows:
                 self._buffers[key] = qx  # reused; other row counts (a last prefill chunk) get fresh buffers
         quantize(x, *qx.arrays)
         return qx
@@ -140,3 +168,9 @@ class Projector:
             if qx is None or qx.format != lin.act:
                 qx = self.quantize(x, lin)
             (lin.dot if tiles else lin.dot_one)(lin.w, *qx.arrays, out)
+
+    def experts(self, x: np.ndarray, stack: Experts, out: np.ndarray, sel: np.ndarray, shared: bool) -> None:
+        """out[r] = x[0 if shared else r] @ (expert sel[r] of `stack`).T for each rank r: x [1 or k, K], out float32
+        [k, stack.n_out]. The few rows of x are quantized on this thread (a parallel region costs more)."""
+        qx = self.quantize(x, stack, serial=True)
+        stack.kernel(stack.w, *qx.arrays, out, sel, int(shared))

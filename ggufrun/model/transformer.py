@@ -23,7 +23,9 @@ sequence never sees another's rows, so a sequence's logits are the same bits bat
 Mixture-of-experts blocks (config.ArchSpec.experts: qwen2moe, qwen3moe, llama files with experts) replace the FFN
 with src/llama-graph.cpp's build_moe_ffn: router logits h @ ffn_gate_inp.T, softmax, the top n_expert_used experts
 (kernels.route), each expert's SwiGLU run once on the rows routed to it (gathered, one matrix product, scattered to
-(token, rank) rows: a decode step reads only its chosen experts), then per token the weighted sum in rank order
+(token, rank) rows; a decode step reads only its chosen experts, all their gate / up in one kernel call and all
+their downs in another where the experts are stacked: linear.Experts, ggml's mul_mat_id), then per token the
+weighted sum in rank order
 (kernels.combine_experts), plus qwen2moe's shared expert times sigmoid(h . ffn_gate_inp_shexp). A token's routing
 and sum never look at other rows, so batch invariance holds here too.
 """
@@ -91,7 +93,8 @@ class RunState:
     expert_in: np.ndarray  # [n_batch, n_embd] the rows routed to one expert, gathered
     expert_gate: np.ndarray  # [n_batch * f] one expert's gate (then act(gate) * up), as [rows, width]
     expert_up: np.ndarray  # [n_batch * f]
-    expert_gate_up1: np.ndarray  # [1, 2 n_ff_exp] a decode step's gate and up of one expert (ffn_gate_up_exps)
+    expert_gate_up: np.ndarray  # [k, 2 n_ff_exp] a decode step's experts' gate and up (row 0: one expert's)
+    expert_act: np.ndarray  # [k, n_ff_exp] a decode step's experts' act(gate) * up
     expert_out: np.ndarray  # [n_batch, n_embd] one expert's (or the shared expert's) output rows
     expert_outs: np.ndarray  # [n_batch * k, n_embd] row t * k + r: the output of token t's rank-r expert
     shexp_gate: np.ndarray  # [n_batch, 1] the shared expert's gate logit
@@ -127,7 +130,8 @@ class RunState:
             expert_in=np.zeros((n_batch if k else 0, c.n_embd), f32),
             expert_gate=np.zeros(n_batch * f, f32),
             expert_up=np.zeros(n_batch * f, f32),
-            expert_gate_up1=np.zeros((1, 2 * c.n_ff_exp), f32),
+            expert_gate_up=np.zeros((k, 2 * c.n_ff_exp), f32),
+            expert_act=np.zeros((k, c.n_ff_exp), f32),
             expert_out=np.zeros((n_batch if f else 0, c.n_embd), f32),
             expert_outs=np.zeros((n_batch * k, c.n_embd), f32),
             shexp_gate=np.zeros((n_batch if c.n_ff_shexp else 0, 1), f32),
@@ -189,7 +193,7 @@ class Transformer:
         qkv1, gate_up1 = self.state.qkv1, self.state.gate_up1
         self._qkv1 = (qkv1[:, :nq], qkv1[:, nq : nq + nk], qkv1[:, nq + nk :])
         self._gate_up1 = (gate_up1[:, : c.n_ff], gate_up1[:, c.n_ff :])
-        eg = self.state.expert_gate_up1
+        eg = self.state.expert_gate_up[:1]
         self._expert_gate_up1 = (eg[:, : c.n_ff_exp], eg[:, c.n_ff_exp :])
         self._project = Projector(self.n_batch)
         self._batch_projectors: dict[int, Projector] = {}  # forward_batch passes of other row counts
@@ -577,7 +581,8 @@ class Transformer:
     def _moe(self, lw: LayerWeights, m: int, project: Projector) -> None:
         """o = the mixture of experts of h (src/llama-graph.cpp build_moe_ffn): route each row to its top-k
         experts, run each chosen expert once on all the rows routed to it (gathered into one matrix product;
-        a decode step reads only its k experts' matrices), scatter the outputs to (token, rank) rows and sum them
+        a decode step reads only its k experts' matrices, in one kernel call per matrix where they are stacked:
+        the same bits as each expert's own product), scatter the outputs to (token, rank) rows and sum them
         per token in rank order, weighted; qwen2moe adds the shared expert times sigmoid(its gate logit)."""
         c, s = self.config, self.state
         k, spec = c.n_expert_used, c.spec
@@ -588,7 +593,12 @@ class Transformer:
         order, offsets, active = s.expert_order[: m * k], s.expert_offsets, s.expert_active
         n_active = kernels.group_by_expert(sel, offsets, order, active)
         outs = s.expert_outs[: m * k]
-        for i in range(n_active):
+        stacked = m == 1 and lw.ffn_gate_up_stack is not None and lw.ffn_down_stack is not None
+        if stacked:  # decode: the k experts' gate / up in one kernel call, their downs in another
+            project.experts(h, lw.ffn_gate_up_stack, s.expert_gate_up, sel[0], shared=True)
+            kernels.swiglu_halves(s.expert_gate_up, s.expert_act)
+            project.experts(s.expert_act, lw.ffn_down_stack, outs, sel[0], shared=False)
+        for i in range(0 if stacked else n_active):
             e = active[i]
             rows = order[offsets[e] : offsets[e + 1]]
             n = rows.shape[0]
@@ -616,7 +626,7 @@ class Transformer:
         s, n, f = self.state, x.shape[0], gate.n_out
         if gate_up is not None:
             g, u = self._expert_gate_up1
-            project(x, (gate_up, s.expert_gate_up1))
+            project(x, (gate_up, s.expert_gate_up[:1]))
         else:
             g, u = s.expert_gate[: n * f].reshape(n, f), s.expert_up[: n * f].reshape(n, f)
             project(x, (gate, g), (up, u))

@@ -26,7 +26,7 @@ from .. import quants
 from ..errors import GGUFError
 from ..quants import repack
 from .config import ModelConfig
-from .linear import Linear
+from .linear import Experts, Linear
 
 NONE = np.zeros(0, dtype=np.float32)  # an absent optional vector
 # LayerWeights' fused matrices (a decode step's one kernel call) -> the matrices whose rows they hold
@@ -69,6 +69,10 @@ class LayerWeights:
     # each expert's ffn_gate and ffn_up as one matrix, those two views of its rows: a decode step's gate and up of
     # an expert in one kernel call; () where they cannot be
     ffn_gate_up_exps: tuple[Linear, ...] = ()  # n_expert x [2 n_ff_exp, n_embd]
+    # every expert's fused gate / up (ffn_down) in one array: a decode step's k chosen experts in one kernel call
+    # each; None where the experts are not stacked in a layout with an experts kernel
+    ffn_gate_up_stack: Experts | None = None  # n_expert x [2 n_ff_exp, n_embd]
+    ffn_down_stack: Experts | None = None  # n_expert x [n_embd, n_ff_exp]
 
     @property
     def matrices(self) -> list[Linear]:
@@ -313,7 +317,9 @@ def repack_matrices(weights: Weights, gguf) -> Weights:
         matrices of experts allocated apart got 4 KB ones). qwen3moe-30b-a3b-16e Q4_K_M, 2 threads: 0.53 -> 2.53 GB
         of the weights on huge pages; the chosen experts of every layer in turn, alone, streamed at 22.9-23.4 ->
         25.0-25.5 GB/s (gate / up) and 19.8-20.8 -> 20.2-22.7 (down); decode 11.13 -> 11.30 tok/s (medians of 5
-        alternating process pairs). {} where the gate and up cannot be fused (each expert then packed apart)."""
+        alternating process pairs). The two arrays are also the block's ffn_gate_up_stack / ffn_down_stack (Experts:
+        a decode step's chosen experts in one kernel call each). {} where the gate and up cannot be fused (each expert
+        then packed apart)."""
         gates, ups, downs = layer.ffn_gate_exps, layer.ffn_up_exps, layer.ffn_down_exps
         pairs = [[g, u] for g, u in zip(gates, ups)]
         shapes = [Linear.packed_rows(p) for p in pairs]
@@ -324,13 +330,15 @@ def repack_matrices(weights: Weights, gguf) -> Weights:
         experts = [Linear.repacked_together(p, gguf.release_pages, out=gate_up[e * rows : (e + 1) * rows])
                    for e, p in enumerate(pairs)]  # fmt: skip
         packed = {"ffn_gate_up_exps": tuple(e[0] for e in experts), "ffn_gate_exps": tuple(e[1] for e in experts),
-                  "ffn_up_exps": tuple(e[2] for e in experts)}  # fmt: skip
+                  "ffn_up_exps": tuple(e[2] for e in experts),
+                  "ffn_gate_up_stack": Experts.of(gate_up, experts[0][0])}  # fmt: skip
         down_shapes = {repack.packed_shape(d.w, d.qtype) for d in downs}
         if len(down_shapes) == 1 and None not in down_shapes and not any(d.packed for d in downs):
             ((rows, cols),) = down_shapes
             down = np.empty((n * rows, cols), np.uint8)
             packed["ffn_down_exps"] = tuple(d.repacked(release=gguf.release_pages, out=down[e * rows : (e + 1) * rows])
                                             for e, d in enumerate(downs))  # fmt: skip
+            packed["ffn_down_stack"] = Experts.of(down, packed["ffn_down_exps"][0])
         return packed
 
     def pack_layer(layer: LayerWeights) -> LayerWeights:

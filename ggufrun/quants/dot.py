@@ -2438,24 +2438,31 @@ def _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     _rows_x8's tiles give it. The one-row launchers (dot_*_x8_one) hold
     only this, which compiles in a third of the tiles' time: a first run's first token waits for these alone, the
     tiles compile in the background (ggufrun.runtime.compile_kernels)."""
-    rb = w.shape[1]
-    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
-    nb = K // 32
-    off = _offset32(kind)
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)
-    if HAS_ZMM:  # two groups in one vector; an odd last group as a vector of itself twice (_rowsk_x8_one)
+    for m in range(qs.shape[0]):  # a work item's groups (a few KB) stay in L1 for the rows after the first
+        _row_x8(kind, bsize, w, 0, d1, s1, sums1, qs, m, out, m, g0, g1)
+
+
+@njit(inline="always", **DOT)
+def _row_x8(kind, bsize, w, wg, d1, s1, sums1, qs, m, out, o, g0, g1):
+    """out[o, 8 g0 : 8 g1] = activation row m times groups wg + g0 .. wg + g1 - 1 of w (one row of _rows_x8_one; an
+    expert's rows of a stack of experts for _experts_x8). On AVX-512 two groups per vector, an odd last group as a
+    vector of itself twice (_row_k_x8)."""
+    rb, N = w.shape[1], out.shape[1]
+    nb = qs.shape[1] // 32
+    off = _offset32(kind)
+    if HAS_ZMM:
         for g in range(g0, g1, 2):
             gb = min(g + 1, g1 - 1)
-            for m in range(M):
-                v = _group_x8_z16_one(kind, bsize, w, g * rb, gb * rb, d1, s1, sums1, qs, nb, off, m)
-                if gb > g:
-                    st_z(out, 4 * (m * N + 8 * g), v)
-                else:
-                    st_lo_f32x8(out, 4 * (m * N + 8 * g), v)
+            v = _group_x8_z16_one(kind, bsize, w, (wg + g) * rb, (wg + gb) * rb, d1, s1, sums1, qs, nb, off, m)
+            if gb > g:
+                st_z(out, 4 * (o * N + 8 * g), v)
+            else:
+                st_lo_f32x8(out, 4 * (o * N + 8 * g), v)
         return
-    for g in range(g0, g1):  # a group's weights (a few KB) stay in L1 for the rows after the first
-        for m in range(M):
-            st_f32x8(out, 4 * (m * N + 8 * g), _group_x8_one(kind, bsize, w, g * rb, d1, s1, sums1, qs, nb, off, m))
+    for g in range(g0, g1):
+        v = _group_x8_one(kind, bsize, w, (wg + g) * rb, d1, s1, sums1, qs, nb, off, m)
+        st_f32x8(out, 4 * (o * N + 8 * g), v)
 
 
 @njit(inline="always", **DOT)
@@ -3155,24 +3162,29 @@ def _group_k_x8_one(kind, w, go, d1, b16, b32, qs, nsb, m):
 def _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1):
     """out[:, 8 g0 : 8 g1] one activation row at a time, each row the bits _rowsk_x8's tiles give it (as
     _rows_x8_one: what the one-row launchers hold)."""
-    rb = w.shape[1]
-    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
-    nsb = K // 256
     d1 = d.reshape(-1)
-    if HAS_ZMM:  # two groups in one vector (AVX-512); an odd last group as a vector of itself twice (the 256-bit
-        # code stays out of these kernels: one path to compile)
+    for m in range(qs.shape[0]):  # a work item's groups stay in L1 for the rows after the first
+        _row_k_x8(kind, w, 0, d1, b16, b32, qs, m, out, m, g0, g1)
+
+
+@njit(inline="always", **DOT)
+def _row_k_x8(kind, w, wg, d1, b16, b32, qs, m, out, o, g0, g1):
+    """out[o, 8 g0 : 8 g1] = activation row m times groups wg + g0 .. wg + g1 - 1 of w (one row of _rowsk_x8_one; an
+    expert's rows of a stack of experts for _expertsk_x8). On AVX-512 two groups per vector, an odd last group as a
+    vector of itself twice (the 256-bit code stays out of these kernels: one path to compile)."""
+    rb, N = w.shape[1], out.shape[1]
+    nsb = qs.shape[1] // 256
+    if HAS_ZMM:
         for g in range(g0, g1, 2):
             gb = min(g + 1, g1 - 1)
-            for m in range(M):
-                v = _group_k_z16_one(kind, w, g * rb, gb * rb, d1, b16, b32, qs, nsb, m)
-                if gb > g:
-                    st_z(out, 4 * (m * N + 8 * g), v)
-                else:
-                    st_lo_f32x8(out, 4 * (m * N + 8 * g), v)
+            v = _group_k_z16_one(kind, w, (wg + g) * rb, (wg + gb) * rb, d1, b16, b32, qs, nsb, m)
+            if gb > g:
+                st_z(out, 4 * (o * N + 8 * g), v)
+            else:
+                st_lo_f32x8(out, 4 * (o * N + 8 * g), v)
         return
     for g in range(g0, g1):
-        for m in range(M):
-            st_f32x8(out, 4 * (m * N + 8 * g), _group_k_x8_one(kind, w, g * rb, d1, b16, b32, qs, nsb, m))
+        st_f32x8(out, 4 * (o * N + 8 * g), _group_k_x8_one(kind, w, (wg + g) * rb, d1, b16, b32, qs, nsb, m))
 
 
 @njit(inline="always", **DOT)
@@ -5912,3 +5924,164 @@ def dot_mxfp4(w, d, s, qs, sums, out):
     N = w.shape[0]
     for c in prange((N + CHUNK - 1) // CHUNK):
         call_worker("_rows_mxfp4", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+
+
+# A mixture-of-experts decode step runs its token's k chosen experts through one kernel call per matrix instead of k
+# (ggml's mul_mat_id): w holds every expert's matrix of one 3-D tensor stacked in the interleaved layout (G groups of
+# 8 rows each, ggufrun.model.weights.repack_matrices' pack_experts), out row r = expert sel[r] times activation row
+# 0 (shared: the gate / up of one token's h) or row r (each expert's own input: the downs). The work items are
+# the one-row kernels' (X8_GROUPS groups of one expert), all k experts' in one parallel region, so each expert's rows
+# give the bits dot_*_x8_one gives them.
+
+
+@njit(inline="always", **DOT)
+def _experts_x8(kind, bsize, w, d, s, qs, sums, out, sel, shared, i0, i1):
+    """Work items i0..i1 of a 32-value type's experts kernel (dot_*_x8_experts)."""
+    G = out.shape[1] // 8
+    per = (G + X8_GROUPS - 1) // X8_GROUPS
+    d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)
+    for i in range(i0, i1):
+        r, g0 = i // per, (i % per) * X8_GROUPS
+        m = 0 if shared else r
+        _row_x8(kind, bsize, w, sel[r] * G, d1, s1, sums1, qs, m, out, r, g0, min(G, g0 + X8_GROUPS))
+
+
+@njit(inline="always", **DOT)
+def _expertsk_x8(kind, w, d, b16, b32, qs, out, sel, shared, i0, i1):
+    """Work items i0..i1 of a 256-value type's experts kernel (dot_*_x8_experts)."""
+    G = out.shape[1] // 8
+    per = (G + X8_GROUPS - 1) // X8_GROUPS
+    d1 = d.reshape(-1)
+    for i in range(i0, i1):
+        r, g0 = i // per, (i % per) * X8_GROUPS
+        m = 0 if shared else r
+        _row_k_x8(kind, w, sel[r] * G, d1, b16, b32, qs, m, out, r, g0, min(G, g0 + X8_GROUPS))
+
+
+@njit(inline="always", **DOT)
+def _expert_items(out, sel):
+    """The number of work items of an experts kernel: X8_GROUPS groups of one expert each."""
+    return sel.shape[0] * ((out.shape[1] // 8 + X8_GROUPS - 1) // X8_GROUPS)
+
+
+@njit(**DOT)
+def _experts_q4_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(Q4_0, 144, w, d, s, qs, sums, out, sel, shared, i0, i1)
+
+
+@launcher(_experts_q4_0_x8, DOT_PARALLEL)
+def dot_q4_0_x8_experts(w, d, s, qs, sums, out, sel, shared):
+    """out[r] = activation row (0 if shared else r) times expert sel[r]'s rows of the stack w (out.shape[1] rows
+    each), for every rank r, in one parallel region (the bits of dot_q4_0_x8_one)."""
+    for c in prange(_expert_items(out, sel)):
+        call_worker("_experts_q4_0_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+
+
+@njit(**DOT)
+def _experts_q4_1_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(Q4_1, 160, w, d, s, qs, sums, out, sel, shared, i0, i1)
+
+
+@launcher(_experts_q4_1_x8, DOT_PARALLEL)
+def dot_q4_1_x8_experts(w, d, s, qs, sums, out, sel, shared):
+    """dot_q4_0_x8_experts for Q4_1 (the bits of dot_q4_1_x8_one)."""
+    for c in prange(_expert_items(out, sel)):
+        call_worker("_experts_q4_1_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+
+
+@njit(**DOT)
+def _experts_q5_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(Q5_0, 176, w, d, s, qs, sums, out, sel, shared, i0, i1)
+
+
+@launcher(_experts_q5_0_x8, DOT_PARALLEL)
+def dot_q5_0_x8_experts(w, d, s, qs, sums, out, sel, shared):
+    """dot_q4_0_x8_experts for Q5_0 (the bits of dot_q5_0_x8_one)."""
+    for c in prange(_expert_items(out, sel)):
+        call_worker("_experts_q5_0_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+
+
+@njit(**DOT)
+def _experts_q8_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(Q8_0, 272, w, d, s, qs, sums, out, sel, shared, i0, i1)
+
+
+@launcher(_experts_q8_0_x8, DOT_PARALLEL)
+def dot_q8_0_x8_experts(w, d, s, qs, sums, out, sel, shared):
+    """dot_q4_0_x8_experts for Q8_0 (the bits of dot_q8_0_x8_one)."""
+    for c in prange(_expert_items(out, sel)):
+        call_worker("_experts_q8_0_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+
+
+@njit(**DOT)
+def _experts_iq4_nl_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(IQ4_NL, 144, w, d, s, qs, sums, out, sel, shared, i0, i1)
+
+
+@launcher(_experts_iq4_nl_x8, DOT_PARALLEL)
+def dot_iq4_nl_x8_experts(w, d, s, qs, sums, out, sel, shared):
+    """dot_q4_0_x8_experts for IQ4_NL (the bits of dot_iq4_nl_x8_one)."""
+    for c in prange(_expert_items(out, sel)):
+        call_worker("_experts_iq4_nl_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+
+
+@njit(**DOT)
+def _experts_q4_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
+    _expertsk_x8(Q4_K, w, d, b16, b32, qs, out, sel, shared, i0, i1)
+
+
+@launcher(_experts_q4_k_x8, DOT_PARALLEL)
+def dot_q4_k_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
+    """dot_q4_0_x8_experts for Q4_K (the bits of dot_q4_k_x8_one)."""
+    for c in prange(_expert_items(out, sel)):
+        call_worker("_experts_q4_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared, c, c + 1))
+
+
+@njit(**DOT)
+def _experts_q5_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
+    _expertsk_x8(Q5_K, w, d, b16, b32, qs, out, sel, shared, i0, i1)
+
+
+@launcher(_experts_q5_k_x8, DOT_PARALLEL)
+def dot_q5_k_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
+    """dot_q4_0_x8_experts for Q5_K (the bits of dot_q5_k_x8_one)."""
+    for c in prange(_expert_items(out, sel)):
+        call_worker("_experts_q5_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared, c, c + 1))
+
+
+@njit(**DOT)
+def _experts_q6_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
+    _expertsk_x8(Q6_K, w, d, b16, b32, qs, out, sel, shared, i0, i1)
+
+
+@launcher(_experts_q6_k_x8, DOT_PARALLEL)
+def dot_q6_k_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
+    """dot_q4_0_x8_experts for Q6_K (the bits of dot_q6_k_x8_one)."""
+    for c in prange(_expert_items(out, sel)):
+        call_worker("_experts_q6_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared, c, c + 1))
+
+
+@njit(**DOT)
+def _experts_iq4_xs_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
+    _expertsk_x8(IQ4_XS, w, d, b16, b32, qs, out, sel, shared, i0, i1)
+
+
+@launcher(_experts_iq4_xs_x8, DOT_PARALLEL)
+def dot_iq4_xs_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
+    """dot_q4_0_x8_experts for IQ4_XS (the bits of dot_iq4_xs_x8_one)."""
+    for c in prange(_expert_items(out, sel)):
+        call_worker("_experts_iq4_xs_x8", (w, qu, d, b16, b32, qs, out, sel, shared, c, c + 1))
+
+
+# each interleaved layout's full kernel -> its experts kernel (ggufrun.model.linear.Experts)
+EXPERTS = {
+    dot_q4_0_x8: dot_q4_0_x8_experts,
+    dot_iq4_nl_x8: dot_iq4_nl_x8_experts,
+    dot_q4_1_x8: dot_q4_1_x8_experts,
+    dot_q5_0_x8: dot_q5_0_x8_experts,
+    dot_q8_0_x8: dot_q8_0_x8_experts,
+    dot_q4_k_x8: dot_q4_k_x8_experts,
+    dot_q5_k_x8: dot_q5_k_x8_experts,
+    dot_q6_k_x8: dot_q6_k_x8_experts,
+    dot_iq4_xs_x8: dot_iq4_xs_x8_experts,
+}

@@ -63,6 +63,9 @@ if dot.HAS_ZMM:  # IQ4_XS's and IQ4_NL's kernels on their layouts are the AVX-51
 REPACKED_TYPES = frozenset(_LAYOUTS) | frozenset(_K_LAYOUTS)
 # each layout's kernel -> its one-row kernel (the same bits, one activation row at a time; compiles faster)
 ONE_ROW: dict[Callable, Callable] = dot.ONE_ROW
+# each layout's kernel -> its experts kernel (a decode step's k chosen experts of a stack in one call, each expert's
+# rows the bits of the one-row kernel: ggufrun.model.linear.Experts)
+EXPERTS: dict[Callable, Callable] = dot.EXPERTS
 # layouts that only move bytes (not Q5_0's bit plane, not Q4_K's unpacked scales): rows can be read back (get_rows)
 ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0, T.Q6_K} | ({T.IQ4_NL} & set(_LAYOUTS)))
 

@@ -51,10 +51,10 @@ Intel Xeon with AMX, 2 threads, read bandwidth 35.8-36.5 GB/s, llama-bench 0c1e5
     python benchmarks/shapes.py --shapes qwen2.5-0.5b,llama3.2-1b,qwen2.5-1.5b,gemma3-1b,llama3.2-3b \
         --types Q4_K_M,Q8_0,IQ4_XS --repeat 2          # 2026-12-02: prefill 1.53-4.43x, decode 1.31-2.89x llama.cpp
     python benchmarks/shapes.py --shapes qwen3moe-30b-a3b-16e --types Q4_K_M --repeat 2
-        # 2026-12-03: prefill 76.2 / 32.6 tok/s (2.34x), decode 10.6 / 8.7 (1.22x), 54% / 45% of the decode limit
+        # 2026-12-03 08:59: prefill 90.0 / 35.7 tok/s (2.52x), decode 11.6 / 8.7 (1.34x), 59% / 44% of the decode limit
 
 Decode reached 67-83% of the limit on the dense shapes (qwen2.5-1.5b and llama3.2-3b Q4_K_M / IQ4_XS below 70%) and
-54% on the MoE shape; qwen3moe-30b-a3b (128 experts) does not fit this machine's disk and memory.
+59% on the MoE shape; qwen3moe-30b-a3b (128 experts) does not fit this machine's disk and memory.
 """
 
 from __future__ import annotations

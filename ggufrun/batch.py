@@ -57,7 +57,7 @@ from .generate import (
 )
 from .model.kv_cache import common_prefix_length
 from .runtime import set_threads, signals_to_main_thread
-from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, token_logprobs
+from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, sample_greedy_rows, token_logprobs
 
 # a waiting prompt that shares this many leading tokens with one being evaluated waits for it, then copies them
 SHARE_WAIT = 32
@@ -411,14 +411,23 @@ class BatchEngine:
             if self.n_threads is not None:
                 set_threads(self.n_threads)
             logits = self.tf.forward_batch(seqs)
-            to_sample = list(zip(decoding, logits))
-            for (r, chunk), row in zip(chunks, logits[len(decoding) :]):
+            to_sample = list(enumerate(decoding))  # (row of logits, request)
+            for i, (r, chunk) in enumerate(chunks, len(decoding)):
                 r.n_eval += chunk.shape[0]
                 if r.n_eval == r.prompt.shape[0]:
-                    to_sample.append((r, row))
-            for r, row in to_sample:
+                    to_sample.append((i, r))
+            # greedy rows with nothing to change their logits: all at once on the threads (the same tokens and bits)
+            greedy = [(i, r) for i, r in to_sample if self._greedy_as_is(r)]
+            picked = {}
+            if len(greedy) > 1:
+                rows = np.array([i for i, _ in greedy], dtype=np.int64)
+                picked = dict(zip(rows.tolist(), sample_greedy_rows(logits, rows)))
+            for i, r in to_sample:
+                if picked.get(i) is not None:
+                    sampled.append((r, *picked[i], None))
+                    continue
                 try:  # a request's own logits processor or grammar may raise: that request ends with its error
-                    sampled.append(self._pick(r, row))
+                    sampled.append(self._pick(r, logits[i]))
                 except Exception as e:
                     failed.append((r, e))
         for request, error in failed:
@@ -430,6 +439,11 @@ class BatchEngine:
         self.rows = self.decode_rows + self.prefill_rows
         for request, token, logprob, top in sampled:
             self._emit(request, token, logprob, top)
+
+    @staticmethod
+    def _greedy_as_is(r: _Request) -> bool:
+        """The request's next token is the argmax of its logits as they are, with no log-probabilities to report."""
+        return r.constraint is None and r.logprobs is None and r.sampler.greedy_as_is(r.history[: r.n_hist])
 
     def _pick(self, r: _Request, row: np.ndarray) -> tuple[_Request, int, float, list | None]:
         """One request's token from its logits row, as generate._pick: sampled (through its constraint, which then

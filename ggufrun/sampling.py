@@ -264,6 +264,17 @@ class Sampler:
         self._cdf = None  # float64 [n_vocab], made when first drawing from the whole vocabulary
         self.reset()
 
+    def greedy_as_is(self, history: Sequence[int] | np.ndarray = ()) -> bool:
+        """Whether sample(logits, history) with no constraint is the argmax of the logits as they are (temperature 0,
+        no logit_bias, no penalty that history can change, no logits processor): what sample_greedy_rows gives."""
+        p = self.params
+        return (
+            p.temperature == 0.0
+            and not len(self._bias_ids)
+            and not p.logits_processors
+            and not (p.penalties_on and len(history))
+        )
+
     def reset(self, seed: int | None = None) -> None:
         """Restart the random generator: from `seed`, else from params.seed (None -> fresh entropy); seed -1 is
         fresh entropy too."""
@@ -401,6 +412,18 @@ class Sampler:
         if ids is not None:
             ids = ids[x[ids] > -np.inf]  # -inf survives top_k when fewer than k logits are finite
         return ids
+
+
+def sample_greedy_rows(logits: np.ndarray, rows: np.ndarray) -> list[tuple[int, float] | None]:
+    """Sampler.sample's (token, log-probability) for rows `rows` (int64) of logits float32 [M, n_vocab], each row's
+    sampler greedy as is (Sampler.greedy_as_is), all rows at once on the compute threads (kernels.greedy_rows: the same
+    bits); None for a row whose logits are not finite, whose sampler then gives the error. Overwrites those rows."""
+    from .model.kernels import greedy_rows  # Numba: loaded with the first model, not by `import ggufrun`
+    from .runtime import on_compute_thread
+
+    best, sums = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.float64)
+    on_compute_thread(greedy_rows, logits, rows, best, sums)  # the thread that starts every parallel region
+    return [(int(b), -math.log(t)) if math.isfinite(t) else None for b, t in zip(best, sums)]
 
 
 # --- reported log-probabilities -----------------------------------------------------------------------------------

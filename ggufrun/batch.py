@@ -416,12 +416,13 @@ class BatchEngine:
                 r.n_eval += chunk.shape[0]
                 if r.n_eval == r.prompt.shape[0]:
                     to_sample.append((i, r))
-            # greedy rows with nothing to change their logits: all at once on the threads (the same tokens and bits)
+            # greedy rows with nothing but a logit_bias to change their logits: at once on the threads (the same bits)
             greedy = [(i, r) for i, r in to_sample if self._greedy_as_is(r)]
             picked = {}
             if len(greedy) > 1:
                 rows = np.array([i for i, _ in greedy], dtype=np.int64)
-                picked = dict(zip(rows.tolist(), sample_greedy_rows(logits, rows)))
+                samplers = [r.sampler for _, r in greedy]
+                picked = dict(zip(rows.tolist(), sample_greedy_rows(logits, rows, samplers)))
             for i, r in to_sample:
                 if picked.get(i) is not None:
                     sampled.append((r, *picked[i], None))
@@ -442,7 +443,8 @@ class BatchEngine:
 
     @staticmethod
     def _greedy_as_is(r: _Request) -> bool:
-        """The request's next token is the argmax of its logits as they are, with no log-probabilities to report."""
+        """The request's next token is the argmax of its logits plus its logit_bias, with no log-probabilities to
+        report (sampling.sample_greedy_rows)."""
         return r.constraint is None and r.logprobs is None and r.sampler.greedy_as_is(r.history[: r.n_hist])
 
     def _pick(self, r: _Request, row: np.ndarray) -> tuple[_Request, int, float, list | None]:

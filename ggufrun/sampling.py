@@ -265,15 +265,16 @@ class Sampler:
         self.reset()
 
     def greedy_as_is(self, history: Sequence[int] | np.ndarray = ()) -> bool:
-        """Whether sample(logits, history) with no constraint is the argmax of the logits as they are (temperature 0,
-        no logit_bias, no penalty that history can change, no logits processor): what sample_greedy_rows gives."""
+        """Whether sample(logits, history) with no constraint is the argmax of the logits with at most this
+        sampler's logit_bias added (temperature 0, no penalty that history can change, no logits processor): what
+        sample_greedy_rows gives."""
         p = self.params
-        return (
-            p.temperature == 0.0
-            and not len(self._bias_ids)
-            and not p.logits_processors
-            and not (p.penalties_on and len(history))
-        )
+        return p.temperature == 0.0 and not p.logits_processors and not (p.penalties_on and len(history))
+
+    def add_bias(self, x: np.ndarray) -> None:
+        """x += this sampler's logit_bias, in place (what sample does to its copy of the logits first)."""
+        if len(self._bias_ids):
+            apply_logit_bias(x, self._bias_ids, self._bias_vals)
 
     def reset(self, seed: int | None = None) -> None:
         """Restart the random generator: from `seed`, else from params.seed (None -> fresh entropy); seed -1 is
@@ -347,8 +348,7 @@ class Sampler:
             raise ValueError(f"logits must have shape ({self.n_vocab},) (n_vocab), got {np.shape(logits)}")
         x = self._logits
         np.copyto(x, logits)
-        if len(self._bias_ids):
-            apply_logit_bias(x, self._bias_ids, self._bias_vals)
+        self.add_bias(x)
         if p.penalties_on and len(history):
             window = history if p.penalty_last_n < 0 else history[-p.penalty_last_n :]
             window = np.asarray(window, dtype=np.int64)  # [<= penalty_last_n]
@@ -414,13 +414,19 @@ class Sampler:
         return ids
 
 
-def sample_greedy_rows(logits: np.ndarray, rows: np.ndarray) -> list[tuple[int, float] | None]:
-    """Sampler.sample's (token, log-probability) for rows `rows` (int64) of logits float32 [M, n_vocab], each row's
-    sampler greedy as is (Sampler.greedy_as_is), all rows at once on the compute threads (kernels.greedy_rows: the same
-    bits); None for a row whose logits are not finite, whose sampler then gives the error. Overwrites those rows."""
+def sample_greedy_rows(
+    logits: np.ndarray, rows: np.ndarray, samplers: Sequence[Sampler]
+) -> list[tuple[int, float] | None]:
+    """Sampler.sample's (token, log-probability) for rows `rows` (int64) of logits float32 [M, n_vocab], the row of
+    samplers[i] at rows[i], each greedy as is (Sampler.greedy_as_is): each row's logit_bias added in place, then all
+    rows at once on the compute threads (kernels.greedy_rows: the same bits); None for a row whose logits are not
+    finite: its sampler, given the row as it is left, raises the error it raises alone (a finite bias added again, and
+    the exp of the finite values, make no value that is not finite finite). Overwrites those rows."""
     from .model.kernels import greedy_rows  # Numba: loaded with the first model, not by `import ggufrun`
     from .runtime import on_compute_thread
 
+    for i, sampler in zip(rows.tolist(), samplers):
+        sampler.add_bias(logits[i])
     best, sums = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.float64)
     on_compute_thread(greedy_rows, logits, rows, best, sums)  # the thread that starts every parallel region
     return [(int(b), -math.log(t)) if math.isfinite(t) else None for b, t in zip(best, sums)]

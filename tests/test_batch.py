@@ -299,24 +299,22 @@ def test_eight_concurrent_submissions_get_their_solo_chunks(tiny):
 
 
 def test_greedy_rows_of_a_step_are_sampled_together_with_their_solo_bits(tiny, monkeypatch):
-    """A step's greedy rows with nothing to change their logits are sampled at once (sampling.sample_greedy_rows);
-    a request with logprobs, a logit_bias or a seeded temperature beside them keeps its own sampler. Every chunk
-    (text, token, logprob) is what the request gets alone."""
+    """A step's greedy rows with nothing but a logit_bias to change their logits are sampled at once
+    (sampling.sample_greedy_rows); a request with a repetition penalty or a seeded temperature beside them keeps its
+    own sampler. Every chunk (text, token, logprob) is what the request gets alone."""
     import ggufrun.batch as batch
 
     seen = []
     at_once = batch.sample_greedy_rows
-    monkeypatch.setattr(
-        batch, "sample_greedy_rows", lambda logits, rows: seen.append(len(rows)) or at_once(logits, rows)
-    )
-    prompts = _prompts(5, seed=3)
-    sampling = [{}, {}, {}, {"logit_bias": {7: 2.0}}, {"temperature": 0.8, "seed": 4}]
+    monkeypatch.setattr(batch, "sample_greedy_rows", lambda *a: seen.append(len(a[1])) or at_once(*a))
+    prompts = _prompts(6, seed=3)
+    sampling = [{}, {}, {}, {"logit_bias": {7: 50.0}}, {"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 4}]
     expected = [_solo(tiny, p, 12, **s) for p, s in zip(prompts, sampling)]
-    with BatchEngine.from_model(tiny, n_slots=5) as engine:
+    with BatchEngine.from_model(tiny, n_slots=6) as engine:
         streams = [engine.submit(p, SamplingParams(**{"temperature": 0, **s}), 12) for p, s in zip(prompts, sampling)]
         got = [_key(s) for s in streams]
     assert got == expected
-    assert seen and max(seen) == 3  # the three plain greedy rows, never the biased or the sampled one
+    assert seen and max(seen) == 4  # the plain and the biased greedy rows, never the penalised or the sampled one
 
 
 def test_a_request_arriving_mid_stream_joins_the_batch(tiny, monkeypatch):

@@ -249,9 +249,9 @@ def test_greedy_is_argmax_and_logprob_is_log_softmax():
 
 
 def test_greedy_rows_at_once_give_each_samplers_bits():
-    """sample_greedy_rows (a batched step's greedy rows on the threads) gives what a greedy Sampler gives each row:
-    the same token (the first of equal maxima, -0.0 and 0.0 equal) and log-probability bits; a row whose maximum is
-    +inf, or with a NaN, gets None, and its sampler then raises as it does on its own."""
+    """sample_greedy_rows (a batched step's greedy rows on the threads) gives what each row's greedy Sampler gives
+    it: the same token (the first of equal maxima, -0.0 and 0.0 equal; a logit_bias added) and log-probability bits;
+    a row whose maximum is +inf, or with a NaN, gets None, and its sampler then raises as it does on its own."""
     rng = np.random.default_rng(9)
     logits = (rng.standard_normal((6, 3000)) * 4).astype(np.float32)
     logits[1, [5, 900]] = logits[1].max() + 1.0  # a tie: the first one
@@ -260,21 +260,22 @@ def test_greedy_rows_at_once_give_each_samplers_bits():
     logits[3, 42] = np.inf
     logits[4, 100] = np.nan
     sampler = Sampler(SamplingParams(temperature=0.0), 3000)
-    assert (
-        sampler.greedy_as_is([1, 2])
-        and not Sampler(SamplingParams(temperature=0.0, logit_bias={3: 1.0}), 3000).greedy_as_is()
-    )
+    biased = Sampler(SamplingParams(temperature=0.0, logit_bias={3: 1.0, 11: 99.0}), 3000)  # 11 wins row 5
+    assert sampler.greedy_as_is([1, 2]) and biased.greedy_as_is([1, 2])
     assert not Sampler(SamplingParams(temperature=0.7), 3000).greedy_as_is()
-    solo = [sampler.sample(row, []) if i not in (3, 4) else None for i, row in enumerate(logits)]
+    assert not Sampler(SamplingParams(temperature=0.0, repetition_penalty=1.2), 3000).greedy_as_is([1, 2])
+    samplers = [sampler, sampler, sampler, sampler, sampler, biased]
+    solo = [s.sample(row, []) if i not in (3, 4) else None for i, (s, row) in enumerate(zip(samplers, logits))]
+    assert solo[5][0] == 11 and solo[1][0] == 5 and solo[2][0] == 0
     rows = np.array([5, 0, 1, 2, 3, 4], np.int64)  # in any order
-    got = dict(zip(rows.tolist(), sample_greedy_rows(logits.copy(), rows)))
-    assert [got[i] for i in range(6)] == solo and solo[1][0] == 5 and solo[2][0] == 0
+    got = dict(zip(rows.tolist(), sample_greedy_rows(logits.copy(), rows, [samplers[i] for i in rows])))
+    assert [got[i] for i in range(6)] == solo
     after = logits.copy()
-    sample_greedy_rows(after, np.array([3, 4], np.int64))
+    assert sample_greedy_rows(after, np.array([3, 4], np.int64), [biased, biased]) == [None, None]
     with pytest.raises(ValueError, match=r"\+inf"):
-        sampler.sample(after[3], [])
+        biased.sample(after[3], [])
     with pytest.raises(ValueError, match="NaN"):
-        sampler.sample(after[4], [])
+        biased.sample(after[4], [])
 
 
 @pytest.mark.parametrize("temperature, expect", [(0.5, [0.25, 0.09, 0.04]), (2.0, np.sqrt([0.5, 0.3, 0.2]))])

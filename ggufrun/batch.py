@@ -9,7 +9,9 @@ prompts before decode steps): a new request's first token then waits for the ste
 for the others' rows too. Requests join between steps and leave as soon as they finish or are cancelled. Every
 request gets the tokens it would get alone (forward_batch is batch-invariant; each has its own Sampler, so a seed
 gives the same draws), with the text, stop strings, finish reasons and stats of ggufrun.generate.stream, and its
-output constraint (grammar.Constraint: response_format, tool calls) and log-probabilities when asked for.
+output constraint (grammar.Constraint: response_format, tool calls) and log-probabilities when asked for. A step's
+greedy rows that nothing but a logit_bias changes are sampled together on the compute threads
+(sampling.sample_greedy_rows: the bits each request's Sampler gives it).
 The KV caches are of the transformer's kv_dtype (f16, q8_0 or f32): batch invariance holds for each.
 
     engine = BatchEngine.from_model(model, n_slots=8)

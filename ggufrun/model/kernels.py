@@ -1237,9 +1237,10 @@ def gelu_table() -> np.ndarray:
 
 
 @numba.njit(inline="always", **JIT)
-def _swiglu_row(g, u):
+def _swiglu_row(g, u, out):
+    """out = silu(g) * u (out may be g itself)."""
     for i in range(g.shape[0]):
-        g[i] = _silu(g[i]) * u[i]
+        out[i] = _silu(g[i]) * u[i]
 
 
 @numba.njit(inline="always", **JIT)
@@ -1259,7 +1260,7 @@ def _geglu_row(g, u, table):
 def swiglu(gate, up):
     """gate = silu(gate) * up, in place (ggml_vec_swiglu_f32).  gate, up: float32 [M, n_ff]."""
     for m in range(gate.shape[0]):
-        _swiglu_row(gate[m], up[m])
+        _swiglu_row(gate[m], up[m], gate[m])
 
 
 @numba.njit(**JIT)
@@ -1268,8 +1269,7 @@ def swiglu_halves(gate_up, out):
     float32 [M, 2 n], out [M, n]; swiglu's float operations."""
     n = out.shape[1]
     for m in range(out.shape[0]):
-        for i in range(n):
-            out[m, i] = _silu(gate_up[m, i]) * gate_up[m, n + i]
+        _swiglu_row(gate_up[m, :n], gate_up[m, n:], out[m])
 
 
 @numba.njit(**JIT)
@@ -1285,7 +1285,7 @@ GLU_ROWS = 4  # rows per work item of swiglu_rows / geglu_rows
 @numba.njit(**JIT)
 def _swiglu_part(gate, up, m0, m1):
     for m in range(m0, m1):
-        _swiglu_row(gate[m], up[m])
+        _swiglu_row(gate[m], up[m], gate[m])
 
 
 @numba.njit(**JIT)

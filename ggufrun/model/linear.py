@@ -66,12 +66,18 @@ class Linear:
         return self if r is None else replace(self, w=r[0], dot=r[1], dot_one=repack.ONE_ROW.get(r[1]), packed=True)
 
     @staticmethod
-    def packed_rows(parts: list[Linear | None]) -> tuple[int, int] | None:
-        """The shape of repacked_together(parts)'s fused matrix, or None where they cannot be fused."""
+    def _packed_shapes(parts: list[Linear | None]) -> list[tuple[int, int]] | None:
+        """Each part's shape in the interleaved layout, or None where the parts cannot be fused."""
         if any(p is None or p.packed for p in parts) or len({(p.qtype, p.n_in, p.w.shape[1]) for p in parts}) != 1:
             return None
         shapes = [repack.packed_shape(p.w, p.qtype) for p in parts]
-        return None if None in shapes else (sum(g for g, _ in shapes), shapes[0][1])
+        return None if None in shapes else shapes
+
+    @staticmethod
+    def packed_rows(parts: list[Linear | None]) -> tuple[int, int] | None:
+        """The shape of repacked_together(parts)'s fused matrix, or None where they cannot be fused."""
+        shapes = Linear._packed_shapes(parts)
+        return None if shapes is None else (sum(g for g, _ in shapes), shapes[0][1])
 
     @staticmethod
     def repacked_together(
@@ -81,11 +87,10 @@ class Linear:
         copied into consecutive rows of one matrix in that layout, `fused` (`out` if given: packed_rows(parts)'s
         shape, rows of a larger array), and each of them as a view of its rows; None where they cannot be (another
         type, a missing part...)."""
-        shape = Linear.packed_rows(parts)
-        if shape is None:
+        shapes = Linear._packed_shapes(parts)
+        if shapes is None:
             return None
-        shapes = [repack.packed_shape(p.w, p.qtype) for p in parts]
-        fused = np.empty(shape, np.uint8) if out is None else out
+        fused = np.empty((sum(g for g, _ in shapes), shapes[0][1]), np.uint8) if out is None else out
         views, g0 = [], 0
         for p, (g, _) in zip(parts, shapes):
             _, kernel = repack.repack(p.w, p.qtype, release, out=fused[g0 : g0 + g])

@@ -47,7 +47,7 @@ def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
     # scales and mins unpacked: Q4_K / Q5_K 16 bytes, not 12 (per row and super-block); IQ4_XS 8 + 2, not 6 + 2
     extra = {T.Q4_K: 32, T.Q5_K: 32, T.IQ4_XS: 16}.get(qtype, 0) * (k // 256) * n // 8
     assert w8.shape == (n // 8, w.shape[1] * 8 + 8 * extra // n) and w8.nbytes == w.nbytes + extra
-    for m in (1, 2, 3, 4, 5, 8, 70):  # decode, two rows (_group_x8_two), the rows8x1 / tile split, several tiles
+    for m in (1, 2, 3, 4, 5, 8, 12, 70):  # decode, two rows (pair tiles; _group_x8_two on AVX2), odd pairs, tiles
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[0, :32] = 0.0  # a block of zeros (d = 0)
         qx = Q.quantize_activations(x, qtype)
@@ -279,7 +279,7 @@ def test_amx_tiles_give_the_same_bits(qtype):
     for n, k in ((40, 256), (64, 2048), (1048, 256)) if qtype in K_TYPES else ((40, 96), (64, 2048), (1048, 256)):
         w = _random_blocks(qtype, n, k, rng)
         w8, kernel = repack(w, qtype)
-        for m in (dot.AMX_MIN_ROWS, 16, 37, 70, 128):
+        for m in (dot.AMX_MIN_ROWS, 23, 37, 70, 128):
             x = rng.standard_normal((m, k)).astype(np.float32)
             x[3, :32] = 0.0
             qx = Q.quantize_activations(x, qtype)

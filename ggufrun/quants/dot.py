@@ -2415,7 +2415,8 @@ def _group_x8_two(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, K):
     """_group_x8_one for activation rows 0 and 1 at once (row 1's blocks at nb.., its quants at byte K): each
     block's codes decoded once for both, the four accumulators in registers (more rows would not fit AVX2's 16
     vector registers beside the 8 code vectors). Two rows (a one-token speculative draft, two sequences decoding
-    together) ran 1.06-1.19x faster so than in the tile loop; from three rows on the tile loop was as fast."""
+    together) ran 1.06-1.19x faster so than in the tile loop; from three rows on the tile loop was as fast. Without
+    AVX-512 only: there two rows take the pair tiles (ZMM_MIN_ROWS)."""
     ad0, ad1, am0, am1 = fzero(), fzero(), fzero(), fzero()
     for b in range(nb):
         o = go + b * bsize
@@ -2469,7 +2470,7 @@ def _row_x8(kind, bsize, w, wg, d1, s1, sums1, qs, m, out, o, g0, g1):
 def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0): each
     block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
-    in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 3 rows on, the launcher passes its pair layouts
+    in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 2 rows on, the launcher passes its pair layouts
     (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
     rows on, the tile unit (_rows_amx)."""
     if _amx_given(out, qs, kind):
@@ -3192,7 +3193,7 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved Q4_K / Q6_K rows: each super-block of a group is
     decoded once per tile of activation rows (all of them for decode); per super-block and tile row the 8 rows'
     integer lanes (one row: in registers, _sbk_x8; more: waiting in L1, _sbk_tile_x8), then rowk's float steps
-    (acc: the d terms, then the dmin terms). On AVX-512 from 3 rows on, the launcher passes its pair layouts
+    (acc: the d terms, then the dmin terms). On AVX-512 from 2 rows on, the launcher passes its pair layouts
     (_pairs_q8_k) in place of d, b16 / b32, qs and the pair tiles run instead (_rowsk_z)."""
     if _amx_given(out, qs, kind):
         _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1)
@@ -3242,7 +3243,7 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
                 st_f32x8(out, 4 * (m * N + 8 * g), fadd_v(ld_f32x8(acc, a), ld_f32x8(acc, a + 32)))
 
 
-# ---- Pair tiles on AVX-512: the interleaved layouts with M >= 3 activation rows (IQ4_XS: M >= 2) ---------------
+# ---- Pair tiles on AVX-512: the interleaved layouts with M >= 2 activation rows -----------------------------------
 # With 512-bit registers a vector holds the 8 interleaved weight rows against two activation rows at once: lane
 # 2r + j is weight row r against activation row j of a pair. The launcher lays each pair of activation rows out
 # together (_pair_rows: 4 quant bytes of one row, then the same 4 of the other, so one 8-byte broadcast fills every
@@ -3254,10 +3255,18 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
 # interleaves the activations, 4 rows at a time (block_q8_Kx4), and takes 16 rows per pass on AVX-512. The K-quants'
 # tiles come first here, then the 32-value types' (_rows_z) and the launchers' pair layouts (_pairs_q8_1,
 # _pairs_q8_k). Only where the CPU has AVX-512 F / BW / VNNI.
+# A batched decode step (a few rows) reads every weight once, from L3 or DRAM, as decode does: the tiles prefetch
+# each block Z16_PREFETCH ahead on their first tile of rows, as the one-row kernels do. Intel Xeon, 2 threads,
+# forward_batch of M one-token sequences (median step, base / prefetched, 3 alternating process pairs): Gemma3 M = 4
+# 20.9-21.1 -> 14.2-15.0 ms, M = 8 28.0-28.5 -> 18.2-19.0 ms (its 262,144 x 640 Q8_0 output projection at 8 rows 15.6
+# -> 7.0-7.4 ms); SmolLM2 M = 4 9.4-15.0 -> 6.7-7.1 ms, M = 8 13.1-24.9 -> 11.2-12.6 ms.
 # -----------------------------------------------------------------------------------------------------------------
 
 HAS_ZMM = HAS_VNNI and {"avx512f", "avx512bw", "avx512vnni"} <= _FEATS
-ZMM_MIN_ROWS = 3  # one and two activation rows keep their own kernels (decode's, _rowsk_x8_two)
+# one activation row keeps decode's kernels; two take the pair tiles too (one pair), which on AVX-512 beat the 256-bit
+# two-row kernels (_rowsk_x8_two, _group_x8_two): forward_batch of 2 sequences, alternating processes, Gemma3 15.0-15.7
+# -> 12.2-12.5 ms, SmolLM2 6.4-8.2 -> 5.1-5.4 ms (one sequence: 9.4-10.4 / 3.5-3.7 ms)
+ZMM_MIN_ROWS = 2
 
 I8x64 = Vec("i8", 64)
 I32x16 = Vec("i32", 16)
@@ -3545,17 +3554,15 @@ isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I
 
 @njit(inline="always", **DOT)
 def _pair_tiles(M, kind):
-    """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). IQ4_XS and
-    IQ4_NL, whose interleaved layouts exist only where they do (repack.REPACKED_TYPES), take two rows that way too.
-    Not where the AMX tiles take the product (_amx_tiles)."""
+    """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). Not where the
+    AMX tiles take the product (_amx_tiles)."""
     return _pairs_given(M, kind) and not _amx_tiles(M, kind)
 
 
 @njit(inline="always", **DOT)
 def _pairs_given(M, kind):
     """In a worker: whether its launcher passed pair layouts, the AMX case set apart first (_amx_given)."""
-    two = M == 2 and (kind == IQ4_XS or kind == IQ4_NL)
-    return HAS_ZMM and (M >= ZMM_MIN_ROWS or two)
+    return HAS_ZMM and M >= ZMM_MIN_ROWS
 
 
 @njit(inline="always", **DOT)
@@ -3623,7 +3630,7 @@ def _sbk_tile_z(kind, w, o, qp, xo, K2, pairs, isc):
 
 @njit(inline="always", **DOT)
 def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
-    """_rowsk_x8 for M >= 3 activation rows given as pairs (the launcher's _pair_rows / _pair_sums: qp [P, 2K],
+    """_rowsk_x8 for M >= 2 activation rows given as pairs (the launcher's _pair_rows / _pair_sums: qp [P, 2K],
     dp [P, 2 K/256], b16p [P, K/16], b32p [P, K/32]): per tile of pairs and group, each super-block decoded once,
     the pairs' integer lanes waiting in L1, then rowk's float steps on both rows of a pair at once."""
     rb = w.shape[1]
@@ -3647,6 +3654,9 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
                 st_z(acc, a, fzero_z())
             for b in range(nsb):
                 o = g * rb + b * sbytes
+                if t == 0:
+                    for pf in range(0, sbytes, 64):
+                        prefetch(w, o + Z16_PREFETCH + pf)
                 dw = ld_f16x8_z(w, o)
                 _sbk_tile_z(kind, w, o, qp, t * K2 + 512 * b, K2, t1 - t, isc)
                 for p in range(t, t1):
@@ -3726,7 +3736,7 @@ def isubk_z(typingctx, p, v, k):
 
 @njit(inline="always", **DOT)
 def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
-    """_rows_x8's tiles for M >= 3 activation rows given as pairs (_pairs_q8_1: qp [P, 2K], dp / sp / sump
+    """_rows_x8's tiles for M >= 2 activation rows given as pairs (_pairs_q8_1: qp [P, 2K], dp / sp / sump
     [P, 2 K/32]): per tile of pairs and group, each block decoded once, both rows of a pair in one vector (lane
     2r + j) with rows8x1's integer and float steps, their accumulators waiting in L1."""
     rb = w.shape[1]
@@ -3747,6 +3757,9 @@ def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
                 st_z(acc, a, fzero_z())
             for b in range(nb):
                 o = g * rb + b * bsize
+                if t == 0:
+                    for pf in range(0, bsize, 64):
+                        prefetch(w, o + Z16_PREFETCH + pf)
                 if kind == Q8_0:
                     u = widen_z(codes8_x8(w, o + 16))
                 elif kind == Q5_0:
@@ -3844,10 +3857,12 @@ def _pairs_q8_k(d, b, qs):
 # -----------------------------------------------------------------------------------------------------------------
 
 AMX_CPU = HAS_ZMM and {"amx-tile", "amx-int8"} <= _FEATS
-# activation rows from which products take the tiles: with 8 or fewer the pair tiles are faster (their accumulators
-# on the stack, X8_STACK_ROWS); from 9 rows on a product costs the tiles about what 16 rows cost. A batched decode
-# step, Intel Xeon, 2 threads, forward_batch of 16 sequences at 32 -> 9: SmolLM2 25.8 -> 21.1 ms, Gemma3 38.6 -> 27.0
-AMX_MIN_ROWS = 9
+# activation rows from which products take the tiles: a product costs the tiles about what 16 rows cost from 9 rows
+# on, and the pair tiles (prefetched) less below 16. A batched decode step, Intel Xeon, 2 threads, forward_batch of
+# 16 sequences at 32 -> 9: SmolLM2 25.8 -> 21.1 ms, Gemma3 38.6 -> 27.0; then 9 -> 16 (the AMX flag toggled within
+# one process, medians of 4 rounds, two runs): 12 sequences on the pair tiles against the AMX tiles, SmolLM2 11.0-12.7
+# against 14.9-17.6 ms, Gemma3 19.0-20.1 against 23.7-25.5 ms; at 16 even or the AMX tiles ahead (0.69-1.20)
+AMX_MIN_ROWS = 16
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64 (asm/prctl.h)
 _AMX_GRANTED = ctypes.c_int8(0)  # what amx_granted() reads: 1 while the tiles are in use
 llb.add_symbol("ggufrun_amx_granted", ctypes.addressof(_AMX_GRANTED))

@@ -26,9 +26,11 @@ Intel Xeon with AMX, 2 threads, over HTTP, `--clients 1,8,16 --max-tokens 48 --r
 own ratios to one client, aggregate / while all decode):
     SmolLM2 Q4_1:  1 client 199-205 / 250 tok/s;  8 clients 1.89x / 2.16x;  16 clients 2.33x / 2.84x
     Gemma3 Q4_K_M: 1 client 85-89 / 93-97 tok/s;  8 clients 2.60x / 2.88x;  16 clients 3.60x / 4.47x
+    (after the pair tiles' prefetch, --probes 0 --long-prompt-tokens 0: SmolLM2 8 clients 2.24x / 2.77x, 16 clients
+    2.40x / 2.93x; Gemma3 3.40x / 4.11x and 4.13x / 5.34x)
     TTFT alone / beside 7 streams: SmolLM2 0.045 / 0.067 s, Gemma3 0.051 / 0.078 s; a 2,000-token prompt beside
     4 streams: chunk / longest gap 0.255 / 0.223 s and 0.193 / 0.167 s.
-A batched step's products run near the multiply units' rate (the pair tiles up to 8 rows, AMX from 9), which caps
+A batched step's products run near the multiply units' rate (the pair tiles up to 15 rows, AMX from 16), which caps
 the batching gain of these small models, whose weights a single decode step reads from cache.
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,48 @@ def chat_model(tmp_path_factory):
 def no_eog(chat_model) -> dict:
     """logit_bias that keeps the random model from ending early, so a generation runs to max_tokens."""
     return {str(t): -100 for t in chat_model.tokenizer.eog_ids}
+
+
+# ---- subprocesses started early --------------------------------------------------------------------------------
+# A test whose work is one long single-threaded subprocess (compiling every kernel for another CPU target) is marked
+# `background(start)`: start(folder) -> a started subprocess.Popen is called when collection ends, so the subprocess
+# runs, at the lowest priority, on the core that the rest of the suite's single-threaded JIT compilation leaves idle,
+# and the test (fixture `background`) only waits for it. Deselected tests start nothing.
+_STARTED: dict[str, tuple] = {}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "background(start): start(folder) -> Popen, called when collection ends")
+
+
+def _start(item) -> tuple:
+    folder = Path(tempfile.mkdtemp(prefix="ggufrun-test-"))
+    return item.get_closest_marker("background").args[0](folder), folder
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        if item.get_closest_marker("background") is not None:
+            _STARTED[item.nodeid] = _start(item)
+
+
+def pytest_sessionfinish(session):
+    for proc, folder in _STARTED.values():  # the tests that never ran (a stop on the first failure, Ctrl-C)
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def background(request):
+    """(return code, stdout, stderr) of the subprocess this `background` test started when collection ended."""
+    proc, folder = _STARTED.pop(request.node.nodeid, None) or _start(request.node)
+    try:
+        proc.wait(timeout=600)
+        return proc.returncode, (folder / "stdout").read_text(), (folder / "stderr").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)

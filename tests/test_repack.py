@@ -4,6 +4,10 @@ bits as in the file's, through each layout's kernel and its one-row kernel."""
 from __future__ import annotations
 
 import mmap
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -238,17 +242,22 @@ print("ok")
 """
 
 
-def test_interleaved_kernels_on_a_cpu_without_avx2(tmp_path):
-    # the portable LLVM IR paths (no vpmaddubsw; Q8_0's codes + 128 against dpbusd, as on VNNI CPUs), compiled for a
-    # generic x86-64 target in a subprocess with its own Numba cache
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+def _portable_kernels(folder: Path) -> subprocess.Popen:
+    """PORTABLE in a subprocess compiling for a generic x86-64 target, with a Numba cache of its own in `folder`, at
+    the lowest priority (nice 19): ~90 s of compilation on one core, started when collection ends (conftest's
+    `background`)."""
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(folder / "cache"))
     code = PORTABLE.replace("TESTS", repr(str(Path(__file__).parent)))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
+    with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
+        return subprocess.Popen([*nice, sys.executable, "-c", code], env=env, stdout=out, stderr=err)
+
+
+@pytest.mark.background.with_args(_portable_kernels)  # with_args: a lone function argument would be decorated
+def test_interleaved_kernels_on_a_cpu_without_avx2(background):
+    # the portable LLVM IR paths (no vpmaddubsw; Q8_0's codes + 128 against dpbusd, as on VNNI CPUs)
+    returncode, stdout, stderr = background
+    assert returncode == 0 and stdout.strip() == "ok", stderr[-3000:]
 
 
 def test_the_interleaved_kernels_can_be_cached_on_disk():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -74,31 +76,34 @@ def no_eog(chat_model) -> dict:
 
 # ---- subprocesses started early --------------------------------------------------------------------------------
 # A test whose work is one long single-threaded subprocess (compiling every kernel for another CPU target) is marked
-# `background(start)`: start(folder) -> a started subprocess.Popen is called when collection ends, so the subprocess
-# runs, at the lowest priority, on the core that the rest of the suite's single-threaded JIT compilation leaves idle,
-# and the test (fixture `background`) only waits for it. Deselected tests start nothing.
+# `background(command)`: command(folder) -> (argv, env) is started when collection ends, at the lowest priority (nice
+# 19), its output in files of `folder`, so that it runs on the core the rest of the suite's single-threaded JIT
+# compilation leaves idle; the test (fixture `background`) only waits for it. Deselected tests start nothing.
+BACKGROUND_TIMEOUT_S = 600  # from the subprocess's start
 _STARTED: dict[str, tuple] = {}
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "background(start): start(folder) -> Popen, called when collection ends")
-
-
-def _start(item) -> tuple:
-    folder = Path(tempfile.mkdtemp(prefix="ggufrun-test-"))
-    return item.get_closest_marker("background").args[0](folder), folder
+    config.addinivalue_line("markers", "background(command): command(folder) -> (argv, env), run from collection on")
 
 
 def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
     for item in session.items:
-        if item.get_closest_marker("background") is not None:
-            _STARTED[item.nodeid] = _start(item)
+        marker = item.get_closest_marker("background")
+        if marker is None:
+            continue
+        folder = Path(tempfile.mkdtemp(prefix="ggufrun-test-"))
+        argv, env = marker.args[0](folder)
+        nice = ["nice", "-n", "19"] if shutil.which("nice") else []
+        with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
+            proc = subprocess.Popen([*nice, *argv], env=env, stdout=out, stderr=err)
+        _STARTED[item.nodeid] = proc, folder, time.monotonic()
 
 
 def pytest_sessionfinish(session):
-    for proc, folder in _STARTED.values():  # the tests that never ran (a stop on the first failure, Ctrl-C)
+    for proc, folder, _ in _STARTED.values():  # the tests that never ran (a stop on the first failure, Ctrl-C)
         proc.kill()
         proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
@@ -107,9 +112,9 @@ def pytest_sessionfinish(session):
 @pytest.fixture
 def background(request):
     """(return code, stdout, stderr) of the subprocess this `background` test started when collection ended."""
-    proc, folder = _STARTED.pop(request.node.nodeid, None) or _start(request.node)
+    proc, folder, started = _STARTED.pop(request.node.nodeid)
     try:
-        proc.wait(timeout=600)
+        proc.wait(timeout=max(0.0, started + BACKGROUND_TIMEOUT_S - time.monotonic()))
         return proc.returncode, (folder / "stdout").read_text(), (folder / "stderr").read_text()
     finally:
         proc.kill()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -242,15 +240,11 @@ print("ok")
 """
 
 
-def _portable_kernels(folder: Path) -> subprocess.Popen:
-    """PORTABLE in a subprocess compiling for a generic x86-64 target, with a Numba cache of its own in `folder`, at
-    the lowest priority (nice 19): ~90 s of compilation on one core, started when collection ends (conftest's
-    `background`)."""
+def _portable_kernels(folder: Path) -> tuple[list[str], dict]:
+    """(argv, env) of PORTABLE compiling for a generic x86-64 target with a Numba cache of its own in `folder`: ~90 s
+    on one core, run from the end of collection on (conftest's `background`)."""
     env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(folder / "cache"))
-    code = PORTABLE.replace("TESTS", repr(str(Path(__file__).parent)))
-    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
-    with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
-        return subprocess.Popen([*nice, sys.executable, "-c", code], env=env, stdout=out, stderr=err)
+    return [sys.executable, "-c", PORTABLE.replace("TESTS", repr(str(Path(__file__).parent)))], env
 
 
 @pytest.mark.background.with_args(_portable_kernels)  # with_args: a lone function argument would be decorated

@@ -23,8 +23,8 @@ second thread (the server's request threads, the batch engine's thread) and 17-2
 passes (Transformer._eval, _eval_pass) and the kernel compilation run on one long-lived compute thread
 (`on_compute_thread`): the caller hands over the pass and waits (~30 us a pass), with its own thread count.
 
-Threads on a busy machine. Every Numba parallel region (a prange in quants/dot.py or model/kernels.py) ends at a
-barrier that waits for all of its threads. When another process holds a core, one of ours is descheduled for a
+Threads on a busy machine. Every Numba parallel region (quants.launch.parallel_items, the tiled products' prange)
+ends at a barrier that waits for all of its threads. When another process holds a core, one of ours is descheduled for a
 scheduler slice (milliseconds) while the others wait for it at a barrier that closes a 20-100 us matrix product;
 a decode step has ~150 such regions, so 2-thread decode fell to 0.2-0.7 tok/s where 1 thread kept its speed
 (llama.cpp's thread pool collapses the same way). Options weighed:

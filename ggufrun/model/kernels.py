@@ -9,9 +9,10 @@ All helpers a kernel calls are in this module: Numba's on-disk cache keys a kern
 kernel that inlined a helper from another file would keep running stale machine code after that file changed. The
 imports are the F32x8 / F32x16 lane types of ggufrun.quants.dot, type registrations that generate no code, its
 HAS_ZMM constant (attention takes 16-lane tiles where the CPU has AVX-512: the same chains per lane), and
-ggufrun.quants.launch, whose call_worker emits only a call by name: each attention kernel is a parallel launcher whose
-prange body calls a serial worker of this module (`_attend_*`) by its exported name instead of compiling a copy of
-it (cold compile of attend_rows 8.1 -> 3.1 s, attend_one 3.7 -> 2.0 s, SmolLM2's shapes). For the same
+ggufrun.quants.launch, whose run_items emits only calls by name: each attention kernel is a launcher that hands a
+serial worker of this module (`_attend_*`) to the one shared parallel loop by its exported name instead of compiling
+a copy of it (cold compile of attend_rows 8.1 -> 3.1 s, attend_one 3.7 -> 2.0 s, SmolLM2's shapes; then without a
+prange loop of its own, attend_one's launcher 0.77 -> 0.16 s). For the same
 reason the few 8 and 16 x float32 intrinsics attention needs are written here rather than imported from the vector
 vocabulary of ggufrun.quants.dot; they are named after their counterparts there (_ld_f32x8 / ld_f32x8, _fma_v /
 fma_v, ...) but index arrays by element rather than by byte (a uint16 KV cache row holds IEEE halves), and their
@@ -30,7 +31,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..quants.dot import HAS_ZMM, F32x8, F32x16, bits_f32
-from ..quants.launch import call_worker, launcher
+from ..quants.launch import launcher, run_items
 
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says.
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
@@ -409,10 +410,8 @@ def qkv_rope_store_group(
     a row, 2.7 ms of SmolLM2's 21 ms step of 16 sequences when serial); each row gets qkv_rope_store's operations,
     so the same bits."""
     n = rows.shape[0]
-    for c in numba.prange((n + GROUP_STORE_ROWS - 1) // GROUP_STORE_ROWS):
-        call_worker("_qkv_rope_store_part", (q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
-                                             q_scale, rows, slots, positions, k_group, v_group, c * GROUP_STORE_ROWS,
-                                             min(n, c * GROUP_STORE_ROWS + GROUP_STORE_ROWS)))  # fmt: skip
+    run_items("_qkv_rope_store_part", (q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
+                                       rows, slots, positions, k_group, v_group), n, GROUP_STORE_ROWS)  # fmt: skip
 
 
 # Attention is written so that a query's result is the same bits whether it is computed alone (decode) or in a
@@ -459,8 +458,7 @@ def greedy_rows(logits, rows, best, sums):
     float64 sum of exp(logit - max) (exp_sum: -log(sums[i]) is the token's log-probability), NaN where the maximum is
     not finite; the bits of ggufrun.sampling's greedy Sampler, a row per work item on the threads (a batched decode
     step's greedy rows: Gemma3's 262,144 logits, 16 rows 3.96 -> 2.87 ms). The rows are overwritten by exp_sum."""
-    for c in numba.prange(rows.shape[0]):
-        call_worker("_greedy_part", (logits, rows, best, sums, c, c + 1))
+    run_items("_greedy_part", (logits, rows, best, sums), rows.shape[0], 1)
 
 
 @numba.njit(**ATT)
@@ -740,8 +738,7 @@ def attend_one(q, k_cache, v_cache, t0, t1, softcap, scores, out):
     h // (n_head / n_kv). Probabilities are rounded to the cache's precision, as llama.cpp does.
     """
     n_head = q.shape[0] // k_cache.shape[1]
-    for h in numba.prange(n_head):
-        call_worker("_attend_one_heads", (q, k_cache, v_cache, t0, t1, softcap, scores, out, h, h + 1))
+    run_items("_attend_one_heads", (q, k_cache, v_cache, t0, t1, softcap, scores, out), n_head, 1)
 
 
 @numba.njit(inline="always", **ATT)
@@ -811,9 +808,7 @@ def attend_group(q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, ou
     n_head = q.shape[1] // k_group.shape[2]
     _, per_seq = _heads_or_blocks(n_head, k_group.shape[1], rows.shape[0], scores.shape[0])
     n_tasks = min(scores.shape[0], rows.shape[0] * per_seq)
-    for task in numba.prange(n_tasks):
-        call_worker("_attend_group_tasks", (q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, out, task,
-                                            task + 1))  # fmt: skip
+    run_items("_attend_group_tasks", (q, k_group, v_group, rows, slots, t0s, t1s, softcap, scores, out), n_tasks, 1)
 
 
 QUERY_BLOCK = 4  # queries of one head processed together, sharing each loaded key and value
@@ -1009,9 +1004,9 @@ def attend_rows(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out):
     query gets what attend_one computes for it, bit for bit: its scores over the block's columns are the same
     lane-wise FMA chains, columns it cannot see get probability 0, and adding 0 * v leaves a sum unchanged.
     """
-    for slot in numba.prange(scores.shape[0]):
-        call_worker("_attend_rows_slots", (q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out, slot,
-                                           slot + 1))  # fmt: skip
+    run_items(
+        "_attend_rows_slots", (q, k_cache, v_cache, pos0, t0, n, window, softcap, scores, out), scores.shape[0], 1
+    )
 
 
 # ---- q8_0 KV cache ----------------------------------------------------------------------------------------------
@@ -1177,9 +1172,8 @@ def attend_one_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, sco
     """attend_one on a q8_0 cache: one token's quantized query (q_qs int8 [n_head*hd_k], q_d uint16
     [n_head*hd_k/32]) over positions t0..t1-1, heads spread over threads; scale: the attention scale applied to
     every score; scores: float32 scratch [n_head, >= t1 - t0]; out [n_head*hd_v]."""
-    for h in numba.prange(q_qs.shape[0] // k_qs.shape[2]):
-        call_worker("_attend_one_q8_0_heads", (q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out,
-                                               h, h + 1))  # fmt: skip
+    run_items("_attend_one_q8_0_heads", (q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out),
+              q_qs.shape[0] // k_qs.shape[2], 1)  # fmt: skip
 
 
 @numba.njit(**ATT)
@@ -1207,9 +1201,8 @@ def attend_rows_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softc
     q_d [M, n_head*hd_k/32]), causal, a query at p seeing keys p - window < key <= p (window 0: all <= p);
     scores: float32 scratch [n_slots, QUERY_BLOCK, >= pos0 + M]; out [M, n_head*hd_v]. Each (head, query) runs
     what attend_one_q8_0 runs for that query alone."""
-    for slot in numba.prange(scores.shape[0]):
-        call_worker("_attend_rows_q8_0_slots", (q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores,
-                                                out, slot, slot + 1))  # fmt: skip
+    run_items("_attend_rows_q8_0_slots", (q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out),
+              scores.shape[0], 1)  # fmt: skip
 
 
 # ---- feed-forward -----------------------------------------------------------------------------------------------
@@ -1299,16 +1292,14 @@ def swiglu_rows(gate, up):
     """swiglu with the rows shared among the threads (the same bits): prefill's, where the serial one was 4-5% of a
     1B model's 512-token prefill."""
     M = gate.shape[0]
-    for c in numba.prange((M + GLU_ROWS - 1) // GLU_ROWS):
-        call_worker("_swiglu_part", (gate, up, c * GLU_ROWS, min(M, c * GLU_ROWS + GLU_ROWS)))
+    run_items("_swiglu_part", (gate, up), M, GLU_ROWS)
 
 
 @launcher(_geglu_part, JIT_PARALLEL)
 def geglu_rows(gate, up, table):
     """geglu with the rows shared among the threads (the same bits)."""
     M = gate.shape[0]
-    for c in numba.prange((M + GLU_ROWS - 1) // GLU_ROWS):
-        call_worker("_geglu_part", (gate, up, table, c * GLU_ROWS, min(M, c * GLU_ROWS + GLU_ROWS)))
+    run_items("_geglu_part", (gate, up, table), M, GLU_ROWS)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)

@@ -36,9 +36,9 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   K-quants (_scales_k, _group_k, rowk, rowkx4; interleaved: _rowsk_x8), grid
                                   types (_group_iq, rowiq, rowiqx4), ternary codes (IQ1_S, IQ1_M, TQ1_0, TQ2_0:
                                   _codes_t, rowt, rowtx4), float weights (row_float, row_floatx4)
-    5. Kernels                    dot_<type>(w, *activation arrays, out): a prange over chunks of weight rows,
-                                  each calling a serial _rows_<type> worker, compiled once and called by name
-                                  (ggufrun.quants.launch)
+    5. Kernels                    dot_<type>(w, *activation arrays, out): chunks of weight rows on the threads,
+                                  each a call of a serial _rows_<type> worker, compiled once and called by name
+                                  (ggufrun.quants.launch: run_items; the tiled x8 kernels' own prange: call_worker)
 
 A weight type's knowledge is its layout comment in registry.py, its dequant kernel, and here: its branch in
 _block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_off, _dmin_off, _has_min, _kmin, _koffset,
@@ -75,7 +75,7 @@ from numba.core import cgutils, config
 from numba.extending import intrinsic, models, register_model
 
 from .jit import DOT, DOT_PARALLEL, EXACT, EXACT_PARALLEL
-from .launch import call_worker, launcher
+from .launch import call_worker, launcher, prange_launcher, run_items
 
 # ---------------------------------------------------------------------------------------------------------
 # 1. Target features: x86 intrinsics only where the CPU Numba compiles for has them.
@@ -2041,18 +2041,14 @@ QUANTIZE_ROWS = 8  # activation rows per work item of the parallel quantizers
 def quantize_q8_1_rows(x, d, s, qs, sums):
     """quantize_q8_1 with its rows shared among the threads (the same arrays and bits): prefill's quantizer."""
     M = x.shape[0]
-    for c in prange((M + QUANTIZE_ROWS - 1) // QUANTIZE_ROWS):
-        n0 = c * QUANTIZE_ROWS
-        call_worker("_quantize_q8_1_rows", (x, d, s, qs, sums, n0, min(M, n0 + QUANTIZE_ROWS)))
+    run_items("_quantize_q8_1_rows", (x, d, s, qs, sums), M, QUANTIZE_ROWS)
 
 
 @launcher(_quantize_q8_k_rows, EXACT_PARALLEL)
 def quantize_q8_k_rows(x, qu, d, bsums16, bsums32, qs):
     """quantize_q8_k with its rows shared among the threads (the same arrays and bits): prefill's quantizer."""
     M = x.shape[0]
-    for c in prange((M + QUANTIZE_ROWS - 1) // QUANTIZE_ROWS):
-        n0 = c * QUANTIZE_ROWS
-        call_worker("_quantize_q8_k_rows", (x, qu, d, bsums16, bsums32, qs, n0, min(M, n0 + QUANTIZE_ROWS)))
+    run_items("_quantize_q8_k_rows", (x, qu, d, bsums16, bsums32, qs), M, QUANTIZE_ROWS)
 
 
 @njit(**EXACT)
@@ -5207,8 +5203,7 @@ def _rows_q4_0(w, d, s, qs, sums, out, n0, n1):
 @launcher(_rows_q4_0, DOT_PARALLEL)
 def dot_q4_0(w, d, s, qs, sums, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q4_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q4_0", (w, d, s, qs, sums, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5219,8 +5214,7 @@ def _rows_q4_1(w, d, s, qs, sums, out, n0, n1):
 @launcher(_rows_q4_1, DOT_PARALLEL)
 def dot_q4_1(w, d, s, qs, sums, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q4_1", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q4_1", (w, d, s, qs, sums, out), N, CHUNK)
 
 
 X8_GROUPS = 2  # groups of 8 interleaved weight rows per parallel work item (CHUNK rows)
@@ -5262,7 +5256,7 @@ def _x8_chunk(G, group_bytes, M, K, kind):
     return per - per % 2  # whole pairs of groups (the AMX tiles take 16 weight rows at a time)
 
 
-@launcher(_rows_q4_0_x8, DOT_PARALLEL)
+@prange_launcher(_rows_q4_0_x8, DOT_PARALLEL)
 def dot_q4_0_x8(w, d, s, qs, sums, out):
     """dot_q4_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 144]."""
     G = w.shape[0]
@@ -5286,8 +5280,7 @@ def dot_q4_0_x8_one(w, d, s, qs, sums, out):
     """dot_q4_0_x8 one activation row at a time (the same bits): decode's kernel, dot_q4_0_x8's stand-in while its
     tiles compile."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_one_q4_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    run_items("_one_q4_0_x8", (w, d, s, qs, sums, out), G, X8_GROUPS)
 
 
 @njit(**DOT)
@@ -5295,7 +5288,7 @@ def _rows_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
     _rows_x8(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
 
 
-@launcher(_rows_q4_1_x8, DOT_PARALLEL)
+@prange_launcher(_rows_q4_1_x8, DOT_PARALLEL)
 def dot_q4_1_x8(w, d, s, qs, sums, out):
     """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
     G = w.shape[0]
@@ -5319,8 +5312,7 @@ def dot_q4_1_x8_one(w, d, s, qs, sums, out):
     """dot_q4_1_x8 one activation row at a time (the same bits): decode's kernel, dot_q4_1_x8's stand-in while its
     tiles compile."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_one_q4_1_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    run_items("_one_q4_1_x8", (w, d, s, qs, sums, out), G, X8_GROUPS)
 
 
 @njit(**DOT)
@@ -5328,7 +5320,7 @@ def _rows_q5_0_x8(w, d, s, qs, sums, out, g0, g1):
     _rows_x8(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
 
 
-@launcher(_rows_q5_0_x8, DOT_PARALLEL)
+@prange_launcher(_rows_q5_0_x8, DOT_PARALLEL)
 def dot_q5_0_x8(w, d, s, qs, sums, out):
     """dot_q5_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 176]."""
     G = w.shape[0]
@@ -5352,8 +5344,7 @@ def dot_q5_0_x8_one(w, d, s, qs, sums, out):
     """dot_q5_0_x8 one activation row at a time (the same bits): decode's kernel, dot_q5_0_x8's stand-in while its
     tiles compile."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_one_q5_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    run_items("_one_q5_0_x8", (w, d, s, qs, sums, out), G, X8_GROUPS)
 
 
 @njit(**DOT)
@@ -5361,7 +5352,7 @@ def _rows_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
     _rows_x8(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
 
 
-@launcher(_rows_q8_0_x8, DOT_PARALLEL)
+@prange_launcher(_rows_q8_0_x8, DOT_PARALLEL)
 def dot_q8_0_x8(w, d, s, qs, sums, out):
     """dot_q8_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 272]."""
     G = w.shape[0]
@@ -5385,8 +5376,7 @@ def dot_q8_0_x8_one(w, d, s, qs, sums, out):
     """dot_q8_0_x8 one activation row at a time (the same bits): decode's kernel, dot_q8_0_x8's stand-in while its
     tiles compile."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_one_q8_0_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    run_items("_one_q8_0_x8", (w, d, s, qs, sums, out), G, X8_GROUPS)
 
 
 @njit(**DOT)
@@ -5397,8 +5387,7 @@ def _rows_q5_0(w, d, s, qs, sums, out, n0, n1):
 @launcher(_rows_q5_0, DOT_PARALLEL)
 def dot_q5_0(w, d, s, qs, sums, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q5_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q5_0", (w, d, s, qs, sums, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5409,8 +5398,7 @@ def _rows_q5_1(w, d, s, qs, sums, out, n0, n1):
 @launcher(_rows_q5_1, DOT_PARALLEL)
 def dot_q5_1(w, d, s, qs, sums, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q5_1", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q5_1", (w, d, s, qs, sums, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5421,8 +5409,7 @@ def _rows_q8_0(w, d, s, qs, sums, out, n0, n1):
 @launcher(_rows_q8_0, DOT_PARALLEL)
 def dot_q8_0(w, d, s, qs, sums, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q8_0", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q8_0", (w, d, s, qs, sums, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5433,8 +5420,7 @@ def _rows_iq4_nl(w, d, s, qs, sums, out, n0, n1):
 @launcher(_rows_iq4_nl, DOT_PARALLEL)
 def dot_iq4_nl(w, d, s, qs, sums, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_iq4_nl", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_iq4_nl", (w, d, s, qs, sums, out), N, CHUNK)
 
 
 @njit(inline="always", **DOT)
@@ -5473,8 +5459,7 @@ def _rows_q2_k(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_q2_k, DOT_PARALLEL)
 def dot_q2_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q2_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q2_k", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5485,8 +5470,7 @@ def _rows_q3_k(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_q3_k, DOT_PARALLEL)
 def dot_q3_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q3_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q3_k", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5497,8 +5481,7 @@ def _rows_q4_k(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_q4_k, DOT_PARALLEL)
 def dot_q4_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q4_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q4_k", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5509,8 +5492,7 @@ def _rows_q5_k(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_q5_k, DOT_PARALLEL)
 def dot_q5_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q5_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q5_k", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5521,8 +5503,7 @@ def _rows_q6_k(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_q6_k, DOT_PARALLEL)
 def dot_q6_k(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_q6_k", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_q6_k", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5530,7 +5511,7 @@ def _rows_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
     _rowsk_x8(Q4_K, w, d, b16, b32, qs, out, g0, g1)
 
 
-@launcher(_rows_q4_k_x8, DOT_PARALLEL)
+@prange_launcher(_rows_q4_k_x8, DOT_PARALLEL)
 def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q4_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1184]."""
     G = w.shape[0]
@@ -5554,8 +5535,7 @@ def dot_q4_k_x8_one(w, qu, d, b16, b32, qs, out):
     """dot_q4_k_x8 one activation row at a time (the same bits): decode's kernel, dot_q4_k_x8's stand-in while its
     tiles compile."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_one_q4_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    run_items("_one_q4_k_x8", (w, qu, d, b16, b32, qs, out), G, X8_GROUPS)
 
 
 @njit(**DOT)
@@ -5563,7 +5543,7 @@ def _rows_q5_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
     _rowsk_x8(Q5_K, w, d, b16, b32, qs, out, g0, g1)
 
 
-@launcher(_rows_q5_k_x8, DOT_PARALLEL)
+@prange_launcher(_rows_q5_k_x8, DOT_PARALLEL)
 def dot_q5_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q5_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1440]."""
     G = w.shape[0]
@@ -5587,8 +5567,7 @@ def dot_q5_k_x8_one(w, qu, d, b16, b32, qs, out):
     """dot_q5_k_x8 one activation row at a time (the same bits): decode's kernel, dot_q5_k_x8's stand-in while its
     tiles compile."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_one_q5_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    run_items("_one_q5_k_x8", (w, qu, d, b16, b32, qs, out), G, X8_GROUPS)
 
 
 @njit(**DOT)
@@ -5596,7 +5575,7 @@ def _rows_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
     _rowsk_x8(Q6_K, w, d, b16, b32, qs, out, g0, g1)
 
 
-@launcher(_rows_q6_k_x8, DOT_PARALLEL)
+@prange_launcher(_rows_q6_k_x8, DOT_PARALLEL)
 def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
     """dot_q6_k for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1680]."""
     G = w.shape[0]
@@ -5620,8 +5599,7 @@ def dot_q6_k_x8_one(w, qu, d, b16, b32, qs, out):
     """dot_q6_k_x8 one activation row at a time (the same bits): decode's kernel, dot_q6_k_x8's stand-in while its
     tiles compile."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_one_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    run_items("_one_q6_k_x8", (w, qu, d, b16, b32, qs, out), G, X8_GROUPS)
 
 
 @njit(**DOT)
@@ -5634,7 +5612,7 @@ def _rows_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
         _rowsk_x8_one(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
 
 
-@launcher(_rows_iq4_xs_x8, DOT_PARALLEL)
+@prange_launcher(_rows_iq4_xs_x8, DOT_PARALLEL)
 def dot_iq4_xs_x8(w, qu, d, b16, b32, qs, out):
     """dot_iq4_xs for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/256 * 1104]."""
     G = w.shape[0]
@@ -5658,8 +5636,7 @@ def dot_iq4_xs_x8_one(w, qu, d, b16, b32, qs, out):
     """dot_iq4_xs_x8 one activation row at a time (the same bits): decode's kernel, dot_iq4_xs_x8's stand-in while its
     tiles compile."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_one_iq4_xs_x8", (w, qu, d, b16, b32, qs, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    run_items("_one_iq4_xs_x8", (w, qu, d, b16, b32, qs, out), G, X8_GROUPS)
 
 
 @njit(**DOT)
@@ -5672,7 +5649,7 @@ def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
         _rows_x8_one(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
 
 
-@launcher(_rows_iq4_nl_x8, DOT_PARALLEL)
+@prange_launcher(_rows_iq4_nl_x8, DOT_PARALLEL)
 def dot_iq4_nl_x8(w, d, s, qs, sums, out):
     """dot_iq4_nl for weights in ggufrun.quants.repack's interleaved layout (Q4_0's): w [N/8, K/32 * 144]."""
     G = w.shape[0]
@@ -5696,8 +5673,7 @@ def dot_iq4_nl_x8_one(w, d, s, qs, sums, out):
     """dot_iq4_nl_x8 one activation row at a time (the same bits): decode's kernel, dot_iq4_nl_x8's stand-in while
     its tiles compile."""
     G = w.shape[0]
-    for c in prange((G + X8_GROUPS - 1) // X8_GROUPS):
-        call_worker("_one_iq4_nl_x8", (w, d, s, qs, sums, out, c * X8_GROUPS, min(G, c * X8_GROUPS + X8_GROUPS)))
+    run_items("_one_iq4_nl_x8", (w, d, s, qs, sums, out), G, X8_GROUPS)
 
 
 # each interleaved layout's full kernel -> its one-row kernel (ggufrun.model.linear.Linear.dot_one)
@@ -5722,8 +5698,7 @@ def _rows_iq4_xs(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_iq4_xs, DOT_PARALLEL)
 def dot_iq4_xs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_iq4_xs", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_iq4_xs", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(inline="always", **DOT)
@@ -5753,8 +5728,7 @@ def _rows_iq2_xxs(w, d, qs, out, n0, n1):
 @launcher(_rows_iq2_xxs, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq2_xxs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_iq2_xxs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_iq2_xxs", (w, d, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5765,8 +5739,7 @@ def _rows_iq2_xs(w, d, qs, out, n0, n1):
 @launcher(_rows_iq2_xs, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq2_xs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_iq2_xs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_iq2_xs", (w, d, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5777,8 +5750,7 @@ def _rows_iq2_s(w, d, qs, out, n0, n1):
 @launcher(_rows_iq2_s, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq2_s(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_iq2_s", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_iq2_s", (w, d, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5789,8 +5761,7 @@ def _rows_iq3_xxs(w, d, qs, out, n0, n1):
 @launcher(_rows_iq3_xxs, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq3_xxs(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_iq3_xxs", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_iq3_xxs", (w, d, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5801,8 +5772,7 @@ def _rows_iq3_s(w, d, qs, out, n0, n1):
 @launcher(_rows_iq3_s, DOT_PARALLEL, (0, 2, 5, 6))
 def dot_iq3_s(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_iq3_s", (w, d, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_iq3_s", (w, d, qs, out), N, CHUNK)
 
 
 @njit(inline="always", **DOT)
@@ -5830,8 +5800,7 @@ def _rows_f32(w, x, out, n0, n1):
 @launcher(_rows_f32, DOT_PARALLEL)
 def dot_f32(w, x, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_f32", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_f32", (w, x, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5842,8 +5811,7 @@ def _rows_f16(w, x, out, n0, n1):
 @launcher(_rows_f16, DOT_PARALLEL)
 def dot_f16(w, x, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_f16", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_f16", (w, x, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5854,8 +5822,7 @@ def _rows_bf16(w, x, out, n0, n1):
 @launcher(_rows_bf16, DOT_PARALLEL)
 def dot_bf16(w, x, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_bf16", (w, x, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_bf16", (w, x, out), N, CHUNK)
 
 
 # ---- IQ1_S, IQ1_M, TQ1_0, TQ2_0 (ternary codes, Q8_K activations) and MXFP4 (32-value blocks, Q8_1) -----------
@@ -5889,8 +5856,7 @@ def _rows_iq1_s(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_iq1_s, DOT_PARALLEL)
 def dot_iq1_s(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_iq1_s", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_iq1_s", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5901,8 +5867,7 @@ def _rows_iq1_m(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_iq1_m, DOT_PARALLEL)
 def dot_iq1_m(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_iq1_m", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_iq1_m", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5913,8 +5878,7 @@ def _rows_tq1_0(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_tq1_0, DOT_PARALLEL)
 def dot_tq1_0(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_tq1_0", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_tq1_0", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5925,8 +5889,7 @@ def _rows_tq2_0(w, qu, d, b16, b32, qs, out, n0, n1):
 @launcher(_rows_tq2_0, DOT_PARALLEL)
 def dot_tq2_0(w, qu, d, b16, b32, qs, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_tq2_0", (w, qu, d, b16, b32, qs, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_tq2_0", (w, qu, d, b16, b32, qs, out), N, CHUNK)
 
 
 @njit(**DOT)
@@ -5937,8 +5900,7 @@ def _rows_mxfp4(w, d, s, qs, sums, out, n0, n1):
 @launcher(_rows_mxfp4, DOT_PARALLEL)
 def dot_mxfp4(w, d, s, qs, sums, out):
     N = w.shape[0]
-    for c in prange((N + CHUNK - 1) // CHUNK):
-        call_worker("_rows_mxfp4", (w, d, s, qs, sums, out, c * CHUNK, min(N, c * CHUNK + CHUNK)))
+    run_items("_rows_mxfp4", (w, d, s, qs, sums, out), N, CHUNK)
 
 
 # A mixture-of-experts decode step runs its token's k chosen experts through one kernel call per matrix instead of k
@@ -5988,8 +5950,7 @@ def _experts_q4_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
 def dot_q4_0_x8_experts(w, d, s, qs, sums, out, sel, shared):
     """out[r] = activation row (0 if shared else r) times expert sel[r]'s rows of the stack w (out.shape[1] rows
     each), for every rank r, in one parallel region (the bits of dot_q4_0_x8_one)."""
-    for c in prange(_expert_items(out, sel)):
-        call_worker("_experts_q4_0_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+    run_items("_experts_q4_0_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
 
 
 @njit(**DOT)
@@ -6000,8 +5961,7 @@ def _experts_q4_1_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
 @launcher(_experts_q4_1_x8, DOT_PARALLEL)
 def dot_q4_1_x8_experts(w, d, s, qs, sums, out, sel, shared):
     """dot_q4_0_x8_experts for Q4_1 (the bits of dot_q4_1_x8_one)."""
-    for c in prange(_expert_items(out, sel)):
-        call_worker("_experts_q4_1_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+    run_items("_experts_q4_1_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
 
 
 @njit(**DOT)
@@ -6012,8 +5972,7 @@ def _experts_q5_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
 @launcher(_experts_q5_0_x8, DOT_PARALLEL)
 def dot_q5_0_x8_experts(w, d, s, qs, sums, out, sel, shared):
     """dot_q4_0_x8_experts for Q5_0 (the bits of dot_q5_0_x8_one)."""
-    for c in prange(_expert_items(out, sel)):
-        call_worker("_experts_q5_0_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+    run_items("_experts_q5_0_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
 
 
 @njit(**DOT)
@@ -6024,8 +5983,7 @@ def _experts_q8_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
 @launcher(_experts_q8_0_x8, DOT_PARALLEL)
 def dot_q8_0_x8_experts(w, d, s, qs, sums, out, sel, shared):
     """dot_q4_0_x8_experts for Q8_0 (the bits of dot_q8_0_x8_one)."""
-    for c in prange(_expert_items(out, sel)):
-        call_worker("_experts_q8_0_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+    run_items("_experts_q8_0_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
 
 
 @njit(**DOT)
@@ -6036,8 +5994,7 @@ def _experts_iq4_nl_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
 @launcher(_experts_iq4_nl_x8, DOT_PARALLEL)
 def dot_iq4_nl_x8_experts(w, d, s, qs, sums, out, sel, shared):
     """dot_q4_0_x8_experts for IQ4_NL (the bits of dot_iq4_nl_x8_one)."""
-    for c in prange(_expert_items(out, sel)):
-        call_worker("_experts_iq4_nl_x8", (w, d, s, qs, sums, out, sel, shared, c, c + 1))
+    run_items("_experts_iq4_nl_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
 
 
 @njit(**DOT)
@@ -6048,8 +6005,7 @@ def _experts_q4_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
 @launcher(_experts_q4_k_x8, DOT_PARALLEL)
 def dot_q4_k_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
     """dot_q4_0_x8_experts for Q4_K (the bits of dot_q4_k_x8_one)."""
-    for c in prange(_expert_items(out, sel)):
-        call_worker("_experts_q4_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared, c, c + 1))
+    run_items("_experts_q4_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared), _expert_items(out, sel), 1)
 
 
 @njit(**DOT)
@@ -6060,8 +6016,7 @@ def _experts_q5_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
 @launcher(_experts_q5_k_x8, DOT_PARALLEL)
 def dot_q5_k_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
     """dot_q4_0_x8_experts for Q5_K (the bits of dot_q5_k_x8_one)."""
-    for c in prange(_expert_items(out, sel)):
-        call_worker("_experts_q5_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared, c, c + 1))
+    run_items("_experts_q5_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared), _expert_items(out, sel), 1)
 
 
 @njit(**DOT)
@@ -6072,8 +6027,7 @@ def _experts_q6_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
 @launcher(_experts_q6_k_x8, DOT_PARALLEL)
 def dot_q6_k_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
     """dot_q4_0_x8_experts for Q6_K (the bits of dot_q6_k_x8_one)."""
-    for c in prange(_expert_items(out, sel)):
-        call_worker("_experts_q6_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared, c, c + 1))
+    run_items("_experts_q6_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared), _expert_items(out, sel), 1)
 
 
 @njit(**DOT)
@@ -6084,8 +6038,7 @@ def _experts_iq4_xs_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
 @launcher(_experts_iq4_xs_x8, DOT_PARALLEL)
 def dot_iq4_xs_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
     """dot_q4_0_x8_experts for IQ4_XS (the bits of dot_iq4_xs_x8_one)."""
-    for c in prange(_expert_items(out, sel)):
-        call_worker("_experts_iq4_xs_x8", (w, qu, d, b16, b32, qs, out, sel, shared, c, c + 1))
+    run_items("_experts_iq4_xs_x8", (w, qu, d, b16, b32, qs, out, sel, shared), _expert_items(out, sel), 1)
 
 
 # each interleaved layout's full kernel -> its experts kernel (ggufrun.model.linear.Experts)

@@ -1,26 +1,32 @@
-"""Parallel kernels whose prange body calls a serial worker's own compiled code.
+"""Parallel kernels: a launcher hands its serial worker's own compiled code to one shared parallel loop.
 
-    @launcher(_rows_q4_1)                      # the worker: njit, takes the launcher's arrays and a range n0, n1
-    def dot_q4_1(w, d, s, qs, sums, out):      # the launcher: parallel, called from Python
-        for c in prange(n_chunks):
-            call_worker("_rows_q4_1", (w, d, s, qs, sums, out, n0, n1))
+    @launcher(_rows_q4_1, DOT_PARALLEL)        # the worker: njit, takes the launcher's arrays and a range n0, n1
+    def dot_q4_1(w, d, s, qs, sums, out):      # the launcher: compiled serial, called from Python
+        run_items("_rows_q4_1", (w, d, s, qs, sums, out), N, CHUNK)   # worker(..., n0, n0 + CHUNK) on the threads
 
 Why: Numba's parfor passes are slow on large loop bodies, and the inlined row / attention functions are large; so
-the parallel loop only calls a serial worker. Numba links a called function's code into the caller's module and
-optimises and compiles it there again; a parallel kernel is two modules (the gufunc holding the prange body, then
-the function that starts it), so a worker's machine code was built up to three times, and the two extra builds were
-most of a kernel's compile time (dot_q4_1: 2.0 -> 0.7 s CPU without them; attend_rows: see ggufrun.model.kernels).
+the parallel work only calls a serial worker. Numba links a called function's code into the caller's module and
+optimises and compiles it there again, so a worker is called by name instead (its code is built once). And a
+prange kernel is two modules of its own (the gufunc holding the loop body, then the function that starts it):
+~0.6 s of compilation each, for a loop that only calls the worker (dot_q8_0_x8_one: 0.67 s). So every launcher
+shares one prange loop, parallel_items(item, args, total, step), compiled once (0.5 s), which calls
+item(args, n0, n1) for n0 in range(0, total, step) on Numba's threads; a launcher compiles serial (0.16 s).
 
-How: a Launcher first compiles or loads its worker for the launcher's argument types and registers the worker's
-code address under a name derived from the worker and those types (export_worker, llvmlite's add_symbol); the
-prange body calls that name (call_worker), an external function that the JIT linker resolves. Numba's on-disk
-cache keeps the launcher's machine code with the reference unresolved: loading it needs the name registered first,
-which Launcher.compile (the path of every compilation and cache load) does before anything else. So launchers are
-called from Python only: a cached Numba function that called one would be loaded without that step. The worker's
-code is the same either way; one call per work item costs nothing measurable (dot products: matvec and 128-row
-matmul on 5 types x 2 shapes, -2% to +4% per case, +0.6% on average, within this shared machine's noise).
+How: a Launcher first compiles or loads parallel_items and its worker for the launcher's argument types, and
+registers their code addresses under names derived from the functions and those types (export_worker, llvmlite's
+add_symbol). run_items(name, args, total, step) emits, in the launcher's module, an item function that unpacks the
+argument tuple and calls the worker by that name, stores the tuple in the launcher's stack frame (the arrays without
+their reference counts, as Numba's gufuncs pass them: the launcher holds them; counting them per item made the
+threads contend on one cache line, Q8_0 16384 x 1024 matvec 340 -> 560 us), and calls parallel_items by name with
+both addresses. Names are resolved by the JIT linker; Numba's on-disk cache keeps a launcher's machine code with
+them unresolved: loading it needs them registered first, which Launcher.compile (the path of every compilation and
+cache load) does before anything else. So launchers are called from Python only: a cached Numba function that
+called one would be loaded without that step. The worker's code is the same either way.
 
-Workers are found by their function name (`call_worker("_rows_q4_1", ...)`), which must be unique among launchers.
+A launcher whose own code needs a parallel loop besides its worker's (the AVX-512 pair layouts of the tiled
+products, dot._pairs_q8_1) is a prange_launcher: its prange body calls the worker by name (call_worker).
+
+Workers are found by their function name (`run_items("_rows_q4_1", ...)`), which must be unique among launchers.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from __future__ import annotations
 import hashlib
 
 import llvmlite.binding as llb
-from numba import njit, types
+from llvmlite import ir
+from numba import njit, prange, types
 from numba.core import cgutils, sigutils
 from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic
@@ -85,20 +92,96 @@ def call_worker(typingctx, worker_name, args):
     return types.none(worker_name, args), codegen
 
 
+_ITEM = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), ir.IntType(64), ir.IntType(64)])
+_LOOP_ARGS = (types.intp, types.intp, types.intp, types.intp)  # parallel_items(item, args, total, step)
+
+
+@intrinsic
+def _call_item(typingctx, item, args, n0, n1):
+    """item(args, n0, n1): item an address of _ITEM's type (run_items' item function), args the address of its tuple."""
+
+    def codegen(context, builder, sig, llargs):
+        fn = builder.inttoptr(llargs[0], _ITEM.as_pointer())
+        builder.call(fn, [builder.inttoptr(llargs[1], _ITEM.args[0]), llargs[2], llargs[3]])
+        return context.get_dummy_value()
+
+    return types.none(types.intp, types.intp, types.intp, types.intp), codegen
+
+
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy", boundscheck=False)
+def parallel_items(item, args, total, step):
+    """item(args, n0, min(total, n0 + step)) for n0 in range(0, total, step), the items shared among Numba's threads
+    (at the calling thread's thread count): every launcher's parallel loop (run_items)."""
+    for c in prange((total + step - 1) // step):
+        _call_item(item, args, c * step, min(total, c * step + step))
+
+
+@intrinsic
+def run_items(typingctx, worker_name, args, total, step):
+    """WORKERS[worker_name](*args, n0, min(total, n0 + step)) for n0 in range(0, total, step), on the threads
+    (parallel_items), each a call to the worker's own compiled code (exported by Launcher.compile)."""
+    if not isinstance(worker_name, types.StringLiteral) or not isinstance(args, types.BaseTuple):
+        return None
+    worker = WORKERS[worker_name.literal_value]
+    argtypes = worker_argtypes(args.types)
+    name = worker_symbol(worker, argtypes)
+    if name not in _EXPORTED:  # a cached launcher would reference a name its Launcher.compile does not export
+        raise TypeError(f"run_items: {worker_name.literal_value}{argtypes} is not what the launcher exported")
+    loop = worker_symbol(parallel_items, _LOOP_ARGS)
+
+    def codegen(context, builder, sig, llargs):
+        module, i64 = builder.module, ir.IntType(64)
+        tuple_type = context.get_value_type(args)
+        item = module.globals.get(name + ".item")
+        if item is None:  # void item(i8* args, i64 n0, i64 n1): the worker on the tuple at args
+            item = ir.Function(module, _ITEM, name + ".item")
+            item.linkage = "internal"
+            b = ir.IRBuilder(item.append_basic_block())
+            packed = b.load(b.bitcast(item.args[0], tuple_type.as_pointer()))
+            values = [b.extract_value(packed, i) for i in range(len(args))] + list(item.args[1:])
+            fn = cgutils.get_or_insert_function(module, context.call_conv.get_function_type(types.none, argtypes), name)
+            context.call_conv.call_function(b, fn, types.none, argtypes, values)
+            b.ret_void()
+        packed = llargs[1]
+        for i, t in enumerate(args.types):  # arrays without their reference counts (the caller holds them)
+            if isinstance(t, types.Array):
+                a = context.make_array(t)(context, builder, value=builder.extract_value(packed, i))
+                a.meminfo = cgutils.get_null_value(a.meminfo.type)
+                a.parent = cgutils.get_null_value(a.parent.type)
+                packed = builder.insert_value(packed, a._getvalue(), i)
+        with builder.goto_entry_block():  # whole cache lines of their own: read by every thread, written by none
+            raw = builder.alloca(ir.ArrayType(ir.IntType(8), -(-context.get_abi_sizeof(tuple_type) // 64) * 64))
+        raw.align = 64
+        slot = builder.bitcast(raw, tuple_type.as_pointer())
+        builder.store(packed, slot)
+        values = [builder.ptrtoint(item, i64), builder.ptrtoint(slot, i64)]
+        values += [context.cast(builder, v, t, types.intp) for v, t in zip(llargs[2:], sig.args[2:])]
+        fn = cgutils.get_or_insert_function(module, context.call_conv.get_function_type(types.none, _LOOP_ARGS), loop)
+        context.call_conv.call_function(builder, fn, types.none, _LOOP_ARGS, values)
+        return context.get_dummy_value()
+
+    return types.none(worker_name, args, total, step), codegen
+
+
+def export_parallel_items() -> None:
+    """Compile (or load) parallel_items and make its code resolvable by name (what every launcher calls)."""
+    export_worker(parallel_items, _LOOP_ARGS)
+
+
 class Launcher(CPUDispatcher):
-    """A parallel kernel that calls its serial worker through call_worker: before compiling or loading a version
-    of the kernel, the worker's version for the same arguments is compiled or loaded and exported."""
+    """A kernel that calls its serial worker through run_items (or, a prange_launcher, call_worker): before
+    compiling or loading a version of the kernel, parallel_items and the worker's version for the same arguments are
+    compiled or loaded and exported."""
 
     def compile(self, sig):
         args, _ = sigutils.normalize_signature(sig)
+        export_parallel_items()
         used = range(len(args)) if self.worker_args is None else self.worker_args
         export_worker(self.worker, worker_argtypes(args[i] for i in used))
         return super().compile(sig)
 
 
-def launcher(worker, options: dict, worker_args: tuple[int, ...] | None = None):
-    """Decorator: a Launcher (njit with `options`, which must include parallel=True) of `worker`, which takes the
-    launcher's arguments worker_args (indices; None: all of them) and a range n0, n1."""
+def _launcher(worker, options: dict, worker_args: tuple[int, ...] | None):
     name = worker.py_func.__name__
     if WORKERS.setdefault(name, worker) is not worker:
         raise ValueError(f"launcher: a worker named {name} is registered already")
@@ -110,3 +193,16 @@ def launcher(worker, options: dict, worker_args: tuple[int, ...] | None = None):
         return dispatcher
 
     return wrap
+
+
+def launcher(worker, options: dict, worker_args: tuple[int, ...] | None = None):
+    """Decorator: a Launcher of `worker`, compiled serial with `options` (their `parallel` dropped: the threads are
+    parallel_items'), whose body hands the work to run_items. The worker takes the launcher's arguments worker_args
+    (indices; None: all of them) and a range n0, n1."""
+    return _launcher(worker, {k: v for k, v in options.items() if k != "parallel"}, worker_args)
+
+
+def prange_launcher(worker, options: dict, worker_args: tuple[int, ...] | None = None):
+    """Decorator: a Launcher of `worker` compiled with `options` (which must include parallel=True), whose prange
+    body calls the worker through call_worker: for launchers with parallel loops of their own."""
+    return _launcher(worker, options, worker_args)

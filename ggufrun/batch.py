@@ -421,7 +421,7 @@ class BatchEngine:
             # greedy rows with nothing but a logit_bias to change their logits: at once on the threads (the same bits)
             greedy = [(i, r) for i, r in to_sample if self._greedy_as_is(r)]
             picked = {}
-            if len(greedy) > 1:
+            if len(greedy) > 1 and self.tf.batch_sampling_ready():
                 rows = np.array([i for i, _ in greedy], dtype=np.int64)
                 samplers = [r.sampler for _, r in greedy]
                 picked = dict(zip(rows.tolist(), sample_greedy_rows(logits, rows, samplers)))

@@ -491,10 +491,11 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     same on-disk cache; this process loads what they did. `helpers` (start_compile_helpers) are helpers started
     earlier, which get the list at once; they are stopped on return whatever happens.
     The multi-row kernels (prefill attention, kernels.attend_rows, and the tiled products of the repacked matrices,
-    whose one-row kernels compile in a third of their time: ~11 s of CPU for Gemma3) are left out of that list when
-    they compile for real: a helper compiles them in the background (jit.compile_in_background, transformer.pending)
-    while the model answers, passes of several rows running one row at a time meanwhile (the same bits), and the
-    process waits for that helper at exit so the next run finds them cached. Gemma3's first run to the first token:
+    whose one-row kernels compile in a third of their time: ~11 s of CPU for Gemma3) and the batched greedy sampler
+    (kernels.greedy_rows, ~0.8 s) are left out of that list when they compile for real: a helper compiles them in the
+    background (jit.compile_in_background, transformer.pending) while the model answers, passes of several rows
+    running one row at a time meanwhile and a batched step's greedy rows sampling one at a time (the same bits), and
+    the process waits for that helper at exit so the next run finds them cached. Gemma3's first run to the first token:
     10.0-11.0 -> 8.7-9.6 s (attention), then 9.74-12.61 -> 7.79-8.59 s (the products; alternating runs).
     Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there). When this
     process has every kernel already (another model loaded before), the recording pass itself was the warm-up.
@@ -504,7 +505,7 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     """
     from numba.core import event
 
-    from .model.transformer import ROWS, TILED
+    from .model.transformer import BATCH_SAMPLING, ROWS, TILED
     from .quants import jit
 
     n_helpers = _n_helpers(n_threads)
@@ -538,12 +539,13 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
                 started = helpers
                 # what the forward pass can go without for a while, when there is a helper to compile it: the
                 # multi-row kernels, whose passes run one row at a time meanwhile (Transformer.pending)
-                later = [c for c in calls if c.dispatcher in TILED | ROWS] if n_helpers else []
+                later = [c for c in calls if c.dispatcher in TILED | ROWS | BATCH_SAMPLING] if n_helpers else []
                 first = [c for c in calls if c not in later]
                 compiled = jit.compile_calls(jit.balanced(first), n_helpers, progress, started)  # stops them
                 if later:  # the first run: a helper compiles them while this process goes on, from the end of
-                    # the list: the products first (a long prompt's rows gain the most from them), attention last
-                    later.sort(key=lambda c: c.dispatcher not in ROWS)
+                    # the list: the products first (a long prompt's rows gain the most from them), attention, then
+                    # the batched greedy sampler (a server's steps of several greedy rows)
+                    later.sort(key=lambda c: (c.dispatcher not in BATCH_SAMPLING, c.dispatcher not in ROWS))
                     transformer.pending = jit.compile_in_background(later, n_helpers) if compiled else None
                     if transformer.pending is None:  # a cache load, or (a run stopped early before) compiled here
                         jit.compile_calls(later, 0, progress)

@@ -392,3 +392,33 @@ def test_background_kernels_are_taken_up_as_each_is_done(tmp_path):
     open(jit._done_path(str(directory), 1), "wb").close()
     assert b.ready() and plus_five(1) == 6
     assert helper.poll() is not None and not directory.exists()
+
+
+def test_a_batched_steps_greedy_rows_sample_alone_while_their_kernel_compiles(monkeypatch):
+    """While a helper still compiles kernels.greedy_rows (Transformer.pending), a batch engine's greedy rows are
+    sampled one at a time by their own samplers: the same chunks; once it is ready they are sampled together."""
+    import numpy as np
+    from test_model_golden import GOLDEN
+
+    import ggufrun
+    import ggufrun.batch as batch
+    from ggufrun.batch import BatchEngine
+    from ggufrun.sampling import SamplingParams
+
+    model = ggufrun.load(str(GOLDEN / "small-llama-q4_1.gguf"), n_ctx=64, n_threads=1)
+    prompts = [list(np.random.default_rng(i).integers(3, model.config.n_vocab, 6)) for i in range(3)]
+    alone = [[c.token for c in model.generate(p, max_tokens=8, temperature=0)] for p in prompts]
+    seen = []
+    at_once = batch.sample_greedy_rows
+    monkeypatch.setattr(batch, "sample_greedy_rows", lambda *a: seen.append(len(a[1])) or at_once(*a))
+
+    def run():
+        with BatchEngine.from_model(model, n_slots=3) as engine:
+            streams = [engine.submit(p, SamplingParams(temperature=0), 8) for p in prompts]
+            return [[c.token for c in s] for s in streams]
+
+    model.transformer.pending = _Compiling(after=10**9)
+    assert not model.transformer.batch_sampling_ready()
+    assert run() == alone and seen == []
+    model.transformer.pending = None
+    assert run() == alone and seen and max(seen) == 3

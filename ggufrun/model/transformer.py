@@ -61,6 +61,8 @@ TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8
 }  # fmt: skip
 # ...and prefill attention, and the batched decode steps' (a server's slots: _decode_groups)
 ROWS = frozenset({kernels.attend_rows, kernels.qkv_rope_store_group, kernels.attend_group})
+# ...and the batched greedy sampler's (sampling.sample_greedy_rows: until it is ready, each row samples alone)
+BATCH_SAMPLING = frozenset({kernels.greedy_rows})
 
 
 @dataclass
@@ -478,9 +480,16 @@ class Transformer:
         if pending is None:
             return True, True
         tiles, rows = pending.ready(TILED), pending.ready(ROWS)  # each loads what was compiled
-        if tiles and rows:  # every kernel it holds (runtime.compile_kernels defers only these)
+        if tiles and rows and pending.ready(BATCH_SAMPLING):  # every kernel it holds (compile_kernels defers these)
             self.pending = None
         return tiles, rows
+
+    def batch_sampling_ready(self) -> bool:
+        """Whether kernels.greedy_rows may be called (sampling.sample_greedy_rows): yes, unless a helper still
+        compiles it (the first run ever, self.pending), when each greedy row of a batched step samples alone (the
+        same bits)."""
+        pending = self.pending
+        return pending is None or pending.ready(BATCH_SAMPLING)
 
     def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector, groups=(),
                          grouped=frozenset(), rows: bool = True) -> None:  # fmt: skip

@@ -69,24 +69,33 @@ def worker_argtypes(argtypes) -> tuple:
     return tuple(argtypes) + (types.intp, types.intp)
 
 
+def _exported_name(caller: str, worker_name: str, argtypes: tuple) -> str:
+    """The name WORKERS[worker_name]'s version for argtypes is exported under, which must be exported already."""
+    name = worker_symbol(WORKERS[worker_name], argtypes)
+    if name not in _EXPORTED:  # a cached launcher would reference a name its Launcher.compile does not export
+        raise TypeError(f"{caller}: {worker_name}{argtypes} is not what the launcher exported")
+    return name
+
+
+def _call_by_name(context, builder, name: str, argtypes: tuple, values: list) -> None:
+    """A call of the Numba function (returning none) whose code is exported under `name` (export_worker)."""
+    fn = cgutils.get_or_insert_function(builder.module, context.call_conv.get_function_type(types.none, argtypes), name)
+    context.call_conv.call_function(builder, fn, types.none, argtypes, values)
+
+
 @intrinsic
 def call_worker(typingctx, worker_name, args):
     """WORKERS[worker_name](*args), args = (launcher's arguments..., n0, n1), as a call to the worker's own compiled
     code (exported by Launcher.compile) instead of a copy of it in the caller's module."""
     if not isinstance(worker_name, types.StringLiteral) or not isinstance(args, types.BaseTuple):
         return None
-    worker = WORKERS[worker_name.literal_value]
     argtypes = worker_argtypes(args.types[:-2])
-    name = worker_symbol(worker, argtypes)
-    if name not in _EXPORTED:  # a cached launcher would reference a name its Launcher.compile does not export
-        raise TypeError(f"call_worker: {worker_name.literal_value}{argtypes} is not what the launcher exported")
+    name = _exported_name("call_worker", worker_name.literal_value, argtypes)
 
     def codegen(context, builder, sig, llargs):
         values = [builder.extract_value(llargs[1], i) for i in range(len(args))]
         values[-2:] = [context.cast(builder, v, t, types.intp) for v, t in zip(values[-2:], args.types[-2:])]
-        fnty = context.call_conv.get_function_type(types.none, argtypes)
-        fn = cgutils.get_or_insert_function(builder.module, fnty, name)
-        context.call_conv.call_function(builder, fn, types.none, argtypes, values)
+        _call_by_name(context, builder, name, argtypes, values)
         return context.get_dummy_value()
 
     return types.none(worker_name, args), codegen
@@ -122,11 +131,8 @@ def run_items(typingctx, worker_name, args, total, step):
     (parallel_items), each a call to the worker's own compiled code (exported by Launcher.compile)."""
     if not isinstance(worker_name, types.StringLiteral) or not isinstance(args, types.BaseTuple):
         return None
-    worker = WORKERS[worker_name.literal_value]
     argtypes = worker_argtypes(args.types)
-    name = worker_symbol(worker, argtypes)
-    if name not in _EXPORTED:  # a cached launcher would reference a name its Launcher.compile does not export
-        raise TypeError(f"run_items: {worker_name.literal_value}{argtypes} is not what the launcher exported")
+    name = _exported_name("run_items", worker_name.literal_value, argtypes)
     loop = worker_symbol(parallel_items, _LOOP_ARGS)
 
     def codegen(context, builder, sig, llargs):
@@ -139,8 +145,7 @@ def run_items(typingctx, worker_name, args, total, step):
             b = ir.IRBuilder(item.append_basic_block())
             packed = b.load(b.bitcast(item.args[0], tuple_type.as_pointer()))
             values = [b.extract_value(packed, i) for i in range(len(args))] + list(item.args[1:])
-            fn = cgutils.get_or_insert_function(module, context.call_conv.get_function_type(types.none, argtypes), name)
-            context.call_conv.call_function(b, fn, types.none, argtypes, values)
+            _call_by_name(context, b, name, argtypes, values)
             b.ret_void()
         packed = llargs[1]
         for i, t in enumerate(args.types):  # arrays without their reference counts (the caller holds them)
@@ -156,8 +161,7 @@ def run_items(typingctx, worker_name, args, total, step):
         builder.store(packed, slot)
         values = [builder.ptrtoint(item, i64), builder.ptrtoint(slot, i64)]
         values += [context.cast(builder, v, t, types.intp) for v, t in zip(llargs[2:], sig.args[2:])]
-        fn = cgutils.get_or_insert_function(module, context.call_conv.get_function_type(types.none, _LOOP_ARGS), loop)
-        context.call_conv.call_function(builder, fn, types.none, _LOOP_ARGS, values)
+        _call_by_name(context, builder, loop, _LOOP_ARGS, values)
         return context.get_dummy_value()
 
     return types.none(worker_name, args, total, step), codegen

@@ -2,6 +2,7 @@
 
     physical_cores()            the default thread count (hyper-threads share a core's vector units)
     set_threads(n)              Numba's thread count for the calling thread (Numba keeps it per thread)
+    threads_beside(busy)        a context with that count lowered to the cores left beside busy helper processes
     ThreadGovernor              per forward pass, runs each step on 1 thread while the full count stalls
     on_compute_thread(fn, ...)  run fn on the process's one compute thread, which starts every parallel region
     check_threading_layer()     warn when Numba fell back to its slow workqueue layer
@@ -86,6 +87,31 @@ def set_threads(n: int) -> None:
     import numba
 
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+class _ThreadCount:
+    """A context that runs the calling thread's parallel loops on `n` threads, then restores `restore`."""
+
+    def __init__(self, n: int, restore: int):
+        self.n, self.restore = n, restore
+
+    def __enter__(self):
+        set_threads(self.n)
+
+    def __exit__(self, *exc) -> None:
+        set_threads(self.restore)
+
+
+def threads_beside(busy: int):
+    """A context in which the calling thread's parallel loops run on the cores left beside `busy` processes of ours
+    that keep one core each busy (the first run ever: the helper compiling the multi-row kernels in the background),
+    at least 1: on 2 cores, 1 thread rather than 2 whose second waits for a descheduled thread at every barrier
+    (see the module docstring). A context that changes nothing when enough cores are left."""
+    import numba
+
+    n = numba.get_num_threads()
+    fit = max(1, min(n, usable_cores() - busy))
+    return contextlib.nullcontext() if fit == n else _ThreadCount(fit, n)
 
 
 _INF = float("inf")
@@ -460,9 +486,13 @@ class CompileProgress:
             self.stream.flush()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _n_helpers(n_threads: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(0, min(n_threads, cores) - 1)
+    return max(0, min(n_threads, usable_cores()) - 1)
 
 
 def start_compile_helpers(n_threads: int):
@@ -530,6 +560,8 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
         greedy_rows(np.zeros((2, 8), np.float32), np.arange(2), np.zeros(2, np.int64), np.zeros(2))  # batched steps
 
     def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C
+        from .model.kernels import exp_sum
+
         started = None
         governor = transformer.governor
         enabled, governor.enabled = governor.enabled, False
@@ -541,7 +573,8 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
                 # multi-row kernels, whose passes run one row at a time meanwhile (Transformer.pending)
                 later = [c for c in calls if c.dispatcher in TILED | ROWS | BATCH_SAMPLING] if n_helpers else []
                 first = [c for c in calls if c not in later]
-                compiled = jit.compile_calls(jit.balanced(first), n_helpers, progress, started)  # stops them
+                order = jit.balanced(first, lead=(exp_sum,))  # attention's softmax calls exp_sum
+                compiled = jit.compile_calls(order, n_helpers, progress, started)  # stops them
                 if later:  # the first run: a helper compiles them while this process goes on, from the end of
                     # the list: the products first (a long prompt's rows gain the most from them), attention, then
                     # the batched greedy sampler (a server's steps of several greedy rows)

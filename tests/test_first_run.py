@@ -233,6 +233,8 @@ def test_balanced_order_puts_the_parallel_kernels_at_both_ends_of_the_list():
     order = [c.dispatcher.name for c in jit.balanced(calls)]
     assert order == ["dot1", "dot2", "a", "b", "att"]  # helpers take the list from its end: att first
     assert jit.balanced([]) == []
+    lead = (calls[2].dispatcher,)  # an entry that others call: first, whatever it is
+    assert [c.dispatcher.name for c in jit.balanced(calls, lead)] == ["b", "dot1", "dot2", "a", "att"]
 
 
 EARLY = """
@@ -268,8 +270,11 @@ def test_helpers_start_before_the_model_file_is_read_only_on_a_cold_cache(tmp_pa
 class _Compiling:
     """A stand-in for quants.jit.Background: the multi-row kernels become ready on the `after`-th pass that looks."""
 
-    def __init__(self, after: int, on_ready=None):
-        self.after, self.on_ready = after, on_ready
+    def __init__(self, after: int, on_ready=None, busy: int = 0):
+        self.after, self.on_ready, self.busy = after, on_ready, busy
+
+    def helpers_running(self) -> int:
+        return self.busy
 
     def ready(self, which=None) -> bool:
         from ggufrun.model.transformer import TILED
@@ -337,6 +342,41 @@ def test_prefill_while_the_multi_row_kernels_compile_gives_the_same_bits(stem, m
     assert np.array_equal(np.concatenate(rows), ref) and tf.pending is None
 
 
+def test_passes_run_on_the_cores_a_compiling_helper_leaves(monkeypatch):
+    """While a helper compiles in the background (Transformer.pending), forward and forward_batch passes run on
+    the cores it leaves, the same bits; the caller's thread count is back after each pass and once it is done."""
+    import numba
+    import numpy as np
+    from test_model_golden import GOLDEN
+
+    from ggufrun.model import Transformer
+    from ggufrun.reader import GGUFFile
+    from ggufrun.runtime import set_threads, usable_cores
+
+    cores = usable_cores()
+    if cores < 2 or numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: no compile helpers")
+    tf = Transformer(GGUFFile(GOLDEN / "small-llama-q4_1.gguf"), n_ctx=64)
+    ids = np.random.default_rng(6).integers(3, tf.config.n_vocab, 12)
+    seen = []
+    blocks = tf._blocks
+    monkeypatch.setattr(tf, "_blocks", lambda *a: seen.append(numba.get_num_threads()) or blocks(*a))
+    before = numba.get_num_threads()
+    set_threads(2)
+    try:
+        ref = tf.logits(ids)
+        assert seen == [2]
+        tf.pending = _Compiling(after=10**9, busy=cores - 1)  # every core but one busy compiling
+        assert np.array_equal(tf.logits(ids), ref) and seen[-1] == 1
+        rows = tf.forward_batch([(tf.new_cache(), ids), (tf.new_cache(), ids[:5])])
+        assert np.array_equal(rows[0], ref[-1]) and np.array_equal(rows[1], ref[4]) and seen[-1] == 1
+        assert numba.get_num_threads() == 2
+        tf.pending = _Compiling(after=10**9, busy=0)  # its helper is done: the caller's count again
+        assert np.array_equal(tf.logits(ids), ref) and seen[-1] == 2
+    finally:
+        set_threads(before)
+
+
 def test_background_compile_is_used_when_done_and_done_here_when_its_helper_is_gone(tmp_path):
     import numba
 
@@ -385,13 +425,13 @@ def test_background_kernels_are_taken_up_as_each_is_done(tmp_path):
     directory.mkdir()
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     b = jit.Background(calls, (str(directory), [helper]))
-    assert not b.ready({plus_four}) and not b.ready()
+    assert not b.ready({plus_four}) and not b.ready() and b.helpers_running() == 1
     open(jit._done_path(str(directory), 0), "wb").close()  # the helper's first entry done
     assert b.ready({plus_four}) and plus_four(1) == 5  # loaded (here: compiled) while the helper goes on
     assert not b.ready() and not b.ready({plus_five}) and helper.poll() is None and not plus_five.overloads
     open(jit._done_path(str(directory), 1), "wb").close()
     assert b.ready() and plus_five(1) == 6
-    assert helper.poll() is not None and not directory.exists()
+    assert helper.poll() is not None and not directory.exists() and b.helpers_running() == 0
 
 
 def test_a_batched_steps_greedy_rows_sample_alone_while_their_kernel_compiles(monkeypatch):

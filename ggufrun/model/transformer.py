@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numba
@@ -43,7 +44,7 @@ import numpy as np
 from ..errors import ContextOverflowError
 from ..quants import ACTIVATIONS
 from ..quants.repack import ONE_ROW
-from ..runtime import ThreadGovernor, on_compute_thread
+from ..runtime import ThreadGovernor, on_compute_thread, threads_beside
 from . import kernels
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -63,6 +64,7 @@ TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8
 ROWS = frozenset({kernels.attend_rows, kernels.qkv_rope_store_group, kernels.attend_group})
 # ...and the batched greedy sampler's (sampling.sample_greedy_rows: until it is ready, each row samples alone)
 BATCH_SAMPLING = frozenset({kernels.greedy_rows})
+_AS_IS = nullcontext()  # a pass's thread count when no helper compiles beside it (Transformer._beside_compiler)
 
 
 @dataclass
@@ -372,7 +374,7 @@ class Transformer:
         w, s = self.weights, self.state
         m = ids.shape[0]
         pos0 = cache.reserve(m)
-        with self.governor:
+        with self._beside_compiler(), self.governor:
             self._blocks(ids, ((cache, 0, m, pos0),), self._project)
             # h now holds output_norm(x)
             if out is not None:
@@ -398,7 +400,7 @@ class Transformer:
         m = r
         ids = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         project = self._project_rows(m)
-        with self.governor:
+        with self._beside_compiler(), self.governor:
             self._blocks(ids, spans, project)
             # the sequences that end in this pass are consecutive: all but perhaps the last of the pass
             done = [(i, span[2] - 1) for (i, _, stop), span in zip(part, spans) if stop == id_lists[i].shape[0]]
@@ -469,6 +471,15 @@ class Transformer:
             starts = {w: (np.maximum(0, pos - w + 1) if w else np.zeros_like(pos)) for w in set(self._window)}
             groups.append((group_kv, rows, slots, pos, starts, pos + 1))
         return groups, frozenset(int(r) for g in groups for r in g[1])
+
+    def _beside_compiler(self):
+        """A context for one pass: while a helper process compiles the multi-row kernels (the first run ever,
+        self.pending), the pass runs on the cores it leaves (runtime.threads_beside: 1 thread on 2 cores), so that
+        no thread of ours waits at a barrier for one the compiler displaced. Gemma3's first run on 2 cores: the
+        warm-up pass after the first kernels 0.25-0.33 s (2 threads beside the compiling helper, ThreadGovernor off
+        during it) and the first token 0.05-0.18 s after the load, where a quiet machine takes ~0.03 s for each."""
+        pending = self.pending
+        return _AS_IS if pending is None else threads_beside(pending.helpers_running())
 
     def _multi_row_ready(self) -> tuple[bool, bool]:
         """Whether a pass of several rows may call (the tiled products, kernels.attend_rows): yes, unless a helper

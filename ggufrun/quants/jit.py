@@ -232,14 +232,20 @@ def _heavy(dispatcher) -> bool:
     return isinstance(dispatcher, Launcher) or bool(dispatcher.targetoptions.get("parallel"))
 
 
-def balanced(calls: list[KernelCall]) -> list[KernelCall]:
+def balanced(calls: list[KernelCall], lead: tuple = ()) -> list[KernelCall]:
     """`calls` reordered for compile_calls' two ends: the parallel kernels (the dot products, attention: several
     seconds each, where the others take well under one) alternately at the front and at the back, the rest in the
     middle, so that this process and the helpers meet on a short entry and finish at about the same time (in
-    forward-pass order a long kernel could sit in the middle: ~7 s of one process waiting on the other)."""
-    heavy = [c for c in calls if _heavy(c.dispatcher)]
-    light = [c for c in calls if not _heavy(c.dispatcher)]
-    return heavy[0::2] + light + heavy[1::2][::-1]
+    forward-pass order a long kernel could sit in the middle: ~7 s of one process waiting on the other).
+
+    lead: dispatchers that other entries call (kernels.exp_sum, under attention's softmax), first of all: this
+    process compiles them before the entries that call them, which then find them compiled here, where a helper
+    taking them as entries of their own would compile them a second time (Gemma3's first run: exp_sum, 0.47 s)."""
+    first = [c for c in calls if c.dispatcher in lead]
+    rest = [c for c in calls if c.dispatcher not in lead]
+    heavy = [c for c in rest if _heavy(c.dispatcher)]
+    light = [c for c in rest if not _heavy(c.dispatcher)]
+    return first + heavy[0::2] + light + heavy[1::2][::-1]
 
 
 def _claim(directory: str, i: int) -> bool:
@@ -385,6 +391,13 @@ class Background:
         self._done = [_done_path(started[0], i) for i in range(len(calls))]
         self._loaded = [False] * len(calls)
         self._finalizer = weakref.finalize(self, _finish_helpers, started)
+
+    def helpers_running(self) -> int:
+        """How many of its helper processes still compile (0 once they are done or stopped): the cores they keep
+        busy (Transformer passes run beside them on the cores left)."""
+        if not self._finalizer.alive:
+            return 0
+        return sum(p.poll() is None for p in self._started[1])
 
     def _entries(self, which) -> list[int]:
         return [i for i, c in enumerate(self.calls) if which is None or c.dispatcher in which]

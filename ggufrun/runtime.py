@@ -525,7 +525,8 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     (kernels.greedy_rows, ~0.8 s) are left out of that list when they compile for real: a helper compiles them in the
     background (jit.compile_in_background, transformer.pending) while the model answers, passes of several rows
     running one row at a time meanwhile and a batched step's greedy rows sampling one at a time (the same bits), and
-    the process waits for that helper at exit so the next run finds them cached. Gemma3's first run to the first token:
+    the process waits for that helper at exit (compiling from the other end of its list meanwhile) so the next run
+    finds them cached. Gemma3's first run to the first token:
     10.0-11.0 -> 8.7-9.6 s (attention), then 9.74-12.61 -> 7.79-8.59 s (the products; alternating runs).
     Last, transformer.warmup() runs every kernel once (anything the recording missed compiles there). When this
     process has every kernel already (another model loaded before), the recording pass itself was the warm-up.

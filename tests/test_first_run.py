@@ -434,6 +434,42 @@ def test_background_kernels_are_taken_up_as_each_is_done(tmp_path):
     assert helper.poll() is not None and not directory.exists() and b.helpers_running() == 0
 
 
+def test_at_exit_this_process_compiles_the_entries_no_helper_has_claimed(tmp_path):
+    """What a helper still compiles when the process is done (Background's finalizer, at exit): this process takes
+    the unclaimed entries from the front of the list, the helper keeps its own, then the helper is waited for
+    (bounded) and stopped."""
+    import numba
+
+    from ggufrun.quants import jit
+
+    @numba.njit
+    def plus_six(x):
+        return x + 6
+
+    @numba.njit
+    def plus_seven(x):
+        return x + 7
+
+    calls = jit.record_calls(lambda: (plus_six(1), plus_seven(1)))
+    directory = tmp_path / "claims"
+    directory.mkdir()
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    assert jit._claim(str(directory), 1)  # the helper is at the last entry
+    jit._finish_helpers((str(directory), [helper]), calls, timeout=1.0)
+    assert plus_six.overloads and not plus_seven.overloads  # the first compiled here, the helper's left to it
+    assert helper.poll() is not None and not directory.exists()  # waited for (1 s here), stopped, cleaned up
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+
+    @numba.njit
+    def plus_eight(x):
+        return x + 8
+
+    directory.mkdir()
+    jit._finish_helpers((str(directory), [gone]), jit.record_calls(lambda: plus_eight(1)))
+    assert not plus_eight.overloads and not directory.exists()  # no helper left: the next run compiles it
+
+
 def test_a_batched_steps_greedy_rows_sample_alone_while_their_kernel_compiles(monkeypatch):
     """While a helper still compiles kernels.greedy_rows (Transformer.pending), a batch engine's greedy rows are
     sampled one at a time by their own samplers: the same chunks; once it is ready they are sampled together."""

@@ -390,7 +390,7 @@ class Background:
         self._started = started
         self._done = [_done_path(started[0], i) for i in range(len(calls))]
         self._loaded = [False] * len(calls)
-        self._finalizer = weakref.finalize(self, _finish_helpers, started)
+        self._finalizer = weakref.finalize(self, _finish_helpers, started, calls)
 
     def helpers_running(self) -> int:
         """How many of its helper processes still compile (0 once they are done or stopped): the cores they keep
@@ -433,14 +433,28 @@ def compile_in_background(calls: list[KernelCall], n_helpers: int) -> Background
     return Background(calls, started)
 
 
-def _finish_helpers(started: tuple[str, list], timeout: float = 120.0) -> None:
-    """Let the helpers finish what they compile (bounded), then stop them and remove their directory."""
+def _finish_helpers(started: tuple[str, list], calls: list[KernelCall] | None = None, timeout: float = 120.0) -> None:
+    """Let the helpers finish what they compile (bounded), then stop them and remove their directory. With `calls`
+    (their list), this process, idle now, compiles the entries no helper has claimed yet from the front of the list
+    while the helper works from its end: a process that answered and exits (`ggufrun run` on the first run ever)
+    waits about half as long on 2 cores."""
     deadline = time.monotonic() + timeout
-    if any(p.poll() is None for p in started[1]):
+    directory, procs = started
+    if any(p.poll() is None for p in procs):
         print("ggufrun: saving the kernels still compiling for the next run (first run only)...", file=sys.stderr,
               flush=True)  # fmt: skip
     try:
-        for p in started[1]:
+        for i, call in enumerate(calls or ()):
+            if time.monotonic() > deadline or not any(p.poll() is None for p in procs):
+                break  # out of time, or no helper left (the next run compiles what is missing)
+            if _claim(directory, i):
+                try:
+                    call.dispatcher.compile(call.argtypes)
+                except Exception:  # noqa: BLE001 - the next run compiles it
+                    pass
+                finally:
+                    open(_done_path(directory, i), "wb").close()
+        for p in procs:
             p.wait(max(0.0, deadline - time.monotonic()))
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
         pass

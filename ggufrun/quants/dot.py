@@ -2504,10 +2504,11 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
                 mw = ld_f16x8(w, o + 16) if kind == Q4_1 else fzero()
                 i, xo = t * nb + b, t * K + 32 * b
                 for a in range(0, 64 * (t1 - t), 64):
-                    p = isubs(_dot32_x8(kind, u, qs, xo), off * sums1[i])
-                    st_f32x8(acc, a, fma_v(ld_f32x8(acc, a), fcvt(p), fscale(dw, d1[i])))
+                    iu = np.uint64(i)  # an unsigned index: no negative-index wraparound per row and array
+                    p = isubs(_dot32_x8(kind, u, qs, xo), off * sums1[iu])
+                    st_f32x8(acc, a, fma_v(ld_f32x8(acc, a), fcvt(p), fscale(dw, d1[iu])))
                     if kind == Q4_1:
-                        st_f32x8(acc, a + 32, fma_v(ld_f32x8(acc, a + 32), mw, fbcast(s1[i])))
+                        st_f32x8(acc, a + 32, fma_v(ld_f32x8(acc, a + 32), mw, fbcast(s1[iu])))
                     i += nb
                     xo += K
             for m in range(t, t1):

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from _common import ROOT, env_line, environment, fmt, log, peak_rss_mb, prompt_ids, summarize, write_json
 
@@ -87,9 +88,13 @@ def load_in_subprocess(path: str, threads: int, cold: bool) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         if cold:
             env["NUMBA_CACHE_DIR"] = cache
+        t0 = time.perf_counter()
         out = subprocess.run([sys.executable, "-c", _PROBE, path, str(threads)], env=env, capture_output=True,
                              text=True, check=True)  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        elapsed = time.perf_counter() - t0
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["process_s"] = elapsed  # start to exit: on the first run, the exit waits for the background compile
+    return result
 
 
 def run_ggufrun(model, ids: list[int], gen: int) -> dict:
@@ -155,7 +160,8 @@ def main() -> int:
         verdict = "meets" if c["total_s"] <= FIRST_RUN_TARGET_S else "misses"
         print(f"| first run ever: import + load + first token (empty JIT cache) | {c['total_s']:.2f} s ({verdict} "
               f"the {FIRST_RUN_TARGET_S:.0f} s target; CPU: {c['cpu_s']:.1f} s here + {c['helpers_cpu_s']:.1f} s "
-              "in compile helpers) |")  # fmt: skip
+              f"in compile helpers; the process exits at {c['process_s']:.1f} s, once the kernels still compiling "
+              "are saved) |")  # fmt: skip
     w = results["warm_process"]
     print(f"| fresh process, warm JIT cache: import / load / first token | {w['import_s']:.2f} / {w['load_s']:.2f} / "
           f"{w['first_token_s']:.2f} s |")  # fmt: skip

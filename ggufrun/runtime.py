@@ -536,6 +536,7 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     """
     from numba.core import event
 
+    from .model.kernels import exp_sum, greedy_rows
     from .model.transformer import BATCH_SAMPLING, ROWS, TILED
     from .quants import jit
 
@@ -554,15 +555,11 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     def forward_and_sample() -> None:  # every kernel of the forward passes, and the greedy sampler's
         import numpy as np
 
-        from .model.kernels import exp_sum, greedy_rows
-
         transformer.warmup()
         exp_sum(np.zeros(8, np.float32), np.float32(0.0))
         greedy_rows(np.zeros((2, 8), np.float32), np.arange(2), np.zeros(2, np.int64), np.zeros(2))  # batched steps
 
     def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C
-        from .model.kernels import exp_sum
-
         started = None
         governor = transformer.governor
         enabled, governor.enabled = governor.enabled, False

@@ -377,6 +377,18 @@ def test_passes_run_on_the_cores_a_compiling_helper_leaves(monkeypatch):
         set_threads(before)
 
 
+def _compiling_helper() -> subprocess.Popen:
+    """A stand-in for a helper process still at work (the tests stop it)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def _finished_helper() -> subprocess.Popen:
+    """A stand-in for a helper process that has exited."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    return gone
+
+
 def test_background_compile_is_used_when_done_and_done_here_when_its_helper_is_gone(tmp_path):
     import numba
 
@@ -389,14 +401,13 @@ def test_background_compile_is_used_when_done_and_done_here_when_its_helper_is_g
     calls = jit.record_calls(lambda: plus_two(1))
     directory = tmp_path / "claims"
     directory.mkdir()
-    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    waiting = _compiling_helper()
     b = jit.Background(calls, (str(directory), [waiting]))
     assert not b.ready() and not plus_two.overloads  # its helper is still at it
     open(jit._done_path(str(directory), 0), "wb").close()
     assert b.ready() and plus_two(1) == 3  # done: loaded (here compiled: this test's helper wrote no cache)
     assert waiting.poll() is not None and not directory.exists()  # the helper stopped, its directory gone
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
+    gone = _finished_helper()
 
     @numba.njit
     def plus_three(x):
@@ -423,7 +434,7 @@ def test_background_kernels_are_taken_up_as_each_is_done(tmp_path):
     calls = jit.record_calls(lambda: (plus_four(1), plus_five(1)))
     directory = tmp_path / "claims"
     directory.mkdir()
-    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    helper = _compiling_helper()
     b = jit.Background(calls, (str(directory), [helper]))
     assert not b.ready({plus_four}) and not b.ready() and b.helpers_running() == 1
     open(jit._done_path(str(directory), 0), "wb").close()  # the helper's first entry done
@@ -453,13 +464,12 @@ def test_at_exit_this_process_compiles_the_entries_no_helper_has_claimed(tmp_pat
     calls = jit.record_calls(lambda: (plus_six(1), plus_seven(1)))
     directory = tmp_path / "claims"
     directory.mkdir()
-    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    helper = _compiling_helper()
     assert jit._claim(str(directory), 1)  # the helper is at the last entry
     jit._finish_helpers((str(directory), [helper]), calls, timeout=1.0)
     assert plus_six.overloads and not plus_seven.overloads  # the first compiled here, the helper's left to it
     assert helper.poll() is not None and not directory.exists()  # waited for (1 s here), stopped, cleaned up
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
+    gone = _finished_helper()
 
     @numba.njit
     def plus_eight(x):

@@ -260,6 +260,19 @@ def _done_path(directory: str, i: int) -> str:
     return os.path.join(directory, f"{i}.done")
 
 
+def _compile_unclaimed(directory: str, i: int, compile_entry: Callable, *args) -> None:
+    """Entry i of the claims directory's list, unless someone claimed it: claim it, compile_entry(*args), mark it
+    done (a failure too: whoever waits for it then compiles it itself, or the next run does)."""
+    if not _claim(directory, i):
+        return
+    try:
+        compile_entry(*args)
+    except Exception:  # noqa: BLE001 - compiled again where it is needed
+        pass
+    finally:
+        open(_done_path(directory, i), "wb").close()
+
+
 _HELPER = "import sys; from ggufrun.quants import jit; jit.helper(sys.argv[1])"
 # what starting helpers or giving them a list can raise (no temporary directory, a kernel that cannot be pickled):
 # this process then compiles without them
@@ -447,13 +460,7 @@ def _finish_helpers(started: tuple[str, list], calls: list[KernelCall] | None = 
         for i, call in enumerate(calls or ()):
             if time.monotonic() > deadline or not any(p.poll() is None for p in procs):
                 break  # out of time, or no helper left (the next run compiles what is missing)
-            if _claim(directory, i):
-                try:
-                    call.dispatcher.compile(call.argtypes)
-                except Exception:  # noqa: BLE001 - the next run compiles it
-                    pass
-                finally:
-                    open(_done_path(directory, i), "wb").close()
+            _compile_unclaimed(directory, i, call.dispatcher.compile, call.argtypes)
         for p in procs:
             p.wait(max(0.0, deadline - time.monotonic()))
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
@@ -483,15 +490,7 @@ def helper(directory: str) -> None:
     with open(path, "rb") as f:
         entries = pickle.load(f)
     for i in reversed(range(len(entries))):
-        if not _claim(directory, i):
-            continue
-        try:
-            name, argtypes = entries[i]
-            _resolve(name).compile(argtypes)
-        except Exception:  # noqa: BLE001 - the main process compiles it itself
-            pass
-        finally:
-            open(_done_path(directory, i), "wb").close()
+        _compile_unclaimed(directory, i, lambda entry: _resolve(entry[0]).compile(entry[1]), entries[i])
 
 
 def _warm_up() -> None:

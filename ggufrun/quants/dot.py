@@ -279,25 +279,35 @@ def round_f16(typingctx, x):
 # ---- 32 x int8 vectors ------------------------------------------------------------------------------------
 
 
-@intrinsic
-def prefetch(typingctx, a, off):
-    """Hint the cache line holding byte `off` of `a` into all cache levels (a no-op past the array's end)."""
-    if not _is_ptr_args(a, off):
-        return None
+def _prefetch(locality: int, doc: str):
+    """Intrinsic (a, off): llvm.prefetch (read, data) of the cache line holding byte `off` of `a` with this
+    locality (3: prefetcht0, into every cache level; 2: prefetcht1, into L2 and L3), a no-op past the array's end."""
 
-    def codegen(context, builder, sig, args):
-        aryty = sig.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        off = context.cast(builder, args[1], sig.args[1], types.intp)
-        nbytes = builder.mul(ary.nitems, context.get_constant(types.intp, aryty.dtype.bitwidth // 8))
-        with builder.if_then(builder.icmp_signed("<", off, nbytes), likely=True):
-            ptr = _ptr(context, builder, aryty, args[0], types.intp, off, _i8)
-            fnty = ir.FunctionType(ir.VoidType(), [_i8.as_pointer(), _i32, _i32, _i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-            builder.call(fn, [ptr, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
-        return context.get_dummy_value()
+    @intrinsic
+    def prefetch(typingctx, a, off):
+        if not _is_ptr_args(a, off):
+            return None
 
-    return types.none(a, off), codegen
+        def codegen(context, builder, sig, args):
+            aryty = sig.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            off = context.cast(builder, args[1], sig.args[1], types.intp)
+            nbytes = builder.mul(ary.nitems, context.get_constant(types.intp, aryty.dtype.bitwidth // 8))
+            with builder.if_then(builder.icmp_signed("<", off, nbytes), likely=True):
+                ptr = _ptr(context, builder, aryty, args[0], types.intp, off, _i8)
+                fnty = ir.FunctionType(ir.VoidType(), [_i8.as_pointer(), _i32, _i32, _i32])
+                fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+                builder.call(fn, [ptr, ir.Constant(_i32, 0), ir.Constant(_i32, locality), ir.Constant(_i32, 1)])
+            return context.get_dummy_value()
+
+        return types.none(a, off), codegen
+
+    prefetch.__doc__ = doc
+    return prefetch
+
+
+prefetch = _prefetch(3, "Hint the cache line holding byte `off` of `a` into every cache level (no-op past the end).")
+prefetch_l2 = _prefetch(2, "Hint the cache line holding byte `off` of `a` into L2, not L1 (no-op past the end).")
 
 
 @intrinsic
@@ -4378,7 +4388,7 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
 # groups at once: lanes 0-7 are group A's rows, lanes 8-15 group B's (the next group, whose 8 output columns follow
 # A's), each code chunk A's 32 bytes then B's. Every lane gets its own row's integers and float steps in the same order
 # as _group_k_x8_one / _group_x8_one, so the same bits; a 16-row vector halves the decoding and multiply instructions
-# per weight, and both groups' streams are prefetched (Z16_PREFETCH). The 32-value types' _group_x8_z16_one is here
+# per weight, and both groups' streams are prefetched (DECODE_PREFETCH). The 32-value types' _group_x8_z16_one is here
 # too, beside the K-quants' _group_k_z16_one.
 # -----------------------------------------------------------------------------------------------------------------
 
@@ -4685,8 +4695,8 @@ def _group_x8_z16_one(kind, bsize, w, ga, gb, d1, s1, sums1, qs, nb, off, m):
         oa, ob = ga + b * bsize, gb + b * bsize
         if m == 0:
             for pf in range(0, bsize, 64):
-                prefetch(w, oa + Z16_PREFETCH + pf)
-                prefetch(w, ob + Z16_PREFETCH + pf)
+                decode_prefetch(w, oa + DECODE_PREFETCH + pf)
+                decode_prefetch(w, ob + DECODE_PREFETCH + pf)
         if kind == Q8_0:
             p = dot8_z16(codes8_z16(w, oa + 16, ob + 16), qs, xo + 32 * b)
         elif kind == Q5_0:
@@ -4743,8 +4753,8 @@ def _group_k_z16_one(kind, w, ga, gb, d1, b16, b32, qs, nsb, m):
         i = m * nsb + b
         if m == 0:
             for pf in range(0, sbytes, 64):
-                prefetch(w, oa + Z16_PREFETCH + pf)
-                prefetch(w, ob + Z16_PREFETCH + pf)
+                decode_prefetch(w, oa + DECODE_PREFETCH + pf)
+                decode_prefetch(w, ob + DECODE_PREFETCH + pf)
         s = _sbk_z16(kind, w, oa, ob, qs, m * K + 256 * b)
         if kind == IQ4_XS:
             s = isub128_z(s, kiq4_z16(w, oa + 16, ob + 16, b32, 4 * (m * n32 + 8 * b)))
@@ -5103,11 +5113,23 @@ CHUNK = 16  # weight rows per parallel work item
 # matrices; the hardware prefetchers ramp up too slowly for those, and prefetching each row's lines this many
 # bytes ahead made decode ~1.7x faster (SmolLM2 Q4_1 FFN matvec 93 -> 40 us inside the forward pass).
 PREFETCH_BYTES = 2048
-# decode's 16-row K-quant vectors (_group_k_z16_one) prefetch both groups' streams this far ahead, a super-block at a
-# time: unlike the 256-bit kernels (X8K note), they leave the DRAM stream idle between loads. Decode from DRAM,
-# alternating processes, Intel Xeon, 2 threads: llama3.2-1b Q4_K_M shape 26.4-26.6 -> 28.3-28.8 tok/s (32 KB ahead:
-# 27.8-28.5), qwen2.5-1.5b 21.3-21.5 -> 23.0-23.7; Gemma3-270M (from cache) even
+# The prefill / batched tiles on 512-bit vectors (_rowsk_z, _rows_z) prefetch each block this far ahead on their
+# first tile of rows (prefetcht0); decode's kernels, DECODE_PREFETCH below.
 Z16_PREFETCH = 12288
+# decode's 16-row vectors (_group_k_z16_one, _group_x8_z16_one) prefetch both groups' streams DECODE_PREFETCH ahead, a
+# super-block (block) at a time: unlike the 256-bit kernels (X8K note), they leave the DRAM stream idle between
+# loads. Intel Xeon (prefetcht0, 12 KB ahead), alternating processes, 2 threads: llama3.2-1b Q4_K_M shape 26.4-26.6
+# -> 28.3-28.8 tok/s (32 KB ahead: 27.8-28.5), qwen2.5-1.5b 21.3-21.5 -> 23.0-23.7; Gemma3-270M (from cache) even.
+# AMD Zen 4 (EPYC, 1 MB L2 a core): into L2 only (prefetcht1), 24 KB ahead, where prefetcht0 12 KB ahead ran the
+# same files' decode (2 threads, 64-128 greedy steps, medians of 3, alternating processes) llama3.2-1b 22.6-22.9 ->
+# 32.8-33.6 tok/s, SmolLM2 161-166 -> 195-211, Gemma3 73-80 -> 93-114 (12 KB ahead: llama3.2-1b 30.3-31.4; 4 KB
+# 30.7-31.7; 48 KB 30.7-33.8); the batched tiles ran slower so (SmolLM2's 8-sequence step 11.0-12.3 -> 13.6-13.9 ms)
+# and keep prefetcht0. Intel is not measured with prefetcht1 and keeps what was measured there.
+DECODE_PREFETCH_L2 = (config.CPU_NAME if config.CPU_NAME not in (None, "host") else llb.get_host_cpu_name()).startswith(
+    "znver"
+)
+DECODE_PREFETCH = 24576 if DECODE_PREFETCH_L2 else 12288
+decode_prefetch = prefetch_l2 if DECODE_PREFETCH_L2 else prefetch
 # rowk8 reads 8 rows, a super-block of each in turn: 8 streams, each prefetched this many bytes ahead a super-block
 # at a time (_prefetch_ahead's bursts of 8 rows' worth filled the miss queue: Q4_K matvecs streaming from DRAM ran
 # ~25% slower than one row at a time)

@@ -4574,8 +4574,11 @@ def _q6_codes_ab(builder, pa, pb, at):
 
 @intrinsic
 def sb6_z16(typingctx, a, oa, ob, x, xo):
-    """sb6_x8 for groups A and B at once (lanes 0-7, 8-15): every byte loaded once, the 4 code vectors of a chunk
-    each through one vpdpbusd and one vpdpwssd by its 16-value group's scale (4 x 63 x 128 < 2^15)."""
+    """sb6_x8 for groups A and B at once (lanes 0-7, 8-15): every byte loaded once; a 16-value group's 4 code
+    vectors (one per chunk of the half) summed by a vpdpbusd chain in int32 (16 x 63 x 128 < 2^17), then one
+    vpmulld by its scale (the same integers as a vpdpwssd per code vector, 2 of 8 multiplies fewer: one thread,
+    Q6_K 1024 x 1024 from L2 30.0-30.5 -> 33.4-34.8 GB/s, 2048 x 2048 x 2 from L3 32.3-32.9 -> 36.9-38.5; from DRAM
+    unchanged, 17.2-19.6)."""
     if not _is_ab_args(a, oa, ob) or not _is_ptr_args(x, xo):
         return None
 
@@ -4586,19 +4589,18 @@ def sb6_z16(typingctx, a, oa, ob, x, xo):
         for h in range(2):
             co = 144 + 768 * h
             for half in range(2):
-                sc = []
-                for k in range(4):  # pair 4h + k: groups 8h + 2k (element 0) and 8h + 2k + 1 (element 1)
-                    v = _ld16_ab(builder, pa, pb, 16 + 16 * (4 * h + k))
-                    x = builder.shuffle_vector(v, v, ir.Constant(_v16i32, [2 * i + half for i in range(16)]))
-                    sc.append(builder.and_(builder.sext(x, _v16i32), _splat(_v16i32, 0xFFFF)))
+                sums = [_splat(_v16i32, 0)] * 4  # group 8h + 2k + half's codes . quants, int32
                 for cc in range(4):
                     c = 4 * half + cc
                     codes = _q6_codes_ab(builder, pa, pb, co + 32 * c)
                     for k in range(4):
                         u = builder.bitcast(codes[k], _v16i32)
                         x = _z_bcast4(builder, q, 128 * h + 32 * k + 4 * c)
-                        s = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", _splat(_v16i32, 0), u, x)
-                        acc = _z_call(builder, "llvm.x86.avx512.vpdpwssd.512", acc, s, sc[k])
+                        sums[k] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", sums[k], u, x)
+                for k in range(4):  # pair 4h + k: groups 8h + 2k (element 0) and 8h + 2k + 1 (element 1)
+                    v = _ld16_ab(builder, pa, pb, 16 + 16 * (4 * h + k))
+                    x = builder.shuffle_vector(v, v, ir.Constant(_v16i32, [2 * i + half for i in range(16)]))
+                    acc = builder.add(acc, builder.mul(sums[k], builder.sext(x, _v16i32)))
         return acc
 
     return I32x16(a, oa, ob, x, xo), codegen

@@ -3367,7 +3367,7 @@ def _kscales_z(signed: bool, low16: bool = True):
 
 
 ksc_z = _kscales_z(False)  # Q4_K / Q5_K's 6-bit scales
-ksc6_z = _kscales_z(True)  # Q6_K's int8 scales
+ksc6_z = _kscales_z(True, False)  # Q6_K's int8 scales, for vpmulld (dot6k_z)
 kscw_z = _kscales_z(True, False)  # IQ4_XS's scales (-32..31), for vpmulld
 
 
@@ -3382,7 +3382,8 @@ def _dot_k_z(run: int, hi_at: int, pairs: bool = True):
     the quants of values 4c.. (scales sclo), 2c + 1 those of values hi_at + 4c.. (schi), of a pair of activation
     rows in the pair layout at byte `off` (pair tiles: widen_z codes) or of one row (decode: codes of two groups,
     codes_z16); `run` vpdpbusd then one vpdpwssd by the scale (run * 16 codes times quants stay within int16:
-    Q4_K 4 x 16 x 15 x 128, Q5_K 2 x 16 x 31 x 128, Q6_K 1 x 4 x 63 x 128 < 2^15)."""
+    Q4_K 4 x 16 x 15 x 128, Q5_K 2 x 16 x 31 x 128 < 2^15). run 0: all 4 vpdpbusd chained in int32, then one vpmulld
+    by the scale as an int32 (_kscales_z low16 False): Q6_K, whose codes allow a run of 1 only (4 x 63 x 128)."""
 
     @intrinsic
     def dot(typingctx, codes, x, off, sclo, schi, acc):
@@ -3398,8 +3399,10 @@ def _dot_k_z(run: int, hi_at: int, pairs: bool = True):
                     u = builder.bitcast(builder.extract_value(args[0], 2 * c + part), _v16i32)
                     q = _z_quants(builder, p, hi_at * part + 4 * c, pairs)
                     s = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", s or _splat(_v16i32, 0), u, q)
-                    if (c + 1) % run == 0:
+                    if run and (c + 1) % run == 0:
                         acc, s = _z_call(builder, "llvm.x86.avx512.vpdpwssd.512", acc, s, args[3 + part]), None
+                if not run:
+                    acc = builder.add(acc, builder.mul(s, args[3 + part]))
             return acc
 
         return I32x16(CodesZ8, x, off, I32x16, I32x16, I32x16), codegen
@@ -3407,7 +3410,7 @@ def _dot_k_z(run: int, hi_at: int, pairs: bool = True):
     return dot
 
 
-dot4k_z, dot5k_z, dot6k_z = _dot_k_z(4, 32), _dot_k_z(2, 32), _dot_k_z(1, 64)
+dot4k_z, dot5k_z, dot6k_z = _dot_k_z(4, 32), _dot_k_z(2, 32), _dot_k_z(0, 64)
 dot4k_z16, dot5k_z16 = _dot_k_z(4, 32, False), _dot_k_z(2, 32, False)
 
 

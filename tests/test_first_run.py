@@ -418,23 +418,24 @@ def test_background_compile_is_used_when_done_and_done_here_when_its_helper_is_g
     assert b.ready() and plus_three(1) == 4  # no helper left, nothing done: compiled here
 
 
-def test_background_kernels_are_taken_up_as_each_is_done(tmp_path):
+def _two_kernels_beside_a_helper(tmp_path, a: int, b: int):
+    """(f, g, their recorded calls, an empty claims directory, a stand-in helper at work): two fresh kernels x + a and
+    x + b, neither compiled yet."""
     import numba
 
     from ggufrun.quants import jit
 
-    @numba.njit
-    def plus_four(x):
-        return x + 4
-
-    @numba.njit
-    def plus_five(x):
-        return x + 5
-
-    calls = jit.record_calls(lambda: (plus_four(1), plus_five(1)))
+    f, g = numba.njit(lambda x: x + a), numba.njit(lambda x: x + b)
+    calls = jit.record_calls(lambda: (f(1), g(1)))
     directory = tmp_path / "claims"
     directory.mkdir()
-    helper = _compiling_helper()
+    return f, g, calls, directory, _compiling_helper()
+
+
+def test_background_kernels_are_taken_up_as_each_is_done(tmp_path):
+    from ggufrun.quants import jit
+
+    plus_four, plus_five, calls, directory, helper = _two_kernels_beside_a_helper(tmp_path, 4, 5)
     b = jit.Background(calls, (str(directory), [helper]))
     assert not b.ready({plus_four}) and not b.ready() and b.helpers_running() == 1
     open(jit._done_path(str(directory), 0), "wb").close()  # the helper's first entry done
@@ -453,18 +454,7 @@ def test_at_exit_this_process_compiles_the_entries_no_helper_has_claimed(tmp_pat
 
     from ggufrun.quants import jit
 
-    @numba.njit
-    def plus_six(x):
-        return x + 6
-
-    @numba.njit
-    def plus_seven(x):
-        return x + 7
-
-    calls = jit.record_calls(lambda: (plus_six(1), plus_seven(1)))
-    directory = tmp_path / "claims"
-    directory.mkdir()
-    helper = _compiling_helper()
+    plus_six, plus_seven, calls, directory, helper = _two_kernels_beside_a_helper(tmp_path, 6, 7)
     assert jit._claim(str(directory), 1)  # the helper is at the last entry
     jit._finish_helpers((str(directory), [helper]), calls, timeout=1.0)
     assert plus_six.overloads and not plus_seven.overloads  # the first compiled here, the helper's left to it

@@ -260,6 +260,11 @@ def _done_path(directory: str, i: int) -> str:
     return os.path.join(directory, f"{i}.done")
 
 
+def _running(procs: list) -> int:
+    """How many of the helper processes `procs` have not exited."""
+    return sum(p.poll() is None for p in procs)
+
+
 def _compile_unclaimed(directory: str, i: int, compile_entry: Callable, *args) -> None:
     """Entry i of the claims directory's list, unless someone claimed it: claim it, compile_entry(*args), mark it
     done (a failure too: whoever waits for it then compiles it itself, or the next run does)."""
@@ -410,7 +415,7 @@ class Background:
         busy (Transformer passes run beside them on the cores left)."""
         if not self._finalizer.alive:
             return 0
-        return sum(p.poll() is None for p in self._started[1])
+        return _running(self._started[1])
 
     def _entries(self, which) -> list[int]:
         return [i for i, c in enumerate(self.calls) if which is None or c.dispatcher in which]
@@ -418,7 +423,7 @@ class Background:
     def ready(self, which=None) -> bool:
         entries = self._entries(which)
         if self._finalizer.alive:
-            alive = any(p.poll() is None for p in self._started[1])
+            alive = _running(self._started[1]) > 0
             if alive and not all(os.path.exists(self._done[i]) for i in entries):
                 return False
             if not alive or all(map(os.path.exists, self._done)):
@@ -453,12 +458,12 @@ def _finish_helpers(started: tuple[str, list], calls: list[KernelCall] | None = 
     waits about half as long on 2 cores."""
     deadline = time.monotonic() + timeout
     directory, procs = started
-    if any(p.poll() is None for p in procs):
+    if _running(procs):
         print("ggufrun: saving the kernels still compiling for the next run (first run only)...", file=sys.stderr,
               flush=True)  # fmt: skip
     try:
         for i, call in enumerate(calls or ()):
-            if time.monotonic() > deadline or not any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline or not _running(procs):
                 break  # out of time, or no helper left (the next run compiles what is missing)
             _compile_unclaimed(directory, i, call.dispatcher.compile, call.argtypes)
         for p in procs:
@@ -471,7 +476,7 @@ def _finish_helpers(started: tuple[str, list], calls: list[KernelCall] | None = 
 def _wait_for_helper(directory: str, i: int, procs: list) -> None:
     """Wait until entry i, claimed by a helper, is marked done or no helper is left to do it."""
     done = _done_path(directory, i)
-    while not os.path.exists(done) and any(p.poll() is None for p in procs):
+    while not os.path.exists(done) and _running(procs):
         time.sleep(0.01)
 
 

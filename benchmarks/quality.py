@@ -3,7 +3,8 @@ installed) against the float reference pass of the same GGUF weights.
 
     python benchmarks/quality.py                          # SmolLM2, Gemma3 (corpus) and every tests/data/golden model
     python benchmarks/quality.py gemma3-270m --ctx 256 --chunks 4 --json bench-results/quality.json
-    python benchmarks/quality.py --golden-only            # the small golden models only (a minute)
+    python benchmarks/quality.py --golden-only            # the small golden models only (a minute: 16 windows each)
+    python benchmarks/quality.py --golden-only --golden '*moe*' --golden-chunks 64   # some of them, longer
     python benchmarks/quality.py gemma3-270m --flash-attn # also llama.cpp with flash attention: its own float order
     python benchmarks/quality.py gemma3-270m --agreement 1100   # teacher-forced agreement on one 1,100-token prompt
 
@@ -338,8 +339,9 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=None)
     ap.add_argument("--golden-ctx", type=int, default=256, help="window of the small golden models")
-    ap.add_argument("--golden-chunks", type=int, default=4, help="windows of random tokens per golden model")
+    ap.add_argument("--golden-chunks", type=int, default=16, help="windows of random tokens per golden model")
     ap.add_argument("--golden-only", action="store_true", help="only the small golden models")
+    ap.add_argument("--golden", default="small-*", help="which golden models (a glob on the file name's stem)")
     ap.add_argument("--no-golden", action="store_true", help="leave the small golden models out")
     ap.add_argument("--flash-attn", action="store_true", help="also run llama.cpp with flash attention")
     ap.add_argument("--seed", type=int, default=0, help="seed of the golden models' random token windows")
@@ -389,7 +391,7 @@ def main() -> None:
         for name in args.models or MODELS:
             rows += score_model(name, resolve(name), args, text=text)
     if not args.no_golden and not args.models:
-        for path in sorted(GOLDEN.glob("small-*.gguf")):
+        for path in sorted(GOLDEN.glob(f"{args.golden}.gguf")):
             with GGUFFile(path) as f:
                 arch = f.metadata["general.architecture"]
                 n_vocab = int(f.metadata.get(f"{arch}.vocab_size", f.tensors["token_embd.weight"].shape[0]))

@@ -46,7 +46,7 @@ def test_example_chat_reads_turns_until_eof(smollm2_path):
 def test_cli_run_streams_an_answer_with_summary(smollm2_path):
     args = ["--temperature", "0", "--max-tokens", "24", "--system", "You are a helpful assistant."]
     r = _run(
-        [sys.executable, "-m", "ggufrun", "run", "--model", str(smollm2_path), *args, "What is the capital of France?"]
+        [sys.executable, "-m", "ggufrun", "run", "--model", str(smollm2_path), *args, "Name the capital of France."]
     )
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout

@@ -260,10 +260,12 @@ def _forced(target: list[int]):
 
 
 # With the template's default system prompt SmolLM2-135M answers this question off the mark (so does llama.cpp on
-# the same ids); with a plain system prompt it answers "The capital of France is Paris."
+# the same ids); with a plain system prompt it answers "The capital of France is Paris.", and the float reference
+# (ggufrun.reference) prefers each token of that answer by 1.6 logits or more. ("What is the capital of France?" is
+# a near-tie on its first token, "The" over "La" by 0.095 in the float model: 8-bit activation rounding decides it.)
 FRANCE = [
     {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "user", "content": "Name the capital of France."},
 ]
 
 

@@ -1,24 +1,23 @@
-"""The forward pass against llama.cpp's logits on the tiny synthetic models (tests/data/golden/small-*.gguf).
+"""The forward pass against llama.cpp's logits on the tiny synthetic models (tests/data/golden/small-*.gguf), and
+against the float reference of the same weights.
 
-Bounds from tests/data/golden/README.md: mean|diff| <= 0.03 x std(golden), max|diff| <= 0.2 x std, argmax equal on
->= 90% of rows; F32/F16 weights: max|diff| <= 0.01 x std. (A wrong rope layout lands near mean 0.25 x std.)
+Bounds against llama.cpp: tests/golden_bounds.py (tests/data/golden/README.md's, widened where the float reference
+itself lands that far: ggufrun's activation rounding is not llama.cpp's). Against the float reference: at least as
+close as llama.cpp, within noise.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from gguf import GGUFValueType
+from golden_bounds import GOLDEN, bounds, closeness, float_logits
 from synthetic import Typed, rewrite_gguf
 
 from ggufrun.model import Transformer
 from ggufrun.reader import GGUFFile
 
-GOLDEN = Path(__file__).parent / "data" / "golden"
 SMALL = sorted(p.stem for p in GOLDEN.glob("small-*.gguf"))
-EXACT_TYPES = ("-f32", "-f16")  # float weights: llama.cpp quantizes no activations
 UINT32 = GGUFValueType.UINT32
 
 
@@ -27,20 +26,15 @@ def load(stem: str, **kwargs) -> tuple[Transformer, dict]:
     return Transformer(GGUFFile(GOLDEN / f"{stem}.gguf"), **kwargs), golden
 
 
-def closeness(mine: np.ndarray, golden: np.ndarray) -> tuple[float, float, float]:
-    """mean|diff| / std(golden), max|diff| / std(golden), the fraction of rows with the same argmax."""
-    std = golden.std()
-    diff = np.abs(mine - golden)
-    return diff.mean() / std, diff.max() / std, np.mean(mine.argmax(1) == golden.argmax(1))
-
-
 def check_close(stem: str, mine: np.ndarray, golden: np.ndarray) -> None:
     assert mine.shape == golden.shape and mine.dtype == np.float32
     mean_rel, max_rel, agree = closeness(mine, golden)
-    where = f"{stem}: mean|diff| {mean_rel:.4f} std, max {max_rel:.4f} std, argmax agreement {agree:.3f}"
-    assert mean_rel <= 0.03, where
-    assert max_rel <= (0.01 if stem.endswith(EXACT_TYPES) else 0.2), where
-    assert agree >= 0.9, where
+    mean_bound, max_bound, agree_bound = bounds(stem)
+    where = (
+        f"{stem}: mean|diff| {mean_rel:.4f} std (bound {mean_bound:.4f}), max {max_rel:.4f} std (bound "
+        f"{max_bound:.4f}), argmax agreement {agree:.3f} (bound {agree_bound:.3f})"
+    )
+    assert mean_rel <= mean_bound and max_rel <= max_bound and agree >= agree_bound, where
 
 
 @pytest.mark.parametrize("stem", SMALL)
@@ -54,6 +48,20 @@ def test_golden_logits(stem):
     check_close(stem, np.concatenate([first, np.stack(steps)]), g["logits"])
     # and teacher-forced in a fresh context
     check_close(stem, tf.logits(tokens[:-1]), g["logits"])
+
+
+@pytest.mark.parametrize("stem", SMALL)
+def test_as_close_to_the_float_model_as_llama_cpp(stem):
+    """ggufrun's logits (teacher-forced on the golden's tokens) are as close to the float reference as llama.cpp's
+    golden: mean |diff| at most 1.1x llama.cpp's (measured 0.80-1.01x on this project's AVX-512 machine: 8-bit
+    activations with each block's best scale, float activations for F16 / BF16 weights, which llama.cpp rounds to
+    F16 / BF16), max |diff| at most 1.5x, argmax agreement at most 0.1 lower (31 rows)."""
+    g = np.load(GOLDEN / f"{stem}.logits.npz")
+    ref = float_logits(stem)
+    ours = closeness(Transformer(GGUFFile(GOLDEN / f"{stem}.gguf")).logits(g["tokens"][:-1]), ref)
+    theirs = closeness(g["logits"], ref)
+    where = f"{stem}: against the float reference ggufrun {ours}, llama.cpp {theirs}"
+    assert ours[0] <= 1.1 * theirs[0] and ours[1] <= 1.5 * theirs[1] + 1e-4 and ours[2] >= theirs[2] - 0.1, where
 
 
 @pytest.mark.parametrize("stem", SMALL)

@@ -2,9 +2,9 @@
 
 - dequantize: bit-exact against gguf-py's `gguf.quants.dequantize` on random blocks (hypothesis), hand-built
   blocks, and every tensor of the golden small-*.gguf files.
-- activation quantizers: against gguf-py's Q8_0 quantizer (which rounds half away from zero where llama.cpp's
-  x86 build, our target, rounds half to even) and against NumPy transcriptions of llama.cpp's
-  quantize_row_q8_1 (x86) and quantize_row_q8_K_ref.
+- activation quantizers: each block's scale is the best of its 8 candidates (float64 errors), never worse than
+  NumPy transcriptions of llama.cpp's quantize_row_q8_1 (x86) and quantize_row_q8_K_ref, whose rule blocks of
+  zeros and tiny blocks keep; half-integers round to even as llama.cpp's x86 build does.
 - matvec / matmul: against float64 products of the dequantized weights, both with the activations as the
   kernels quantized them (tight: only float32 accumulation differs) and with the original float activations
   (within the bound 8-bit activation rounding explains, derived in `_activation_error_bound`).
@@ -90,7 +90,7 @@ def test_registry_matches_gguf_block_sizes():
     )
     for t, e in Q.REGISTRY.items():
         assert (e.block_size, e.type_size) == GGML_QUANT_SIZES[t], t.name
-        assert e.act in ("Q8_1", "Q8_K", t.name)
+        assert e.act in ("Q8_1", "Q8_K", "F32")
         fmt = Q.ACTIVATIONS[e.act]
         assert fmt.name == e.act and (fmt.block == 1) == (e.weight_dtype != np.uint8), t.name
         assert e.block_size % fmt.block == 0, t.name  # a row of whole weight blocks is whole activation blocks
@@ -222,95 +222,127 @@ def test_get_rows(qtype):
 # ---- activation quantization ------------------------------------------------------------------------------
 
 
-def _q8_x86_reference(x: np.ndarray):
-    """llama.cpp quantize_row_q8_1, x86 AVX2 path (ggml-cpu/arch/x86/quants.c), in NumPy float32."""
-    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+STEPS = np.float32(1.0) + np.arange(8, dtype=np.float32) * np.float32(0.005)  # the candidates' factors
+
+
+def _block_errors(xb: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """float64 sum over each block of (x - rint(x / scale) * scale)^2; xb [n, blk], scales [n, c] -> [n, c]."""
+    x = xb.astype(np.float64)[:, None, :]
+    sc = scales.astype(np.float64)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.rint(xb[:, None, :] * (np.float32(1) / scales)[..., None]).astype(np.float64)
+    return ((x - q * sc) ** 2).sum(-1)
+
+
+def _q8_1_llamacpp(xb: np.ndarray):
+    """llama.cpp quantize_row_q8_1, x86 AVX2 path (ggml-cpu/arch/x86/quants.c), in NumPy float32, per block of 32:
+    the quants and the stored fp16 scale."""
     amax = np.abs(xb).max(-1)
-    d = amax / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(xb * inv[..., None]).astype(np.int32)  # _mm256_round_ps(_MM_ROUND_NEAREST): ties to even
-    s = (d * q.sum(-1).astype(np.float32)).astype(np.float16).astype(np.float32)
-    return q.reshape(x.shape), d.astype(np.float16).astype(np.float32), s
+    q = np.rint(xb * inv[..., None])  # _mm256_round_ps(_MM_ROUND_NEAREST): ties to even
+    return q, (amax / np.float32(127)).astype(np.float16).astype(np.float32)
 
 
-def test_q8_1_activations_match_llamacpp_x86():
+def test_q8_1_activations_choose_the_best_of_eight_scales():
+    """Each block of 32 keeps one of the 8 candidates fp16(amax / 127 * (1 + 0.005 c)), the one (up to float
+    order in the error sums) whose quants rint(x / d) reproduce the block best; never worse than llama.cpp's
+    rule; s = d * sum(q). Zero blocks and blocks too small for a normal fp16 scale get llama.cpp's rule."""
     rng = np.random.default_rng(3)
-    x = (rng.standard_normal((5, 256)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
+    x = (rng.standard_normal((5, 512)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
     x[1, 32:64] = 0  # an all-zero block
-    x[2, :32] = np.r_[127.0, np.arange(-15, 16) + 0.5]  # 127/amax = 1: exact half-integers, ties to even
+    x[2, :32] = np.r_[127.0, np.arange(-15, 16) + 0.5]  # exact half-integers under llama.cpp's scale
+    x[3, 64:96] *= np.float32(1e-5) / np.abs(x[3, 64:96]).max()  # amax 1e-5: scale below fp16's normal range
+    x[4] = rng.standard_t(3, 512).astype(np.float32)
     qx = Q.quantize_activations(x, T.Q4_1)
     d, s, qs, sums = qx.arrays
-    q_ref, d_ref, s_ref = _q8_x86_reference(x)
-    np.testing.assert_array_equal(qs, q_ref)
-    np.testing.assert_array_equal(d, d_ref)
-    np.testing.assert_array_equal(s, s_ref)
-    np.testing.assert_array_equal(sums, q_ref.reshape(5, -1, 32).sum(-1))
+    xb = x.reshape(-1, 32)
+    db, qb = d.reshape(-1), qs.reshape(-1, 32).astype(np.float64)
+    amax = np.abs(xb).max(-1)
+    cand = ((amax / np.float32(127))[:, None] * STEPS).astype(np.float16).astype(np.float32)
+    searched = (amax / 127 >= 6.2e-5) & (amax != 0)
+    assert searched.sum() == len(xb) - 2
+    # the quants are those of the stored scale, and s and sums follow them
+    with np.errstate(divide="ignore"):
+        want_q = np.rint(xb * (np.float32(1) / db)[:, None])
+    np.testing.assert_array_equal(qb[searched], want_q[searched])
+    np.testing.assert_array_equal(sums.reshape(-1), qb.sum(-1).astype(np.int32))
+    np.testing.assert_array_equal(s.reshape(-1), db * qb.sum(-1).astype(np.float32))
+    assert np.abs(qb).max() <= 127
+    # the stored scale is the best candidate, and no worse than llama.cpp's rule
+    errs = _block_errors(xb[searched], cand[searched])
+    ours = _block_errors(xb[searched], db[searched, None])[:, 0]
+    assert all(db[i] in cand[i] for i in np.flatnonzero(searched))
+    np.testing.assert_array_less(ours, errs.min(-1) * (1 + 1e-5) + 1e-30)
+    q_ll, d_ll = _q8_1_llamacpp(xb)
+    ll_err = ((xb.astype(np.float64) - q_ll * d_ll[:, None]) ** 2).sum(-1)
+    np.testing.assert_array_less(ours, ll_err[searched] * (1 + 1e-5) + 1e-30)
+    assert ours.sum() < 0.93 * ll_err[searched].sum()  # 10-16 % less on Gaussian / t(3) values
+    # the blocks outside the search: llama.cpp's quants and scale
+    np.testing.assert_array_equal(qb[~searched], q_ll[~searched])
+    np.testing.assert_array_equal(db[~searched], d_ll[~searched])
 
 
-def test_q8_0_activations_vs_gguf_quantize():
-    """gguf-py's Q8_0 is llama.cpp's reference quantizer: same scale, roundf (ties away from zero) on x * (1/d).
-    llama.cpp's x86 build, which made the golden logits, multiplies by 127/amax and rounds ties to even; the
-    quants may differ by one, and only where x * 127 / amax lands within rounding of a half-integer."""
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((4, 1024)).astype(np.float32)
-    qx = Q.quantize_activations(x, T.Q8_0)
-    ref = gguf_quantize(x, T.Q8_0).reshape(4, -1, 34)
-    ref_d = ref[..., :2].copy().view(np.float16).astype(np.float32)[..., 0]
-    ref_q = ref[..., 2:].copy().view(np.int8).astype(np.int32).reshape(4, -1)
-    d, _, qs, _ = qx.arrays
-    np.testing.assert_array_equal(d, ref_d)
-    ours = qs.astype(np.int32)
-    v = np.abs(x.reshape(4, -1, 32) * (np.float32(127) / np.abs(x.reshape(4, -1, 32)).max(-1, keepdims=True)))
-    near_tie = (np.abs(v - np.floor(v) - 0.5) < 1e-4).reshape(4, -1)
-    assert np.all(np.abs(ours - ref_q) <= 1)
-    assert np.all((ours == ref_q) | near_tie)
-    assert (ours == ref_q).mean() > 0.999
-    # an exact tie: 2.5 -> 2 (half to even, llama.cpp x86) where gguf-py gives 3
-    t = np.zeros((1, 32), np.float32)
+def test_q8_1_activations_keep_ties_to_even():
+    """A block whose best scale is amax / 127 = 1 (its other values integers, exact only at that scale) rounds
+    its half-integer to even, as llama.cpp's x86 build does (gguf-py's Q8_0 rounds it away from zero)."""
+    t = np.arange(32, dtype=np.float32)[None, :] - 15
     t[0, 0], t[0, 1] = 127.0, 2.5
-    assert Q.quantize_activations(t, T.Q8_0).arrays[2][0, 1] == 2
+    qx = Q.quantize_activations(t, T.Q8_0)
+    assert qx.arrays[0][0, 0] == 1.0 and qx.arrays[2][0, 1] == 2
     assert gguf_quantize(t, T.Q8_0)[0, 3].view(np.int8) == 3
 
 
-def _q8_k_reference(x: np.ndarray):
-    """llama.cpp quantize_row_q8_K_ref (ggml-quants.c), in NumPy float32."""
-    xb = x.reshape(x.shape[0], -1, 256).astype(np.float32)
-    imax = np.abs(xb).argmax(-1)  # first element of largest magnitude, as the C loop's strict '>'
-    vmax = np.take_along_axis(xb, imax[..., None], -1)[..., 0]
-    with np.errstate(divide="ignore"):
-        iscale = np.where(vmax != 0, np.float32(-127) / vmax, np.float32(0)).astype(np.float32)
-        d = np.where(vmax != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
-    q = np.minimum(127, np.rint(iscale[..., None] * xb)).astype(np.int32)  # nearest_int: ties to even
-    bsums16 = q.reshape(x.shape[0], -1, 16).sum(-1)
-    return q.reshape(x.shape), d, bsums16
-
-
-def test_q8_k_activations_match_llamacpp_ref():
+def test_q8_k_activations_choose_the_best_of_eight_scales():
+    """Each block of 256 keeps one of llama.cpp's quantize_row_q8_K_ref inverse scales iscale = -127 / max over
+    (1 + 0.005 c) (max the first value of largest magnitude, with its sign), the one whose quants
+    min(127, rint(iscale * x)) reproduce the block best; d = 1 / iscale; bsums the quants' sums per 16 / 32."""
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((3, 768)) * 3).astype(np.float32)
     x[0, 256:512] = 0
     x[1, 7], x[1, 9] = 40.0, -40.0  # tie in magnitude: the first one sets the sign
+    x[2, 512:] = rng.standard_t(3, 256).astype(np.float32)
     qx = Q.quantize_activations(x, T.Q6_K)
     qu, d, b16, b32, qs = qx.arrays
-    q_ref, d_ref, b16_ref = _q8_k_reference(x)
-    np.testing.assert_array_equal(qu.astype(np.int32) - 128, q_ref)
-    np.testing.assert_array_equal(qs, q_ref)
-    np.testing.assert_array_equal(d, d_ref)
-    np.testing.assert_array_equal(b16, b16_ref)
-    np.testing.assert_array_equal(b32, b16_ref.reshape(3, -1, 2).sum(-1))
+    xb = x.reshape(-1, 256)
+    db, qb = d.reshape(-1), qs.reshape(-1, 256)
+    imax = np.abs(xb).argmax(-1)  # first element of largest magnitude, as the C loop's strict '>'
+    vmax = np.take_along_axis(xb, imax[:, None], -1)[:, 0]
+    nz = vmax != 0
+    assert db[~nz].tolist() == [0.0] and not qb[~nz].any()
+    iscale = np.float32(-127) / vmax[nz]
+    inv = (iscale[:, None] / STEPS).astype(np.float32)
+    cand = np.float32(1) / inv
+    chosen = np.array([np.flatnonzero(cand[i] == db[nz][i]) for i in range(nz.sum())], dtype=object)
+    assert all(len(c) >= 1 for c in chosen)
+    best_inv = np.array([inv[i, c[0]] for i, c in enumerate(chosen)], np.float32)
+    np.testing.assert_array_equal(qb[nz], np.minimum(127, np.rint(best_inv[:, None] * xb[nz])))
+    assert np.all(np.sign(db[nz]) == -np.sign(vmax[nz]))  # llama.cpp's sign convention
+    errs = _block_errors(xb[nz], cand)
+    ours = _block_errors(xb[nz], db[nz, None])[:, 0]
+    np.testing.assert_array_less(ours, errs.min(-1) * (1 + 1e-5) + 1e-30)
+    np.testing.assert_array_less(ours, errs[:, 0] * (1 + 1e-5))  # c = 0 is llama.cpp's own scale
+    np.testing.assert_array_equal(qu.astype(np.int32) - 128, qs)
+    np.testing.assert_array_equal(b16, qs.astype(np.int32).reshape(3, -1, 16).sum(-1))
+    np.testing.assert_array_equal(b32, b16.reshape(3, -1, 2).sum(-1))
 
 
-def test_float_activations_rounded_like_llamacpp():
+def test_activation_quantizers_take_non_finite_values():
+    """inf / NaN in a block: llama.cpp's rule for it (no search), the other blocks as usual, no crash."""
+    x = np.ones((2, 512), np.float32)
+    x[0, 3], x[1, 300] = np.inf, np.nan
+    for qtype in (T.Q8_0, T.Q4_K):
+        qx = Q.quantize_activations(x, qtype)
+        assert qx.M == 2
+
+
+def test_float_weights_take_the_activations_as_they_are():
+    """F32 / F16 / BF16 weights multiply float32 activations unrounded (llama.cpp rounds them to F16 / BF16)."""
     rng = np.random.default_rng(6)
     x = (rng.standard_normal((2, 100)) * 1e3).astype(np.float32)
-    x[0, :3] = [np.inf, -np.inf, 70000.0]
-    f16 = Q.quantize_activations(x, T.F16).arrays[0]
-    with np.errstate(over="ignore"):  # 70000 -> inf, as in llama.cpp
-        np.testing.assert_array_equal(f16, x.astype(np.float16).astype(np.float32))
-    bf16 = Q.quantize_activations(x, T.BF16).arrays[0]
-    np.testing.assert_array_equal(bf16, reference_dequantize(gguf_quantize(x, T.BF16), T.BF16))
-    assert Q.quantize_activations(x, T.F32).arrays[0] is x
+    for qtype in (T.F32, T.F16, T.BF16):
+        assert Q.REGISTRY[qtype].act == "F32"
+        assert Q.quantize_activations(x, qtype).arrays[0] is x
 
 
 @pytest.mark.parametrize("fmt", ["Q8_1", "Q8_K"])
@@ -355,33 +387,23 @@ def _dequantized_activations(qx: Q.QuantizedActivations) -> np.ndarray:
     return (q * d.astype(np.float64)[..., None]).reshape(qx.M, qx.K)
 
 
-def _min_term_error(w: np.ndarray, qtype: T, qx: Q.QuantizedActivations) -> np.ndarray:
-    """Q4_1 / Q5_1: the min term uses Q8_1's s = fp16(d * sum q), off by up to 2^-11 relative per block.
-    Returns [M, N] bounds."""
-    if qtype not in (T.Q4_1, T.Q5_1):
-        return 0.0
-    e = Q.REGISTRY[qtype]
-    mins = w.reshape(w.shape[0], -1, e.type_size)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
-    s = np.abs(qx.arrays[1].astype(np.float64))  # Q8_1 s [M, nb]
-    return 2.0**-11 * s @ np.abs(mins).T
-
-
 def _activation_error_bound(W: np.ndarray, x: np.ndarray, qtype: T) -> np.ndarray:
     """Worst case |W @ x_quantized - W @ x| per output, [M, N].
 
-    8-bit blocks: a value of block b is rounded to a multiple of step = amax_b / 127, so it moves by at most
-    step / 2 = amax_b / 254; Q8_1 also stores the step as fp16 (relative error 2^-11, times |q| <= 127:
-    amax_b * 2^-11 more). Summed with |W|: bound_n = sum_k |W_nk| * amax_b(k) * (1/254 + 2^-11).
-    F16 / BF16 weights: x is rounded to f16 (2^-11 relative) / bf16 (2^-8). Plus float32 accumulation slack.
+    8-bit blocks: a value of block b is rounded to a multiple of its step, at most amax_b / 127 * 1.035 (the
+    largest candidate scale; Q8_1 rounds it to fp16, 2^-11 relative), so it moves by at most half a step; the
+    blocks that keep llama.cpp's rule move by amax_b / 254 plus the fp16 error of their step (2^-11, times
+    |q| <= 127). Summed with |W|: bound_n = sum_k |W_nk| * amax_b(k) * (1.035 / 254 + 2^-11). Float weights
+    take x as it is. Plus float32 accumulation slack.
     """
     fmt = Q.REGISTRY[qtype].act
     absW = np.abs(W)
     if fmt in ("Q8_1", "Q8_K"):
         blk = 32 if fmt == "Q8_1" else 256
         amax = np.abs(x).reshape(x.shape[0], -1, blk).max(-1)
-        per_value = np.repeat(amax, blk, axis=1) * (1 / 254 + 2.0**-11)
+        per_value = np.repeat(amax, blk, axis=1) * (1.035 / 254 + 2.0**-11)
     else:
-        per_value = np.abs(x) * {"F32": 0.0, "F16": 2.0**-11, "BF16": 2.0**-8}[fmt]
+        per_value = np.zeros_like(x)
     slack = 1e-5 * (np.abs(x) @ absW.T) + 1e-6
     return per_value @ absW.T + slack
 
@@ -407,10 +429,10 @@ def test_matvec_matmul_against_float64(qtype):
         Y = Q.matmul(w, qtype, x) if M > 1 else Q.matvec(w, qtype, x[0])[None, :]
         scale = np.abs(_dequantized_activations(qx)) @ np.abs(W).T + 1e-30
 
-        # tight: the same quantized activations in float64; only float32 rounding (and Q4_1/Q5_1's fp16 s)
+        # tight: the same quantized activations in float64; only float32 rounding differs
         exact = _dequantized_activations(qx) @ W.T
         err = np.abs(Y - exact)
-        assert np.all(err <= 2e-6 * scale + _min_term_error(w, qtype, qx) + 1e-30), (qtype.name, N, K, M, err.max())
+        assert np.all(err <= 2e-6 * scale + 1e-30), (qtype.name, N, K, M, err.max())
 
         # against the float activations: within what the activation rounding explains, and not trivially
         ref = x.astype(np.float64) @ W.T

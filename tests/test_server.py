@@ -38,9 +38,9 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
 
 
-QUESTION = [
+QUESTION = [  # an answer the float model prefers by 1.6 logits or more at every token (tests/test_generate.py, FRANCE)
     {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "user", "content": "Name the capital of France."},
 ]
 
 

@@ -140,7 +140,7 @@ const client = new OpenAI({ baseURL: process.argv[2], apiKey: 'not-needed' });
 const stream = await client.chat.completions.create({
   model: 'my-model', stream: true, max_tokens: 24, temperature: 0,
   messages: [{ role: 'system', content: 'You are a helpful assistant.' },
-             { role: 'user', content: 'What is the capital of France?' }],
+             { role: 'user', content: 'Name the capital of France.' }],
 });
 for await (const chunk of stream) process.stdout.write(chunk.choices[0]?.delta?.content || '');
 """

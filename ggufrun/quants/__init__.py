@@ -12,8 +12,10 @@ float32 / float16 / uint16 (BF16) for float types.
 
 As llama.cpp does, the products quantize the activations to 8 bits first (Q8_1 blocks of 32 for Q4_0,
 Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; Q8_K blocks of 256 for the K-quants, IQ4_XS, the IQ2 / IQ3 grid
-types, IQ1_S, IQ1_M, TQ1_0, TQ2_0; f16 / bf16 rounding for F16 / BF16 weights) and then run integer dot products
-straight from the quantized blocks; W is never expanded to float32. To quantize once and reuse for several
+types, IQ1_S, IQ1_M, TQ1_0, TQ2_0) and then run integer dot products straight from the quantized blocks; W is
+never expanded to float32. Each block's scale is the one of a few candidates that reproduces its values best
+(ggufrun.quants.dot, section 3), not llama.cpp's amax / 127 alone. F32 / F16 / BF16 weights multiply the float32
+activations as they are (llama.cpp rounds them to F16 / BF16 first). To quantize once and reuse for several
 matrices sharing an input (Q/K/V, FFN gate/up):
 
     qx = quantize_activations(x, qtype)       # x [K] or [M, K]; qx.format == REGISTRY[qtype].act
@@ -203,7 +205,7 @@ class QuantizedActivations:
                              sums int32 [M, K/32])
     format "Q8_K": arrays = (qu uint8 [M, K] (quant + 128), d float32 [M, K/256], bsums16 int32 [M, K/16],
                              bsums32 int32 [M, K/32], qs int8 [M, K] (quant))
-    format "F32" / "F16" / "BF16": arrays = (x float32 [M, K],), rounded to the weight's precision
+    format "F32" (F32, F16 and BF16 weights): arrays = (x float32 [M, K],)
     """
 
     format: str
@@ -263,8 +265,8 @@ def matmul_q(w: np.ndarray, qtype, qx: QuantizedActivations, out: np.ndarray | N
     """Y = X @ W.T with X already quantized; out float32 [M, N].
 
     The dot kernels decode each weight block once per 4 activation rows and compute every row exactly as
-    matvec_q would (bit for bit), so results never depend on M. For quantized weights they match llama.cpp's
-    8-bit activations and beat dequantize + BLAS here (benchmarks/kernels.py, `matmul_dequant`).
+    matvec_q would (bit for bit), so results never depend on M. For quantized weights they run on 8-bit
+    activations as llama.cpp's do and beat dequantize + BLAS here (benchmarks/kernels.py, `matmul_dequant`).
     """
     e = _entry(qtype)
     w2 = _weights(w, e)

@@ -23,7 +23,7 @@ class QuantType:
     qtype: T
     block_size: int  # values per block
     type_size: int  # bytes per block
-    act: str  # activation format its dot kernel takes: "Q8_1", "Q8_K", "F32", "F16" or "BF16"
+    act: str  # activation format its dot kernel takes: "Q8_1", "Q8_K" or "F32"
     weight_dtype: np.dtype  # dtype of the weight view the kernels take: [N, row_bytes] uint8, or typed
     dequant: Callable  # njit deq(w, rows int64 [R], out float32 [R, K]), one thread
     dot: Callable  # njit dot(w, *activation arrays, out float32 [M, N]), parallel over weight rows
@@ -39,7 +39,8 @@ def _q(qtype, act, deq, dotk, f16_fields):
 
 
 def _f(qtype, view, deq, dotk):
-    return QuantType(qtype, 1, np.dtype(view).itemsize, qtype.name, np.dtype(view), deq, dotk)
+    # the float kernels multiply float32 activations as they are (llama.cpp rounds them to F16 / BF16 first)
+    return QuantType(qtype, 1, np.dtype(view).itemsize, "F32", np.dtype(view), deq, dotk)
 
 
 REGISTRY: dict[T, QuantType] = {
@@ -117,7 +118,7 @@ SUPPORTED_TYPES: frozenset[T] = frozenset(REGISTRY)
 class ActivationFormat:
     """The input a family of dot kernels takes: the arrays `quantize` fills (layouts in ggufrun.quants.dot)."""
 
-    name: str  # "Q8_1", "Q8_K", "F32", "F16" or "BF16" (QuantType.act)
+    name: str  # "Q8_1", "Q8_K" or "F32" (QuantType.act)
     block: int  # K must be a multiple of this (values per activation scale; 1 for float formats)
     quantize: Callable | None  # njit quantize(x float32 [M, K], *arrays); None: the arrays are (x,) itself
     arrays: tuple[tuple[int, np.dtype], ...]  # per array: (values of K per element, dtype); shape [M, K // that]
@@ -144,9 +145,6 @@ ACTIVATIONS: dict[str, ActivationFormat] = {
         ((1, _u8), (256, _f32), (16, _i32), (32, _i32), (1, _i8)),
         dot.quantize_q8_k_rows,
     ),
-    # float32 as given
+    # float32 as given, for F32 / F16 / BF16 weights
     "F32": ActivationFormat("F32", 1, None, ((1, _f32),)),
-    # float32 rounded to IEEE half / bfloat16 precision, as llama.cpp converts them for F16 / BF16 weights
-    "F16": ActivationFormat("F16", 1, dot.round_f16_rows, ((1, _f32),)),
-    "BF16": ActivationFormat("BF16", 1, dot.round_bf16_rows, ((1, _f32),)),
 }

@@ -3,8 +3,8 @@ installed) against the float reference pass of the same GGUF weights.
 
     python benchmarks/quality.py                          # SmolLM2, Gemma3 (corpus) and every tests/data/golden model
     python benchmarks/quality.py gemma3-270m --ctx 256 --chunks 4 --json bench-results/quality.json
-    python benchmarks/quality.py --golden-only            # the small golden models only (a minute: 16 windows each)
-    python benchmarks/quality.py --golden-only --golden '*moe*' --golden-chunks 64   # some of them, longer
+    python benchmarks/quality.py --golden-only            # the small golden models only (3 minutes: 64 windows each)
+    python benchmarks/quality.py --golden-only --golden "*moe*" --golden-chunks 16   # some of them, fewer windows
     python benchmarks/quality.py gemma3-270m --flash-attn # also llama.cpp with flash attention: its own float order
     python benchmarks/quality.py gemma3-270m --agreement 1100   # teacher-forced agreement on one 1,100-token prompt
 
@@ -339,7 +339,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=None)
     ap.add_argument("--golden-ctx", type=int, default=256, help="window of the small golden models")
-    ap.add_argument("--golden-chunks", type=int, default=16, help="windows of random tokens per golden model")
+    ap.add_argument("--golden-chunks", type=int, default=64, help="windows of random tokens per golden model")
     ap.add_argument("--golden-only", action="store_true", help="only the small golden models")
     ap.add_argument("--golden", default="small-*", help="which golden models (a glob on the file name's stem)")
     ap.add_argument("--no-golden", action="store_true", help="leave the small golden models out")

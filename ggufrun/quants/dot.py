@@ -2037,7 +2037,7 @@ def ione(typingctx):
 # kernels multiply by) and the quants rounded against that stored scale; Q8_K's are 1 / (iscale / (1 + step c)),
 # c = 0 being llama.cpp's. On Gaussian and t(3) values the sum falls by 10-16 % (32 values) and 1-4 % (256
 # values) from llama.cpp's rule; the mean KL divergence of the small golden models from their float reference fell
-# by 12-16 % and 1.5-4.5 % (README, "Quality against the float model"). The 8 candidates are the 8 lanes of one
+# by 12-16 % and 2.4-5.0 % (README, "Quality against the float model"). The 8 candidates are the 8 lanes of one
 # vector (_best_scale), so the search costs ~4 vector operations a value. Q8_1's s is d * sum(q) with the stored d,
 # in float32. Blocks of zeros, blocks holding inf or NaN, and Q8_1 blocks whose scale is outside fp16's normal
 # range keep llama.cpp's rule.

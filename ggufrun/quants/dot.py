@@ -1196,6 +1196,39 @@ def fargmin(typingctx, v):
 
 
 @intrinsic
+def q8k_codes(typingctx, v):
+    """min(127, int32 lanes v) and that + 128: Q8_K's quants and their unsigned form."""
+    if v != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        top = _splat(_v8i32, 127)
+        q = builder.select(builder.icmp_signed("<", args[0], top), args[0], top)
+        return context.make_tuple(builder, sig.return_type, [q, builder.add(q, _splat(_v8i32, 128))])
+
+    return types.UniTuple(I32x8, 2)(I32x8), codegen
+
+
+@intrinsic
+def ffind_abs(typingctx, v, a):
+    """The first lane of v whose magnitude equals the float32 a, or 8 if none does."""
+    if v != F32x8 or a != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8f32, [_v8f32]), "llvm.fabs.v8f32")
+        mask = builder.bitcast(
+            builder.fcmp_ordered("==", builder.call(fn, [args[0]]), _bsplat(builder, _v8f32, args[1])), ir.IntType(8)
+        )
+        cttz = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(8), [ir.IntType(8), ir.IntType(1)]), "llvm.cttz.i8"
+        )
+        return builder.zext(builder.call(cttz, [mask, ir.Constant(ir.IntType(1), 0)]), ir.IntType(64))
+
+    return types.int64(F32x8, types.float32), codegen
+
+
+@intrinsic
 def fround_f16_v(typingctx, v):
     """round_f16 of each lane."""
     if v != F32x8:
@@ -2163,9 +2196,10 @@ def _quantize_q8_k_rows(x, qu, d, bsums16, bsums32, qs, m0, m1):
             o = b * 256
             amax = _amax(x, m, o, 256)
             vmax = np.float32(0.0)
-            for j in range(o, o + 256):  # the first value of that magnitude, with its sign
-                if abs(x[m, j]) == amax:
-                    vmax = x[m, j]
+            for j in range(o, o + 256, 8):  # the first value of that magnitude, with its sign
+                lane = ffind_abs(ld_f32x8(x, 4 * (m * K + j)), amax)
+                if lane < 8:
+                    vmax = x[m, j + lane]
                     break
             iscale = np.float32(-127.0) / vmax if amax != 0 else np.float32(0.0)
             if amax != 0 and amax < np.float32(np.inf) and abs(iscale) < np.float32(np.inf):
@@ -2173,13 +2207,13 @@ def _quantize_q8_k_rows(x, qu, d, bsums16, bsums32, qs, m0, m1):
                 inverse = fdiv_v(fbcast(iscale), steps)
                 iscale = flane(inverse, _best_scale(x, m, o, 256, inverse, steps))
             d[m, b] = np.float32(1.0) / iscale if amax != 0 else np.float32(0.0)
-            for j in range(o, o + 256):  # separate loops: each one vectorises
-                qs[m, j] = np.int8(min(np.float32(127.0), np.rint(iscale * x[m, j])))
-            for g in range(16):
+            for g in range(16):  # 8 lanes at a time
                 t = np.int32(0)
-                for j in range(o + 16 * g, o + 16 * g + 16):
-                    qu[m, j] = np.uint8(qs[m, j] + 128)
-                    t += np.int32(qs[m, j])
+                for j in range(o + 16 * g, o + 16 * g + 16, 8):
+                    q, u = q8k_codes(rint_i32x8(fscale(ld_f32x8(x, 4 * (m * K + j)), iscale)))
+                    st_i8x8(qs, m * K + j, q)
+                    st_i8x8(qu, m * K + j, u)
+                    t += isum1(q)
                 bsums16[m, b * 16 + g] = t
             for g in range(8):
                 bsums32[m, b * 8 + g] = bsums16[m, b * 16 + 2 * g] + bsums16[m, b * 16 + 2 * g + 1]

@@ -311,7 +311,10 @@ def test_greedy_rows_of_a_step_are_sampled_together_with_their_solo_bits(tiny, m
     sampling = [{}, {}, {}, {"logit_bias": {7: 50.0}}, {"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 4}]
     expected = [_solo(tiny, p, 12, **s) for p, s in zip(prompts, sampling)]
     with BatchEngine.from_model(tiny, n_slots=6) as engine:
+        steps = Steps(tiny.transformer, monkeypatch, gated=True)  # no step before all six are in (the tiny model
+        # could otherwise finish a request before the next one is submitted)
         streams = [engine.submit(p, SamplingParams(**{"temperature": 0, **s}), 12) for p, s in zip(prompts, sampling)]
+        steps.open()
         got = [_key(s) for s in streams]
     assert got == expected
     assert seen and max(seen) == 4  # the plain and the biased greedy rows, never the penalised or the sampled one

@@ -1137,36 +1137,23 @@ def fma_v(typingctx, acc, a, b):
     return F32x8(F32x8, F32x8, F32x8), codegen
 
 
-@intrinsic
-def fadd_v(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], args[1])
+def _f32x8_binary(op: str):
+    """Intrinsic (a, b) of two F32x8 -> the IR instruction `op` (fadd, fsub, fmul, fdiv) lane-wise."""
 
-    return F32x8(F32x8, F32x8), codegen
+    @intrinsic
+    def binary(typingctx, a, b):
+        if a != F32x8 or b != F32x8:
+            return None
 
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
 
-@intrinsic
-def fsub_v(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.fsub(args[0], args[1])
+        return F32x8(F32x8, F32x8), codegen
 
-    return F32x8(F32x8, F32x8), codegen
-
-
-@intrinsic
-def fmul_v(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.fmul(args[0], args[1])
-
-    return F32x8(F32x8, F32x8), codegen
+    return binary
 
 
-@intrinsic
-def fdiv_v(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.fdiv(args[0], args[1])
-
-    return F32x8(F32x8, F32x8), codegen
+fadd_v, fsub_v, fmul_v, fdiv_v = (_f32x8_binary(op) for op in ("fadd", "fsub", "fmul", "fdiv"))
 
 
 @intrinsic

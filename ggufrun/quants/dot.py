@@ -247,7 +247,16 @@ def ld_f16(typingctx, a, off):
 
 
 def _round_f16_ir(builder, f):
-    """IR: float32 f -> nearest IEEE half (ties to even) -> float32."""
+    """IR: float32 f (a scalar or a vector of them) -> nearest IEEE half (ties to even) -> float32."""
+    if isinstance(f.type, ir.VectorType):
+        n = f.type.count
+        if HAS_F16C:
+            return builder.fpext(builder.fptrunc(f, ir.VectorType(ir.HalfType(), n)), f.type)
+        out = f
+        for k in range(n):
+            lane = _round_f16_ir(builder, builder.extract_element(f, ir.Constant(_i32, k)))
+            out = builder.insert_element(out, lane, ir.Constant(_i32, k))
+        return out
     if HAS_F16C:
         return builder.fpext(builder.fptrunc(f, ir.HalfType()), _f32)
     # ryg's float_to_half_fast3_rtne, then back to float
@@ -1156,6 +1165,20 @@ def _f32x8_binary(op: str):
 fadd_v, fsub_v, fmul_v, fdiv_v = (_f32x8_binary(op) for op in ("fadd", "fsub", "fmul", "fdiv"))
 
 
+def _first_lane(builder, mask):
+    """IR: the lowest lane set in an <8 x i1> mask as i8, 8 if none is."""
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.IntType(8), [ir.IntType(8), ir.IntType(1)]), "llvm.cttz.i8"
+    )
+    return builder.call(fn, [builder.bitcast(mask, ir.IntType(8)), ir.Constant(ir.IntType(1), 0)])
+
+
+def _rint_ir(builder, v):
+    """IR: <8 x float> -> the nearest integers, ties to even, as floats (llvm.rint)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8f32, [_v8f32]), "llvm.rint.v8f32")
+    return builder.call(fn, [v])
+
+
 @intrinsic
 def fargmin(typingctx, v):
     """The first lane holding the least of v's 8 lanes, without branches: the minimum spread to every lane by three
@@ -1169,11 +1192,7 @@ def fargmin(typingctx, v):
         for perm in ([4, 5, 6, 7, 0, 1, 2, 3], [2, 3, 0, 1, 6, 7, 4, 5], [1, 0, 3, 2, 5, 4, 7, 6]):
             other = builder.shuffle_vector(low, low, ir.Constant(ir.VectorType(_i32, 8), perm))
             low = builder.select(builder.fcmp_ordered("<", other, low), other, low)
-        mask = builder.bitcast(builder.fcmp_ordered("==", v, low), ir.IntType(8))
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.IntType(8), [ir.IntType(8), ir.IntType(1)]), "llvm.cttz.i8"
-        )
-        first = builder.call(fn, [mask, ir.Constant(ir.IntType(1), 0)])  # 8 for an empty mask
+        first = _first_lane(builder, builder.fcmp_ordered("==", v, low))
         first = builder.select(
             builder.icmp_unsigned("<", first, ir.Constant(ir.IntType(8), 8)), first, ir.Constant(ir.IntType(8), 0)
         )
@@ -1204,13 +1223,8 @@ def ffind_abs(typingctx, v, a):
 
     def codegen(context, builder, sig, args):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8f32, [_v8f32]), "llvm.fabs.v8f32")
-        mask = builder.bitcast(
-            builder.fcmp_ordered("==", builder.call(fn, [args[0]]), _bsplat(builder, _v8f32, args[1])), ir.IntType(8)
-        )
-        cttz = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.IntType(8), [ir.IntType(8), ir.IntType(1)]), "llvm.cttz.i8"
-        )
-        return builder.zext(builder.call(cttz, [mask, ir.Constant(ir.IntType(1), 0)]), ir.IntType(64))
+        mask = builder.fcmp_ordered("==", builder.call(fn, [args[0]]), _bsplat(builder, _v8f32, args[1]))
+        return builder.zext(_first_lane(builder, mask), ir.IntType(64))
 
     return types.int64(F32x8, types.float32), codegen
 
@@ -1222,13 +1236,7 @@ def fround_f16_v(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        if HAS_F16C:
-            return builder.fpext(builder.fptrunc(args[0], ir.VectorType(ir.HalfType(), 8)), _v8f32)
-        out = args[0]
-        for k in range(8):
-            lane = builder.extract_element(args[0], ir.Constant(_i32, k))
-            out = builder.insert_element(out, _round_f16_ir(builder, lane), ir.Constant(_i32, k))
-        return out
+        return _round_f16_ir(builder, args[0])
 
     return F32x8(F32x8), codegen
 
@@ -1240,8 +1248,7 @@ def frint_v(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8f32, [_v8f32]), "llvm.rint.v8f32")
-        return builder.call(fn, [args[0]])
+        return _rint_ir(builder, args[0])
 
     return F32x8(F32x8), codegen
 
@@ -1253,8 +1260,7 @@ def rint_i32x8(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8f32, [_v8f32]), "llvm.rint.v8f32")
-        return builder.fptosi(builder.call(fn, [args[0]]), _v8i32)
+        return builder.fptosi(_rint_ir(builder, args[0]), _v8i32)
 
     return I32x8(F32x8), codegen
 

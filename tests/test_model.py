@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import tracemalloc
 import warnings
-from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+from golden_bounds import GOLDEN, closeness
 from reference import ARCHS as REFERENCE_ARCHS
 from reference import ReferenceModel, reference_logits
 from synthetic import write_model
@@ -75,16 +75,9 @@ def test_matches_reference(model_dir, name):
     assert rel_diff(Transformer(f).logits(tokens), ref) < 0.01
 
 
-GOLDEN = Path(__file__).parent / "data" / "golden"
 # the golden files of the architectures the reference learnt last, and small-llama-q8_0, the control that shows the
 # bounds below are what an architecture long known to match meets
 REFERENCE_GOLDENS = ["small-phi3-q8_0", "small-phi3-longrope-q8_0", "small-gemma2-q8_0", "small-mixtral-q8_0"]
-
-
-def closeness(mine: np.ndarray, base: np.ndarray) -> tuple[float, float, float]:
-    """mean|diff| / std(base), max|diff| / std(base), the fraction of rows with the same argmax."""
-    diff = np.abs(mine - base)
-    return diff.mean() / base.std(), diff.max() / base.std(), np.mean(mine.argmax(1) == base.argmax(1))
 
 
 @pytest.mark.parametrize("stem", ["small-llama-q8_0", *REFERENCE_GOLDENS])

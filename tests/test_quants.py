@@ -328,12 +328,19 @@ def test_q8_k_activations_choose_the_best_of_eight_scales():
 
 
 def test_activation_quantizers_take_non_finite_values():
-    """inf / NaN in a block: llama.cpp's rule for it (no search), the other blocks as usual, no crash."""
-    x = np.ones((2, 512), np.float32)
-    x[0, 3], x[1, 300] = np.inf, np.nan
-    for qtype in (T.Q8_0, T.Q4_K):
-        qx = Q.quantize_activations(x, qtype)
-        assert qx.M == 2
+    """inf / NaN in a block (which then keeps llama.cpp's rule, no search): no crash, and every other block of the
+    rows quantized exactly as without it."""
+    rng = np.random.default_rng(8)
+    clean = rng.standard_normal((2, 512)).astype(np.float32)
+    x = clean.copy()
+    x[0, 3], x[1, 300] = np.inf, np.nan  # Q8_1 blocks (0, 0) and (1, 9); Q8_K blocks (0, 0) and (1, 1)
+    for qtype, blk in ((T.Q8_0, 32), (T.Q4_K, 256)):
+        got, want = Q.quantize_activations(x, qtype), Q.quantize_activations(clean, qtype)
+        hit = np.zeros((2, 512 // blk), bool)
+        hit[0, 3 // blk] = hit[1, 300 // blk] = True
+        for a, b in zip(got.arrays, want.arrays):  # [2, n]: n // (512 // blk) elements a block
+            keep = np.repeat(~hit, a.shape[1] * blk // 512, axis=1)
+            assert np.array_equal(a[keep], b[keep]), qtype.name
 
 
 def test_float_weights_take_the_activations_as_they_are():

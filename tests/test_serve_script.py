@@ -1,0 +1,69 @@
+"""benchmarks/serve.py's HTTP clients (ServerTarget: raw HTTP/1.1 on one event loop, the chunked SSE body parsed as
+it comes) against a real `ggufrun serve` app on 127.0.0.1 with the tiny synthetic model: every client sees the
+events an ordinary client sees, an error answer is an error, and a stop event ends a stream early."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from live_server import LiveServer
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import serve  # noqa: E402
+
+
+def text_events(url: str, ids: list[int], max_tokens: int, bias: dict) -> int:
+    """How many events with a `text` field httpx reads from the same request (what ServerTarget counts)."""
+    body = {"model": "any", "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "logit_bias": bias}  # fmt: skip
+    n = 0
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choices = json.loads(line[6:])["choices"]
+                n += bool(choices and choices[0].get("text") is not None)
+    return n
+
+
+def test_server_target_streams_what_an_ordinary_client_reads(chat_model):
+    from ggufrun.server import create_app
+
+    prompts = [chat_model.tokenize(f"client {i} says hello") for i in range(3)]
+    with LiveServer(create_app(chat_model, model_id="tiny", parallel=4)) as s:
+        target = serve.ServerTarget(s.url, chat_model.tokenizer.eog_ids, None)
+        try:
+            clients, wall = serve.run_clients(target, prompts, 12)
+            want = [text_events(s.url, p, 12, target.bias) for p in prompts]
+        finally:
+            target.close()
+    assert [len(c.t_tokens) for c in clients] == want
+    assert all(n > 2 for n in want)  # tokens' text (bytes of one character come together), then the finish event
+    assert all(c.t_start < c.t_tokens[0] <= c.t_tokens[-1] for c in clients) and wall > 0
+
+
+def test_server_target_reports_an_error_answer_and_stops_when_told(chat_model):
+    from ggufrun.server import create_app
+
+    n_vocab = chat_model.transformer.config.n_vocab
+    with LiveServer(create_app(chat_model, model_id="tiny", parallel=2)) as s:
+        target = serve.ServerTarget(s.url, chat_model.tokenizer.eog_ids, None)
+        try:
+            with pytest.raises(RuntimeError, match="400"):
+                target.run(serve.Client([1, n_vocab + 5]), 4)  # a token id past the vocabulary
+            started, stop = threading.Event(), threading.Event()
+            stop.set()  # already set: the stream ends after the first chunk that carries a token
+            client = serve.Client(chat_model.tokenize("a long answer"))
+            target.run(client, 400, started, stop)
+            assert started.is_set() and 1 <= len(client.t_tokens) < 400
+        finally:
+            target.close()

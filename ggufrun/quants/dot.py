@@ -3800,6 +3800,7 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
     nsb = K2 // 512
     sbytes = _kx8_bytes(kind)
     PT = _m_tile(K2 // 2) // 2
+    far = w.size >= Z16_FAR_BYTES  # a large matrix: decode's prefetch (Z16_FAR_BYTES)
     if P <= X8_STACK_ROWS // 2:
         acc, isc = (
             carray(x8_acc_scratch(), (X8_STACK_ROWS // 2, 32)),
@@ -3815,7 +3816,10 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
                 st_z(acc, a, fzero_z())
             for b in range(nsb):
                 o = g * rb + b * sbytes
-                if t == 0:
+                if t == 0 and far:
+                    for pf in range(0, sbytes, 64):
+                        decode_prefetch(w, o + DECODE_PREFETCH + pf)
+                elif t == 0:
                     for pf in range(0, sbytes, 64):
                         prefetch(w, o + Z16_PREFETCH + pf)
                 dw = ld_f16x8_z(w, o)
@@ -3906,6 +3910,7 @@ def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
     nb = K2 // 64
     PT = _m_tile(K2 // 2) // 2
     off = _offset32(kind)
+    far = w.size >= Z16_FAR_BYTES  # a large matrix: decode's prefetch (Z16_FAR_BYTES)
     # per pair: the 16 lanes of d terms, then the 16 of m terms (Q4_1)
     if P <= X8_STACK_ROWS // 2:
         acc = carray(x8_acc_scratch(), (X8_STACK_ROWS // 2, 32))
@@ -3918,7 +3923,10 @@ def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
                 st_z(acc, a, fzero_z())
             for b in range(nb):
                 o = g * rb + b * bsize
-                if t == 0:
+                if t == 0 and far:
+                    for pf in range(0, bsize, 64):
+                        decode_prefetch(w, o + DECODE_PREFETCH + pf)
+                elif t == 0:
                     for pf in range(0, bsize, 64):
                         prefetch(w, o + Z16_PREFETCH + pf)
                 if kind == Q8_0:
@@ -5297,6 +5305,14 @@ PREFETCH_BYTES = 2048
 # The prefill / batched tiles on 512-bit vectors (_rowsk_z, _rows_z) prefetch each block this far ahead on their
 # first tile of rows (prefetcht0); decode's kernels, DECODE_PREFETCH below.
 Z16_PREFETCH = 12288
+# ...except on a matrix of Z16_FAR_BYTES or more, which streams from DRAM at every batched step: there the tiles take
+# decode's hint and distance (decode_prefetch, DECODE_PREFETCH: on AMD Zen 4 prefetcht1 24 KB ahead; elsewhere the
+# same as above). AMD EPYC Zen 4, 2 threads, alternating processes (best of 25 x 5 calls): Q8_0 262,144 x 640 (Gemma3's
+# output, 178 MB) 4 / 8 rows 4.7-7.5 / 7.1-8.6 -> 3.7-4.4 / 5.7-5.9 ms; Q6_K 128,256 x 2,048 (a 1B model's output,
+# 215 MB) 2 / 4 / 8 rows 9.1-10.1 / 11.5-12.8 / 14.5-15.0 -> 6.2 / 7.1 / 10.6-12.8 ms; Gemma3's 8-sequence step, its
+# output projection 8.4-9.4 -> 6.8-8.4 ms. Small matrices keep prefetcht0 12 KB: with the L2 hint SmolLM2's (0.2-1.1
+# MB) ran its 8-sequence step slower (gate / up 3.0-3.3 -> 3.6-4.0 ms); 4 x 9.4 MB of Q4_K: no difference.
+Z16_FAR_BYTES = 1 << 23
 # decode's 16-row vectors (_group_k_z16_one, _group_x8_z16_one) prefetch both groups' streams DECODE_PREFETCH ahead, a
 # super-block (block) at a time: unlike the 256-bit kernels (X8K note), they leave the DRAM stream idle between
 # loads. Intel Xeon (prefetcht0, 12 KB ahead), alternating processes, 2 threads: llama3.2-1b Q4_K_M shape 26.4-26.6

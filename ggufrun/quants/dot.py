@@ -118,7 +118,7 @@ class Vec(types.Type):
         super().__init__(name=f"Vec({kind}x{lanes})")
 
 
-_LL = {"i8": ir.IntType(8), "i32": ir.IntType(32), "f32": ir.FloatType()}
+_LL = {"i8": ir.IntType(8), "i32": ir.IntType(32), "f32": ir.FloatType(), "f64": ir.DoubleType()}
 
 
 @register_model(Vec)
@@ -130,6 +130,7 @@ class _VecModel(models.PrimitiveModel):
 I8x32 = Vec("i8", 32)
 I32x8 = Vec("i32", 8)
 F32x8 = Vec("f32", 8)
+F64x8 = Vec("f64", 8)  # (kernels.py: the float64 sums of a softmax)
 
 _i8, _i16, _i32, _i64, _f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _v32i8, _v8i32, _v8f32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8), ir.VectorType(_f32, 8)

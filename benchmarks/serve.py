@@ -30,6 +30,9 @@ own ratios to one client, aggregate / while all decode):
     2.40x / 2.93x; Gemma3 3.40x / 4.11x and 4.13x / 5.34x)
     TTFT alone / beside 7 streams: SmolLM2 0.045 / 0.067 s, Gemma3 0.051 / 0.078 s; a 2,000-token prompt beside
     4 streams: chunk / longest gap 0.255 / 0.223 s and 0.193 / 0.167 s.
+2026-12-04, AMD EPYC Zen 4 (AVX-512, no AMX), 2 threads, over HTTP, `--rounds 2` (the defaults otherwise):
+    SmolLM2 Q4_1:  1 client 171-176 / 187-191 tok/s;  8 clients 2.70x / 3.03x;  16 clients 3.26x / 3.87x
+    Gemma3 Q4_K_M: 1 client 86-96 / 91-100 tok/s;  8 clients 4.36x / 4.89x;  16 clients 5.05x / 5.81x
 A batched step's products run near the multiply units' rate (the pair tiles up to 15 rows, AMX from 16), which caps
 the batching gain of these small models, whose weights a single decode step reads from cache.
 """

@@ -584,3 +584,40 @@ def test_reported_logprobs_are_the_raw_distribution_not_the_sampled_one():
     reported = token_logprobs(x, token, top_k=5)
     assert abs(reported.logprob - log_softmax64(x)[token]) < 1e-5
     assert reported.logprob < sampled_lp  # the sampled distribution is much sharper
+
+
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 4095, 4097, 262_144])
+def test_greedy_rows_argmax_and_sum_at_every_length(n):
+    """kernels.greedy_rows' vector passes (the maximum 32 values a step, its first index 16 compares a step, the float64
+    sum in 8-lane sums) at lengths around the vectors' sizes: np.argmax's index wherever the maximum sits (first, in a
+    tie across two blocks, last, second to last); the sum of the row's exps (exp_sum leaves them in the row) within
+    1e-12 of float64 NumPy's sum of the same values, the bits exp_sum gives alone; a NaN past the first 32 values makes
+    the sum NaN."""
+    from ggufrun.model.kernels import exp_sum, greedy_rows
+
+    rng = np.random.default_rng(n)
+    base = rng.standard_normal(n).astype(np.float32)
+    rows = []
+    for at in sorted({0, n // 2, max(0, n - 2), n - 1}):
+        x = base.copy()
+        x[at] = 8.0
+        rows.append(x)
+    if n >= 40:
+        x = base.copy()
+        x[[n - 20, 17]] = 8.0  # a tie: the first one, in another block
+        rows.append(x)
+    logits = np.stack(rows)
+    best, sums = np.zeros(len(rows), np.int64), np.zeros(len(rows))
+    greedy_rows(logits.copy(), np.arange(len(rows), dtype=np.int64), best, sums)
+    for i, x in enumerate(rows):
+        assert best[i] == np.argmax(x)
+        e = x.copy()
+        assert exp_sum(e, np.float32(8.0)) == sums[i]
+        want = e.astype(np.float64).sum()  # the same float32 exps, summed by NumPy
+        assert abs(sums[i] - want) <= 1e-12 * want and sums[i] >= 1.0
+    if n > 40:
+        x = base.copy()
+        x[35] = np.nan
+        out = np.zeros(1)
+        greedy_rows(x[None].copy(), np.zeros(1, np.int64), np.zeros(1, np.int64), out)
+        assert math.isnan(out[0])

@@ -177,6 +177,16 @@ def _fzero64(typingctx):
     return F64x8(), lambda context, builder, sig, args: ir.Constant(_v8f64, [0.0] * 8)
 
 
+def _fold_halves(builder, c, combine):
+    """combine(lower half, upper half) of vector c, again and again down to one lane: that lane's value."""
+    while c.type.count > 1:
+        n = c.type.count // 2
+        lo, hi = (builder.shuffle_vector(c, c, ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(k, k + n))))
+                  for k in (0, n))  # fmt: skip
+        c = combine(lo, hi)
+    return builder.extract_element(c, ir.Constant(ir.IntType(32), 0))
+
+
 @intrinsic
 def _hsum64(typingctx, v):
     """The 8 lanes' sum in a fixed order: lanes k + k+4, then those 4 as 0+2, 1+3, then the two."""
@@ -184,14 +194,7 @@ def _hsum64(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        def half(x, lo):
-            n = x.type.count // 2
-            return builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(lo, lo + n))))
-
-        c = args[0]
-        while c.type.count > 1:
-            c = builder.fadd(half(c, 0), half(c, c.type.count // 2))
-        return builder.extract_element(c, ir.Constant(ir.IntType(32), 0))
+        return _fold_halves(builder, args[0], builder.fadd)
 
     return types.float64(F64x8), codegen
 
@@ -215,13 +218,7 @@ def _hmax16(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        c = args[0]
-        while c.type.count > 1:
-            n = c.type.count // 2
-            lo = builder.shuffle_vector(c, c, ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(n))))
-            hi = builder.shuffle_vector(c, c, ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(n, 2 * n))))
-            c = builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo)
-        return builder.extract_element(c, ir.Constant(ir.IntType(32), 0))
+        return _fold_halves(builder, args[0], lambda lo, hi: builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo))
 
     return types.float32(F32x16), codegen
 

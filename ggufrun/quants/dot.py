@@ -5310,9 +5310,10 @@ Z16_PREFETCH = 12288
 # decode's hint and distance (decode_prefetch, DECODE_PREFETCH: on AMD Zen 4 prefetcht1 24 KB ahead; elsewhere the
 # same as above). AMD EPYC Zen 4, 2 threads, alternating processes (best of 25 x 5 calls): Q8_0 262,144 x 640 (Gemma3's
 # output, 178 MB) 4 / 8 rows 4.7-7.5 / 7.1-8.6 -> 3.7-4.4 / 5.7-5.9 ms; Q6_K 128,256 x 2,048 (a 1B model's output,
-# 215 MB) 2 / 4 / 8 rows 9.1-10.1 / 11.5-12.8 / 14.5-15.0 -> 6.2 / 7.1 / 10.6-12.8 ms; Gemma3's 8-sequence step, its
-# output projection 8.4-9.4 -> 6.8-8.4 ms. Small matrices keep prefetcht0 12 KB: with the L2 hint SmolLM2's (0.2-1.1
-# MB) ran its 8-sequence step slower (gate / up 3.0-3.3 -> 3.6-4.0 ms); 4 x 9.4 MB of Q4_K: no difference.
+# 215 MB) 2 / 4 / 8 rows 9.1-10.1 / 11.5-12.8 / 14.5-15.0 -> 6.2 / 7.1 / 10.6-10.9 ms in two of three pairs (10.8 /
+# 10.7 / 12.8 in the first); Gemma3's 8-sequence step, its output projection 8.4-9.4 -> 6.8-8.4 ms. Small matrices
+# keep prefetcht0 12 KB: with the L2 hint SmolLM2's (0.2-1.1 MB) ran its 8-sequence step slower (gate / up 3.0-3.3 ->
+# 3.6-4.0 ms); 4 x 9.4 MB of Q4_K: no difference.
 Z16_FAR_BYTES = 1 << 23
 # decode's 16-row vectors (_group_k_z16_one, _group_x8_z16_one) prefetch both groups' streams DECODE_PREFETCH ahead, a
 # super-block (block) at a time: unlike the 256-bit kernels (X8K note), they leave the DRAM stream idle between

@@ -7,7 +7,7 @@ CPU's F16C instructions (LLVM `fpext`/`fptrunc` on `half`), so the loops still v
 
 All helpers a kernel calls are in this module: Numba's on-disk cache keys a kernel on its own source file, so a
 kernel that inlined a helper from another file would keep running stale machine code after that file changed. The
-imports are the F32x8 / F32x16 lane types of ggufrun.quants.dot, type registrations that generate no code, its
+imports are the F32x8 / F32x16 / F64x8 lane types of ggufrun.quants.dot, type registrations that generate no code, its
 HAS_ZMM constant (attention takes 16-lane tiles where the CPU has AVX-512: the same chains per lane), and
 ggufrun.quants.launch, whose run_items emits only calls by name: each attention kernel is a launcher that hands a
 serial worker of this module (`_attend_*`) to the one shared parallel loop by its exported name instead of compiling
@@ -16,7 +16,9 @@ prange loop of its own, attend_one's launcher 0.77 -> 0.16 s). For the same
 reason the few 8 and 16 x float32 intrinsics attention needs are written here rather than imported from the vector
 vocabulary of ggufrun.quants.dot; they are named after their counterparts there (_ld_f32x8 / ld_f32x8, _fma_v /
 fma_v, ...) but index arrays by element rather than by byte (a uint16 KV cache row holds IEEE halves), and their
-FMA is always llvm.fma (ggml's exp needs the single rounding even where the CPU has no FMA instruction).
+FMA is always llvm.fma (ggml's exp needs the single rounding even where the CPU has no FMA instruction). The
+softmax's maximum and float64 sum and the greedy argmax (_max_of, exp_sum, _first_index) use a few more: 16-lane
+maxima and equality masks, 8-lane float64 sums, each with a fixed order of its lanes.
 """
 
 from __future__ import annotations

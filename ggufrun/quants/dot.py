@@ -3748,6 +3748,18 @@ def _pair_sums(s, sp, p):
 
 
 @njit(inline="always", **DOT)
+def _tile_prefetch(w, o, nbytes):
+    """A pair tile's hint for the block of nbytes at byte o, on its first tile of rows: Z16_PREFETCH ahead into
+    every level, or decode's hint and distance for a matrix of Z16_FAR_BYTES or more."""
+    far = w.size >= Z16_FAR_BYTES
+    for pf in range(0, nbytes, 64):
+        if far:
+            decode_prefetch(w, o + DECODE_PREFETCH + pf)
+        else:
+            prefetch(w, o + Z16_PREFETCH + pf)
+
+
+@njit(inline="always", **DOT)
 def _sbk_tile_z(kind, w, o, qp, xo, K2, pairs, isc):
     """_sbk_tile_x8 for `pairs` pairs of activation rows in the pair layout (pair t at byte xo + t * K2 of qp):
     isc[t] (int32 [pairs, 16], lane 2r + j) = the pair's integer lanes of the super-block at byte o."""
@@ -3801,7 +3813,6 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
     nsb = K2 // 512
     sbytes = _kx8_bytes(kind)
     PT = _m_tile(K2 // 2) // 2
-    far = w.size >= Z16_FAR_BYTES  # a large matrix: decode's prefetch (Z16_FAR_BYTES)
     if P <= X8_STACK_ROWS // 2:
         acc, isc = (
             carray(x8_acc_scratch(), (X8_STACK_ROWS // 2, 32)),
@@ -3817,12 +3828,8 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
                 st_z(acc, a, fzero_z())
             for b in range(nsb):
                 o = g * rb + b * sbytes
-                if t == 0 and far:
-                    for pf in range(0, sbytes, 64):
-                        decode_prefetch(w, o + DECODE_PREFETCH + pf)
-                elif t == 0:
-                    for pf in range(0, sbytes, 64):
-                        prefetch(w, o + Z16_PREFETCH + pf)
+                if t == 0:
+                    _tile_prefetch(w, o, sbytes)
                 dw = ld_f16x8_z(w, o)
                 _sbk_tile_z(kind, w, o, qp, t * K2 + 512 * b, K2, t1 - t, isc)
                 for p in range(t, t1):
@@ -3911,7 +3918,6 @@ def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
     nb = K2 // 64
     PT = _m_tile(K2 // 2) // 2
     off = _offset32(kind)
-    far = w.size >= Z16_FAR_BYTES  # a large matrix: decode's prefetch (Z16_FAR_BYTES)
     # per pair: the 16 lanes of d terms, then the 16 of m terms (Q4_1)
     if P <= X8_STACK_ROWS // 2:
         acc = carray(x8_acc_scratch(), (X8_STACK_ROWS // 2, 32))
@@ -3924,12 +3930,8 @@ def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
                 st_z(acc, a, fzero_z())
             for b in range(nb):
                 o = g * rb + b * bsize
-                if t == 0 and far:
-                    for pf in range(0, bsize, 64):
-                        decode_prefetch(w, o + DECODE_PREFETCH + pf)
-                elif t == 0:
-                    for pf in range(0, bsize, 64):
-                        prefetch(w, o + Z16_PREFETCH + pf)
+                if t == 0:
+                    _tile_prefetch(w, o, bsize)
                 if kind == Q8_0:
                     u = widen_z(codes8_x8(w, o + 16))
                 elif kind == Q5_0:

@@ -409,14 +409,14 @@ def bits32_to(typingctx, m, value):
 
 @intrinsic
 def iadd(typingctx, a, b):
-    """a + b, int32 lanes."""
-    if a != I32x8 or b != I32x8:
+    """a + b, int32 lanes (8 or 16 of them)."""
+    if a != b or a not in (I32x8, I32x16):
         return None
 
     def codegen(context, builder, sig, args):
         return builder.add(*args)
 
-    return I32x8(I32x8, I32x8), codegen
+    return a(a, a), codegen
 
 
 @intrinsic
@@ -3769,7 +3769,10 @@ def _tile_prefetch(w, o, nbytes):
 @njit(inline="always", **DOT)
 def _sbk_tile_z(kind, w, o, qp, xo, K2, pairs, isc):
     """_sbk_tile_x8 for `pairs` pairs of activation rows in the pair layout (pair t at byte xo + t * K2 of qp):
-    isc[t] (int32 [pairs, 16], lane 2r + j) = the pair's integer lanes of the super-block at byte o."""
+    isc[t] (int32 [pairs, 16], lane 2r + j) = the pair's integer lanes of the super-block at byte o. Q4_K / Q5_K
+    add each step's dot (from zero) to isc[t] instead of passing isc[t] in as vpdpwssd's accumulator, so that the
+    read-modify-write of isc[t] waits on an add rather than on two vpdpwssd: the same integer sums; one pair (2 rows),
+    one thread, Q4_K 2,048 x 2,048 116.6-117.5 -> 109.1-109.5 us, more pairs unchanged."""
     for a in range(0, 64 * pairs, 64):
         st_z(isc, a, izero_z())
     if kind == Q4_K or kind == Q5_K:
@@ -3783,9 +3786,9 @@ def _sbk_tile_z(kind, w, o, qp, xo, K2, pairs, isc):
                 x = xo + 2 * (64 * jj + 16 * half)
                 for a in range(0, 64 * pairs, 64):
                     if kind == Q4_K:
-                        st_z(isc, a, dot4k_z(u, qp, x, sclo, schi, ld_i32z(isc, a)))
+                        st_z(isc, a, iadd(ld_i32z(isc, a), dot4k_z(u, qp, x, sclo, schi, izero_z())))
                     else:
-                        st_z(isc, a, dot5k_z(u, qp, x, sclo, schi, ld_i32z(isc, a)))
+                        st_z(isc, a, iadd(ld_i32z(isc, a), dot5k_z(u, qp, x, sclo, schi, izero_z())))
                     x += K2
     elif kind == Q6_K:
         for h in range(2):

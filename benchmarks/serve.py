@@ -33,6 +33,9 @@ own ratios to one client, aggregate / while all decode):
 2026-12-04, AMD EPYC Zen 4 (AVX-512, no AMX), 2 threads, over HTTP, `--rounds 2` (the defaults otherwise):
     SmolLM2 Q4_1:  1 client 171-176 / 187-191 tok/s;  8 clients 2.70x / 3.03x;  16 clients 3.26x / 3.87x
     Gemma3 Q4_K_M: 1 client 86-96 / 91-100 tok/s;  8 clients 4.36x / 4.89x;  16 clients 5.05x / 5.81x
+  later (17:16, the tiles' stack accumulators aligned, batched steps' Q / K / V in one product):
+    SmolLM2 Q4_1:  1 client 145-154 / 160-166 tok/s;  8 clients 3.37x / 3.89x;  16 clients 4.06x / 4.89x
+    Gemma3 Q4_K_M: 1 client 84-86 / 87-89 tok/s;  8 clients 4.37x / 4.86x;  16 clients 5.28x / 6.36x
 A batched step's products run near the multiply units' rate (the pair tiles up to 15 rows, AMX from 16), which caps
 the batching gain of these small models, whose weights a single decode step reads from cache.
 """

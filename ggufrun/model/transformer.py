@@ -518,17 +518,17 @@ class Transformer:
         several rows runs kernels.attend_one per row (the bits attend_rows gives each query)."""
         c, s = self.config, self.state
         h, att, o = s.h[:m], s.att[:m], s.o[:m]
-        if m == 1 and lw.attn_qkv is not None:  # decode: Q, K and V from one product
-            q, k, v = self._qkv1
-            project(h, (lw.attn_qkv, s.qkv_rows[:1]))
-        elif m <= FUSED_QKV_ROWS and lw.attn_qkv is not None:  # a batched step: the same, then copied out
-            q, k, v = s.q[:m], s.k[:m], s.v[:m]
+        if m <= FUSED_QKV_ROWS and lw.attn_qkv is not None:  # Q, K and V from one product
             fused = s.qkv_rows[:m]
             project(h, (lw.attn_qkv, fused))
-            a, b = self._qkv_split
-            np.copyto(q, fused[:, :a])
-            np.copyto(k, fused[:, a:b])
-            np.copyto(v, fused[:, b:])
+            if m == 1:  # decode: views of its one row
+                q, k, v = self._qkv1
+            else:  # a batched step: copied out (the attention kernels take C-contiguous rows)
+                q, k, v = s.q[:m], s.k[:m], s.v[:m]
+                a, b = self._qkv_split
+                np.copyto(q, fused[:, :a])
+                np.copyto(k, fused[:, a:b])
+                np.copyto(v, fused[:, b:])
         else:
             q, k, v = s.q[:m], s.k[:m], s.v[:m]
             project(h, (lw.attn_q, q), (lw.attn_k, k), (lw.attn_v, v))

@@ -95,6 +95,7 @@ HAS_AVX2 = "avx2" in _FEATS
 HAS_F16C = "f16c" in _FEATS
 HAS_FMA = "fma" in _FEATS
 HAS_BMI2 = "bmi2" in _FEATS
+HAS_REDUCE = {"avx512dq", "avx512vl"} <= _FEATS  # vreduceps
 # AVX2 without VNNI multiplies bytes pairwise into int16 (vpmaddubsw): 8-bit weight codes (Q8_0, IQ4_NL) then meet
 # the quants as signed x signed (|w| . sign(x, w), as llama.cpp's mul_sum_i8_pairs) instead of as w + 128
 SIGNED_PAIRS = HAS_AVX2 and not HAS_VNNI
@@ -1188,6 +1189,25 @@ def _rint_ir(builder, v):
 
 
 @intrinsic
+def frac_v(typingctx, v):
+    """v - rint(v) per lane (exact for every finite float32): one vreduceps where AVX512DQ / VL have it."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if HAS_REDUCE:
+            fn = cgutils.get_or_insert_function(
+                builder.module,
+                ir.FunctionType(_v8f32, [_v8f32, _i32, _v8f32, ir.IntType(8)]),
+                "llvm.x86.avx512.mask.reduce.ps.256",
+            )  # imm 8: keep no fraction bits, round to nearest even, no precision exception
+            return builder.call(fn, [args[0], _i32(8), args[0], ir.IntType(8)(-1)])
+        return builder.fsub(args[0], _rint_ir(builder, args[0]))
+
+    return F32x8(F32x8), codegen
+
+
+@intrinsic
 def fargmin(typingctx, v):
     """The first lane holding the least of v's 8 lanes, without branches: the minimum spread to every lane by three
     shuffle-and-min steps, then the lowest lane equal to it (lane 0 if NaNs leave none equal)."""
@@ -1238,6 +1258,36 @@ def ffind_abs(typingctx, v, a):
 
 
 @intrinsic
+def abs_bits_max(typingctx, acc, v):
+    """Lane-wise max of acc and the bits of |v| (v's float32 bits without the sign, as int32): for non-NaN floats
+    the order of those bits is the order of the magnitudes, and a NaN's exceed every other's."""
+    if acc != I32x8 or v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v8i32, [_v8i32] * 2), "llvm.smax.v8i32")
+        bits = builder.and_(builder.bitcast(args[1], _v8i32), _splat(_v8i32, 0x7FFFFFFF))
+        return builder.call(fn, [args[0], bits])
+
+    return I32x8(I32x8, F32x8), codegen
+
+
+@intrinsic
+def imax1(typingctx, p):
+    """The largest of the 8 int32 lanes."""
+    if p != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_i32, [_v8i32]), "llvm.vector.reduce.smax.v8i32"
+        )
+        return builder.call(fn, [args[0]])
+
+    return types.int32(I32x8), codegen
+
+
+@intrinsic
 def fround_f16_v(typingctx, v):
     """round_f16 of each lane."""
     if v != F32x8:
@@ -1245,18 +1295,6 @@ def fround_f16_v(typingctx, v):
 
     def codegen(context, builder, sig, args):
         return _round_f16_ir(builder, args[0])
-
-    return F32x8(F32x8), codegen
-
-
-@intrinsic
-def frint_v(typingctx, v):
-    """float32 lanes -> the nearest integers, ties to even, still as float32 lanes (np.rint per lane)."""
-    if v != F32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _rint_ir(builder, args[0])
 
     return F32x8(F32x8), codegen
 
@@ -2072,25 +2110,12 @@ def ione(typingctx):
 # c = 0 being llama.cpp's. On Gaussian and t(3) values the sum falls by 10-16 % (32 values) and 1-4 % (256
 # values) from llama.cpp's rule; the mean KL divergence of the small golden models from their float reference fell
 # by 12-16 % and 2.4-5.0 % (README, "Quality against the float model"). The 8 candidates are the 8 lanes of one
-# vector (_best_scale), so the search costs ~4 vector operations a value. Q8_1's s is d * sum(q) with the stored d,
-# in float32. Blocks of zeros, blocks holding inf or NaN, and Q8_1 blocks whose scale is outside fp16's normal
-# range keep llama.cpp's rule.
+# vector (_best_scale), so the search costs 3 vector operations a value (multiply, vreduceps, fma). Q8_1's s is
+# d * sum(q) with the stored d, in float32. Blocks of zeros, blocks holding inf or NaN, and Q8_1 blocks whose scale
+# is outside fp16's normal range keep llama.cpp's rule.
 # The quants are stored as q (int8); Q8_K also stores them as q + 128 (uint8, 1..255: vpdpbusd wants its first
 # operand unsigned) for the K-quants whose codes stay signed (see the module docstring).
 SCALE_STEP = 0.005
-
-
-@intrinsic
-def f32_bits(typingctx, x):
-    """The IEEE bits of float32 x as int32 (a bitcast). Used instead of an int32 view of the array: Numba lowers
-    ndarray.view by compiling a helper into every function that calls it (~0.3 s of each quantizer's compile)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], _i32)
-
-    return types.int32(types.float32), codegen
 
 
 @intrinsic
@@ -2108,12 +2133,13 @@ def bits_f32(typingctx, i):
 
 @njit(inline="always", **EXACT)
 def _amax(x, m, o, n):
-    """max |x| over x[m, o:o+n], from the float bits: for non-NaN floats the order of |x| is the order of their bits
-    without the sign, and an integer max reduction vectorises where a float one (without fast-math) does not."""
-    best = 0
-    for j in range(o, o + n):
-        best = max(best, f32_bits(x[m, j]) & 0x7FFFFFFF)
-    return bits_f32(best)
+    """max |x| over x[m, o:o+n] (n % 8 == 0), from the float bits (abs_bits_max) in 8 integer lanes. Written as a
+    scalar loop, LLVM unrolled it into a chain of compare-and-branch steps (~4 mispredicted a block of 32 values)."""
+    K = x.shape[1]
+    best = izero()
+    for j in range(o, o + n, 8):
+        best = abs_bits_max(best, ld_f32x8(x, 4 * (m * K + j)))
+    return bits_f32(imax1(best))
 
 
 @njit(inline="always", **EXACT)
@@ -2140,45 +2166,60 @@ def _best_scale(x, m, o, n, inv, rel):
     ((x * inv_c - q) * rel_c)^2, the squared rounding error in units of the first scale; n % 4 == 0."""
     a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()  # four chains, so the adds do not wait on each other
     for j in range(o, o + n, 4):
-        y = fscale(inv, x[m, j])
-        r = fsub_v(y, frint_v(y))
+        r = frac_v(fscale(inv, x[m, j]))
         a0 = fma_v(a0, r, r)
-        y = fscale(inv, x[m, j + 1])
-        r = fsub_v(y, frint_v(y))
+        r = frac_v(fscale(inv, x[m, j + 1]))
         a1 = fma_v(a1, r, r)
-        y = fscale(inv, x[m, j + 2])
-        r = fsub_v(y, frint_v(y))
+        r = frac_v(fscale(inv, x[m, j + 2]))
         a2 = fma_v(a2, r, r)
-        y = fscale(inv, x[m, j + 3])
-        r = fsub_v(y, frint_v(y))
+        r = frac_v(fscale(inv, x[m, j + 3]))
         a3 = fma_v(a3, r, r)
     return fargmin(fmul_v(fadd_v(fadd_v(a0, a1), fadd_v(a2, a3)), fmul_v(rel, rel)))
 
 
+@njit(inline="always", **EXACT)
+def _q8_1_scale(x, m, b):
+    """Block b of row m: (its fp16-rounded scale, the inverse the quants are rounded with)."""
+    amax = _amax(x, m, b * 32, 32)
+    dm = amax / np.float32(127.0)
+    if np.float32(6.2e-5) <= dm <= np.float32(63000.0):  # every candidate a normal fp16
+        cand = fround_f16_v(fscale(_scale_steps(), dm))
+        inverse = fdiv_v(fbcast(np.float32(1.0)), cand)
+        c = _best_scale(x, m, b * 32, 32, inverse, fscale(cand, np.float32(1.0) / flane(cand, 0)))
+        return flane(cand, c), flane(inverse, c)
+    inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)  # llama.cpp's rule
+    return round_f16(dm), inv
+
+
+@njit(inline="always", **EXACT)
+def _q8_1_store(x, d, s, qs, sums, m, b, scale, inv):
+    """Block b of row m quantized with inv, its scale and sums stored."""
+    K = x.shape[1]
+    tot = np.int32(0)
+    for j in range(b * 32, b * 32 + 32, 8):  # 8 lanes at a time: LLVM would unroll a scalar loop instead
+        q = rint_i32x8(fscale(ld_f32x8(x, 4 * (m * K + j)), inv))
+        st_i8x8(qs, m * K + j, q)
+        tot += isum1(q)
+    d[m, b] = scale
+    s[m, b] = scale * np.float32(tot)
+    sums[m, b] = tot
+
+
 @njit(**EXACT)
 def _quantize_q8_1_rows(x, d, s, qs, sums, m0, m1):
-    """quantize_q8_1 of rows m0..m1-1."""
-    K = x.shape[1]
+    """quantize_q8_1 of rows m0..m1-1. Two blocks at a time: one block's steps (max, candidate scales, their
+    inverses, the search, the choice) form a chain of dependent operations, and two in the same stretch of code
+    overlap where the core's window would hold fewer than two blocks' worth."""
+    nb = x.shape[1] // 32
     for m in range(m0, m1):
-        for b in range(K // 32):
-            amax = _amax(x, m, b * 32, 32)
-            dm = amax / np.float32(127.0)
-            if np.float32(6.2e-5) <= dm <= np.float32(63000.0):  # every candidate a normal fp16
-                cand = fround_f16_v(fscale(_scale_steps(), dm))
-                inverse = fdiv_v(fbcast(np.float32(1.0)), cand)
-                c = _best_scale(x, m, b * 32, 32, inverse, fscale(cand, np.float32(1.0) / flane(cand, 0)))
-                scale, inv = flane(cand, c), flane(inverse, c)
-            else:  # llama.cpp's rule
-                scale = round_f16(dm)
-                inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-            tot = np.int32(0)
-            for j in range(b * 32, b * 32 + 32, 8):  # 8 lanes at a time: LLVM would unroll a scalar loop instead
-                q = rint_i32x8(fscale(ld_f32x8(x, 4 * (m * K + j)), inv))
-                st_i8x8(qs, m * K + j, q)
-                tot += isum1(q)
-            d[m, b] = scale
-            s[m, b] = scale * np.float32(tot)
-            sums[m, b] = tot
+        for b in range(0, nb - 1, 2):
+            scale0, inv0 = _q8_1_scale(x, m, b)
+            scale1, inv1 = _q8_1_scale(x, m, b + 1)
+            _q8_1_store(x, d, s, qs, sums, m, b, scale0, inv0)
+            _q8_1_store(x, d, s, qs, sums, m, b + 1, scale1, inv1)
+        if nb % 2:
+            scale, inv = _q8_1_scale(x, m, nb - 1)
+            _q8_1_store(x, d, s, qs, sums, m, nb - 1, scale, inv)
 
 
 @njit(**EXACT)
@@ -2226,7 +2267,7 @@ def quantize_q8_k(x, qu, d, bsums16, bsums32, qs):
     _quantize_q8_k_rows(x, qu, d, bsums16, bsums32, qs, 0, x.shape[0])
 
 
-QUANTIZE_ROWS = 8  # activation rows per work item of the parallel quantizers
+QUANTIZE_ROWS = 4  # activation rows per work item of the parallel quantizers (an 8-row batched step: 2 items)
 
 
 @launcher(_quantize_q8_1_rows, EXACT_PARALLEL)

@@ -364,7 +364,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model", nargs="?", default="smollm2-135m-instruct", help="model path or known name")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--engine", action="store_true", help="drive ggufrun.batch.BatchEngine in-process (default)")
+    mode.add_argument(
+        "--engine", action="store_true", help="drive ggufrun.batch.BatchEngine in-process instead of starting a server"
+    )
     mode.add_argument("--url", default=None, help="drive a running `ggufrun serve` at this URL instead")
     p.add_argument("--api-key", default=None)
     p.add_argument("--clients", default="1,8,16", help="comma-separated client counts (default 1,8,16)")
@@ -413,7 +415,8 @@ def main() -> None:
     results = {"model": model_name, "mode": mode, "kv_dtype": args.kv_dtype, "env": env,
                "max_tokens": args.max_tokens, "prompt_tokens": args.prompt_tokens, "runs": []}  # fmt: skip
     try:
-        run_clients(target, prompts.take(1), 4)  # warm-up
+        for n in counts:  # warm-up: each count's batched kernels are loaded (from Numba's cache) at their first call
+            run_clients(target, prompts.take(n), 4)
         by_count: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
         for r in range(args.rounds):
             single, this_round = None, {}

@@ -36,6 +36,9 @@ own ratios to one client, aggregate / while all decode):
   later (17:16, the tiles' stack accumulators aligned, batched steps' Q / K / V in one product):
     SmolLM2 Q4_1:  1 client 145-154 / 160-166 tok/s;  8 clients 3.37x / 3.89x;  16 clients 4.06x / 4.89x
     Gemma3 Q4_K_M: 1 client 84-86 / 87-89 tok/s;  8 clients 4.37x / 4.86x;  16 clients 5.28x / 6.36x
+  later (18:24-18:35, the quantizer's block max vectorised, a warm-up per client count, `--rounds 3`, three runs):
+    SmolLM2 Q4_1:  1 client 157-204 tok/s;  8 clients 2.89-3.27x / 3.14-3.69x;  16 clients 2.93-3.43x / 3.19-3.96x
+    Gemma3 Q4_K_M: 1 client 84-116 tok/s;   8 clients 3.23-4.38x / 3.47-4.81x;  16 clients 3.88-4.92x / 4.28-5.57x
 A batched step's products run near the multiply units' rate (the pair tiles up to 15 rows, AMX from 16), which caps
 the batching gain of these small models, whose weights a single decode step reads from cache.
 """

@@ -666,19 +666,27 @@ def isum2(typingctx, a, b):
     return I32x8(I32x8, I32x8), codegen
 
 
-@intrinsic
-def isum1(typingctx, p):
-    """Sum of the 8 int32 lanes (exact)."""
-    if p != I32x8:
-        return None
+def _reduce_i32x8(op: str):
+    """Intrinsic (I32x8) -> int32: LLVM's vector.reduce.`op` of the 8 lanes."""
 
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_i32, [_v8i32]), "llvm.vector.reduce.add.v8i32"
-        )
-        return builder.call(fn, [args[0]])
+    @intrinsic
+    def reduce(typingctx, p):
+        if p != I32x8:
+            return None
 
-    return types.int32(I32x8), codegen
+        def codegen(context, builder, sig, args):
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_i32, [_v8i32]), f"llvm.vector.reduce.{op}.v8i32"
+            )
+            return builder.call(fn, [args[0]])
+
+        return types.int32(I32x8), codegen
+
+    return reduce
+
+
+isum1 = _reduce_i32x8("add")  # the sum of the 8 lanes (exact)
+imax1 = _reduce_i32x8("smax")  # the largest of the 8 lanes
 
 
 @intrinsic
@@ -1270,21 +1278,6 @@ def abs_bits_max(typingctx, acc, v):
         return builder.call(fn, [args[0], bits])
 
     return I32x8(I32x8, F32x8), codegen
-
-
-@intrinsic
-def imax1(typingctx, p):
-    """The largest of the 8 int32 lanes."""
-    if p != I32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_i32, [_v8i32]), "llvm.vector.reduce.smax.v8i32"
-        )
-        return builder.call(fn, [args[0]])
-
-    return types.int32(I32x8), codegen
 
 
 @intrinsic

@@ -1179,7 +1179,7 @@ def _f32x8_binary(op: str):
     return binary
 
 
-fadd_v, fsub_v, fmul_v, fdiv_v = (_f32x8_binary(op) for op in ("fadd", "fsub", "fmul", "fdiv"))
+fadd_v, fmul_v, fdiv_v = (_f32x8_binary(op) for op in ("fadd", "fmul", "fdiv"))
 
 
 def _first_lane(builder, mask):

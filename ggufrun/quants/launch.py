@@ -202,8 +202,9 @@ def _launcher(worker, options: dict, worker_args: tuple[int, ...] | None):
 def launcher(worker, options: dict, worker_args: tuple[int, ...] | None = None):
     """Decorator: a Launcher of `worker`, compiled serial with `options` (their `parallel` dropped: the threads are
     parallel_items'), whose body hands the work to run_items. The worker takes the launcher's arguments worker_args
-    (indices; None: all of them) and a range n0, n1."""
-    return _launcher(worker, {k: v for k, v in options.items() if k != "parallel"}, worker_args)
+    (indices; None: all of them) and a range n0, n1. Without reference counting (_nrt=False, quants/jit.py): a
+    launcher only hands its arrays on, and its Python wrapper then makes no MemInfo per array argument."""
+    return _launcher(worker, {k: v for k, v in options.items() if k != "parallel"} | {"_nrt": False}, worker_args)
 
 
 def prange_launcher(worker, options: dict, worker_args: tuple[int, ...] | None = None):

@@ -4,6 +4,7 @@
     python benchmarks/serve.py smollm2-135m-instruct --url http://127.0.0.1:8000 --clients 1,8,16
     python benchmarks/serve.py smollm2-135m-instruct --engine   # in-process BatchEngine, no HTTP
     python benchmarks/serve.py smollm2-135m-instruct --rounds 5 --probes 0 --long-prompt-tokens 0   # ratios only
+    python benchmarks/serve.py smollm2-135m-instruct --rounds 3 --llama-server /path/to/llama.cpp/build/bin/llama-server
 
 Three targets. The default starts `ggufrun serve MODEL --parallel P` (P = the largest client count, at least 8) in
 a subprocess on a free 127.0.0.1 port and drives it over HTTP: POST /v1/completions with `stream: true`, one
@@ -18,6 +19,9 @@ Measured, and printed (JSON with --json, PNG chart with --chart):
 - a --long-prompt-token prompt (default 2,000) arriving while 4 clients stream: the longest gap between two
   tokens of those streams while it is prefilled, against their median gap before it arrived, and one prefill
   chunk's time (its prefill time x --prefill-chunk / its length; --prefill-chunk is the server's n_batch, 256).
+With --llama-server, llama.cpp's server is started beside ggufrun's (the same model, slots, threads, context per
+slot and prompt batch) and driven by the same clients in every round, after ggufrun: each prints its own ratios to
+one client, and ggufrun's tokens/s over llama-server's are printed per client count (medians of the rounds' own).
 End-of-generation tokens are masked (logit_bias -100 over HTTP, -inf in-process), so every client generates
 exactly --max-tokens tokens.
 
@@ -39,6 +43,13 @@ own ratios to one client, aggregate / while all decode):
   later (18:24-18:35, the quantizer's block max vectorised, a warm-up per client count, `--rounds 3`, three runs):
     SmolLM2 Q4_1:  1 client 157-204 tok/s;  8 clients 2.89-3.27x / 3.14-3.69x;  16 clients 2.93-3.43x / 3.19-3.96x
     Gemma3 Q4_K_M: 1 client 84-116 tok/s;   8 clients 3.23-4.38x / 3.47-4.81x;  16 clients 3.88-4.92x / 4.28-5.57x
+  later (20:00-20:04, against llama-server of llama.cpp 0c1e570 in the same rounds, `--rounds 3 --probes 0
+  --long-prompt-tokens 0 --llama-server ...`; ratios to one client, then ggufrun's tokens/s over llama-server's):
+    SmolLM2 Q4_1:  ggufrun 8 clients 2.93x / 3.33x, 16 clients 3.41x / 4.06x; llama-server 1.68x / 1.75x and
+                   1.72x / 1.81x; ggufrun / llama-server 1 client 1.67x / 1.41x, 8 clients 2.93x / 2.62x,
+                   16 clients 3.31x / 3.08x
+    Gemma3 Q4_K_M: ggufrun 4.40x / 4.89x and 5.68x / 6.37x; llama-server 2.18x / 2.17x and 2.65x / 2.81x;
+                   ggufrun / llama-server 1.22x / 1.18x, 2.47x / 2.59x, 2.66x / 2.70x
 A batched step's products run near the multiply units' rate (the pair tiles up to 15 rows, AMX from 16), which caps
 the batching gain of these small models, whose weights a single decode step reads from cache.
 """
@@ -51,6 +62,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -184,6 +196,13 @@ class SpawnedServer:
     """`ggufrun serve MODEL --parallel P ...` in a subprocess on a free port of 127.0.0.1, until close()."""
 
     def __init__(self, model: str, parallel: int, threads: int, n_ctx: int, kv_dtype: str):
+        self._start(
+            [sys.executable, "-m", "ggufrun", "serve", model, "--parallel", str(parallel), "--threads", str(threads),
+             "--n-ctx", str(n_ctx), "--kv-dtype", kv_dtype],
+            "ggufrun serve",
+        )  # fmt: skip
+
+    def _start(self, cmd: list[str], what: str) -> None:
         import socket
 
         import httpx
@@ -191,15 +210,18 @@ class SpawnedServer:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        cmd = [sys.executable, "-m", "ggufrun", "serve", model, "--parallel", str(parallel), "--threads",
-               str(threads), "--n-ctx", str(n_ctx), "--kv-dtype", kv_dtype, "--port", str(port)]  # fmt: skip
-        log(" ".join(cmd[1:]))
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cmd += ["--port", str(port)]
+        log(" ".join(cmd[1:] if cmd[0] == sys.executable else cmd))
+        # its log to a file, not a pipe nobody reads while it runs (llama-server logs every request: a full pipe would
+        # stop it)
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 600  # the first start compiles kernels
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ggufrun serve exited with {self.proc.returncode}: {self.proc.stderr.read()}")
+                self.log.seek(0)
+                raise RuntimeError(f"{what} exited with {self.proc.returncode}: {self.log.read()[-4000:]}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     break
@@ -207,7 +229,7 @@ class SpawnedServer:
                 pass
             if time.time() > deadline:
                 self.close()
-                raise RuntimeError("ggufrun serve did not answer /health within 600 s")
+                raise RuntimeError(f"{what} did not answer /health within 600 s")
             time.sleep(0.5)
 
     def close(self) -> None:
@@ -216,6 +238,20 @@ class SpawnedServer:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self.log.close()
+
+
+class SpawnedLlamaServer(SpawnedServer):
+    """llama.cpp's `llama-server -m MODEL -np P` in a subprocess on a free port of 127.0.0.1, the same client count,
+    threads, context per slot and prompt batch as ggufrun's (its -c is the whole context, shared by the slots;
+    continuous batching is its default), until close()."""
+
+    def __init__(self, binary: str, model: str, parallel: int, threads: int, n_ctx: int, kv_dtype: str, batch: int):
+        self._start(
+            [binary, "-m", model, "-np", str(parallel), "-c", str(parallel * n_ctx), "-t", str(threads), "-tb",
+             str(threads), "-b", str(batch), "-ub", str(batch), "-ctk", kv_dtype, "-ctv", kv_dtype, "--no-webui"],
+            "llama-server",
+        )  # fmt: skip
 
 
 class Prompts:
@@ -342,9 +378,17 @@ def chart(path: str, results: dict) -> None:
     except ImportError:
         log("matplotlib is not installed: no chart")
         return
-    last = {r["clients"]: r for r in results["runs"]}  # the last round of each client count
+    last = {(r["target"], r["clients"]): r for r in results["runs"]}  # the last round of each target and count
+    names = list(dict.fromkeys(name for name, _ in last))
+    counts = list(dict.fromkeys(n for _, n in last))
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
-    a.bar([str(n) for n in last], [r["aggregate_tps"] for r in last.values()])
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        a.bar([i + k * width for i in range(len(counts))], [last[name, n]["aggregate_tps"] for n in counts], width,
+              label=name)  # fmt: skip
+    a.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(counts))], [str(n) for n in counts])
+    if len(names) > 1:
+        a.legend()
     a.set_xlabel("concurrent clients")
     a.set_ylabel("aggregate tokens/s")
     a.set_title(results["model"])
@@ -384,6 +428,10 @@ def main() -> None:
     p.add_argument("--probes", type=int, default=5, help="TTFT probes alone and beside 7 streaming clients")
     p.add_argument("--rounds", type=int, default=1, help="run the client counts this many times, interleaved; "
                    "ratios to one client are then medians of each round's own ratios")  # fmt: skip
+    p.add_argument("--llama-server", default=None, metavar="BIN",
+                   help="also drive llama.cpp's llama-server (this binary, started with the same model, slots, "
+                   "threads, context per slot and batch) in every round, after ggufrun; prints ggufrun's tokens/s "
+                   "over llama-server's")  # fmt: skip
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
     args = p.parse_args()
@@ -396,6 +444,7 @@ def main() -> None:
         tokenize = model.tokenize
         target = EngineTarget(model, max(max(counts), 8), args.prefill_chunk)
         model_name = model.path.name
+        tokenizer_eog = model.tokenizer.eog_ids
     else:
         from ggufrun.hub import resolve
         from ggufrun.reader import GGUFFile
@@ -404,6 +453,7 @@ def main() -> None:
         path = resolve(args.model, quiet=True)
         tok = load_tokenizer(GGUFFile(path).metadata)
         tokenize = tok.tokenize
+        tokenizer_eog = tok.eog_ids
         server = None
         if not args.url:
             parallel = args.parallel or max(8, max(counts))
@@ -417,44 +467,74 @@ def main() -> None:
 
     results = {"model": model_name, "mode": mode, "kv_dtype": args.kv_dtype, "env": env,
                "max_tokens": args.max_tokens, "prompt_tokens": args.prompt_tokens, "runs": []}  # fmt: skip
+    targets = {"ggufrun": target}
     try:
-        for n in counts:  # warm-up: each count's batched kernels are loaded (from Numba's cache) at their first call
-            run_clients(target, prompts.take(n), 4)
-        by_count: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
+        if args.llama_server:
+            parallel = args.parallel or max(8, max(counts))
+            path = str(model.path) if args.engine else str(path)
+            llama = SpawnedLlamaServer(args.llama_server, path, parallel, args.threads, args.n_ctx, args.kv_dtype,
+                                       args.prefill_chunk)  # fmt: skip
+            targets["llama.cpp"] = ServerTarget(llama.url, tokenizer_eog, None, llama)
+            results["llama_server"] = args.llama_server
+        for t in targets.values():  # warm-up: each count's batched kernels are loaded at their first call
+            for n in counts:
+                run_clients(t, prompts.take(n), 4)
+        by_count: dict[tuple[str, int], list[tuple[float, float]]] = {(k, n): [] for k in targets for n in counts}
+        against: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}  # ggufrun / llama.cpp, per round
         for r in range(args.rounds):
-            single, this_round = None, {}
             if args.rounds > 1:
                 print(f"round {r + 1} of {args.rounds}")
-            for n in counts:
-                load0 = os.getloadavg()[0]
-                clients, wall = run_clients(target, prompts.take(n), args.max_tokens)
-                agg = sum(len(c.t_tokens) for c in clients) / wall
-                steady = steady_decode_tps(clients)
-                single = single or ((agg, steady) if n == 1 else None)
-                this_round[n] = (agg, steady)
-                run = {"clients": n, "round": r, "wall_s": wall, "aggregate_tps": agg,
-                       "decode_tps_all_streaming": steady, "ttft_s": [c.ttft for c in clients],
-                       "decode_tps": [c.decode_tps for c in clients],
-                       "load_avg": [load0, os.getloadavg()[0]]}  # fmt: skip
-                results["runs"].append(run)
-                ratio = f" ({agg / single[0]:.2f}x one client)" if single else ""
-                ratio_steady = f" ({steady / single[1]:.2f}x)" if single and single[1] else ""
-                print(
-                    f"{n:3d} clients: aggregate {agg:6.1f} tok/s{ratio}, while all decode {steady:6.1f} tok/s"
-                    f"{ratio_steady}; wall {wall:.1f} s; load average {load0:.1f}"
-                )
-                for i, c in enumerate(clients):
-                    print(f"      client {i:2d}: TTFT {c.ttft:6.2f} s, decode {c.decode_tps:6.1f} tok/s")
-            if 1 in this_round:  # each count's ratios to this round's one-client run, whatever the order
-                one = this_round[1]
-                for n, (agg, steady) in this_round.items():
-                    by_count[n].append((agg / one[0], steady / one[1] if one[1] else 0.0))
+            this_round: dict[tuple[str, int], tuple[float, float]] = {}
+            for name, t in targets.items():
+                single = None
+                if len(targets) > 1:
+                    print(name)
+                for n in counts:
+                    load0 = os.getloadavg()[0]
+                    clients, wall = run_clients(t, prompts.take(n), args.max_tokens)
+                    agg = sum(len(c.t_tokens) for c in clients) / wall
+                    steady = steady_decode_tps(clients)
+                    single = single or ((agg, steady) if n == 1 else None)
+                    this_round[name, n] = (agg, steady)
+                    run = {"target": name, "clients": n, "round": r, "wall_s": wall, "aggregate_tps": agg,
+                           "decode_tps_all_streaming": steady, "ttft_s": [c.ttft for c in clients],
+                           "decode_tps": [c.decode_tps for c in clients],
+                           "load_avg": [load0, os.getloadavg()[0]]}  # fmt: skip
+                    results["runs"].append(run)
+                    ratio = f" ({agg / single[0]:.2f}x one client)" if single else ""
+                    ratio_steady = f" ({steady / single[1]:.2f}x)" if single and single[1] else ""
+                    print(
+                        f"{n:3d} clients: aggregate {agg:6.1f} tok/s{ratio}, while all decode {steady:6.1f} tok/s"
+                        f"{ratio_steady}; wall {wall:.1f} s; load average {load0:.1f}"
+                    )
+                    for i, c in enumerate(clients):
+                        print(f"      client {i:2d}: TTFT {c.ttft:6.2f} s, decode {c.decode_tps:6.1f} tok/s")
+                if 1 in counts:  # each count's ratios to this round's one-client run, whatever the order
+                    one = this_round[name, 1]
+                    for n in counts:
+                        agg, steady = this_round[name, n]
+                        by_count[name, n].append((agg / one[0], steady / one[1] if one[1] else 0.0))
+            if len(targets) > 1:
+                for n in counts:
+                    (a, b), (la, lb) = this_round["ggufrun", n], this_round["llama.cpp", n]
+                    against[n].append((a / la, b / lb if lb else 0.0))
         if args.rounds > 1 and 1 in counts:
-            medians = {n: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v))
-                       for n, v in by_count.items()}  # fmt: skip
-            results["median_ratios"] = {str(n): {"aggregate": a, "all_decoding": b} for n, (a, b) in medians.items()}
-            print("ratios to one client, medians of the rounds' own: " + ", ".join(
-                f"{n} clients {a:.2f}x / {b:.2f}x" for n, (a, b) in medians.items() if n != 1))  # fmt: skip
+            results["median_ratios"] = {}
+            for name in targets:
+                medians = {n: (statistics.median(a for a, _ in by_count[name, n]),
+                               statistics.median(b for _, b in by_count[name, n])) for n in counts}  # fmt: skip
+                results["median_ratios"][name] = {str(n): {"aggregate": a, "all_decoding": b}
+                                                  for n, (a, b) in medians.items()}  # fmt: skip
+                print(f"{name}: ratios to one client, medians of the rounds' own: " + ", ".join(
+                    f"{n} clients {a:.2f}x / {b:.2f}x" for n, (a, b) in medians.items() if n != 1))  # fmt: skip
+        if len(targets) > 1:
+            over = results["ggufrun_over_llama_cpp"] = {
+                str(n): {"aggregate": statistics.median(a for a, _ in v),
+                         "all_decoding": statistics.median(b for _, b in v)}
+                for n, v in against.items()
+            }  # fmt: skip
+            pairs = ", ".join(f"{n} clients {r['aggregate']:.2f}x / {r['all_decoding']:.2f}x" for n, r in over.items())
+            print(f"ggufrun / llama.cpp tokens/s, medians of the rounds' own (aggregate / while all decode): {pairs}")
         if args.probes:  # --probes 0 skips the TTFT measurement
             alone, _ = probe_ttft(target, [], prompts.take(args.probes), args.max_tokens)
             long = min(512, args.n_ctx - args.prompt_tokens)
@@ -481,7 +561,8 @@ def main() -> None:
                 f"{tokens_during:.1f} tokens each meanwhile"
             )
     finally:
-        target.close()
+        for t in targets.values():
+            t.close()
     write_json(args.json, results)
     if args.chart:
         chart(args.chart, results)

@@ -67,3 +67,11 @@ def test_server_target_reports_an_error_answer_and_stops_when_told(chat_model):
             assert started.is_set() and 1 <= len(client.t_tokens) < 400
         finally:
             target.close()
+
+
+def test_a_spawned_server_that_exits_is_reported_with_its_log(tmp_path):
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\necho 'error: failed to load model' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(RuntimeError, match="llama-server exited with 3: error: failed to load model"):
+        serve.SpawnedLlamaServer(str(fake), "model.gguf", 2, 2, 512, "f16", 256)

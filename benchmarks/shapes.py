@@ -35,9 +35,12 @@ The bandwidth limit: the read bandwidth of a parallel sum over a 1 GiB buffer (l
 read_bandwidth) at T threads, divided by the bytes a decode step reads (decode_bytes: every weight, the output
 projection included, but one row of an untied token_embd and n_expert_used / n_expert of each expert tensor; the
 KV cache, a few MB at these lengths, is left out), is the decode tokens/s no implementation can beat; the table
-gives each implementation's decode as a percentage of it. Also printed: the CPU, threads, OPENBLAS_CORETYPE, and
-the 1-minute load average before each row (the machine may be shared: a load above the thread count means other
-work took cores during that row).
+gives each implementation's decode as a percentage of it. The bandwidth is measured before every round and a row's
+limit takes the median of its rounds' (the table's "read GB/s" gives their range): a shared VM's bandwidth moves from
+minute to minute (36-58 GB/s within an hour on the AMD EPYC VM), and one figure from the start of a run made the
+later rows' percentages depend on the minute that figure was taken in. Also printed: the CPU, threads,
+OPENBLAS_CORETYPE, and the 1-minute load average before each row (the machine may be shared: a load above the thread
+count means other work took cores during that row).
 
 The full Qwen3-30B-A3B shape (qwen3moe-30b-a3b) needs its F16 file (61 GB) and a Q4_K_M (18.6 GB) on disk at once,
 and its quantization takes hours on 2 cores; the script refuses a shape whose F16 plus its types do not fit in the
@@ -433,11 +436,12 @@ def llama_cpp_runner(args, path: Path):
         return None
 
 
-def bench_file(args, shape: Shape, qtype: str, path: Path, bandwidth: float) -> dict:
+def bench_file(args, shape: Shape, qtype: str, path: Path, measure_bandwidth) -> dict:
+    """One shape and type: both implementations' rounds, interleaved, each round after a read-bandwidth measurement
+    (measure_bandwidth() -> bytes/s); the decode limit is the median of those rounds' bandwidths over decode_bytes."""
     row = {"shape": shape.name, "type": qtype, "file_gb": path.stat().st_size / 1e9, "load_avg": os.getloadavg()[0],
            "params_b": shape.n_params() / 1e9, "active_params_b": shape.n_active_params() / 1e9}  # fmt: skip
     row["decode_bytes"] = decode_bytes(path, shape.n_expert_used, shape.n_expert)
-    row["tg_limit"] = bandwidth / row["decode_bytes"]
     runners = {}
     try:
         runners["ggufrun"] = Ours(path, args.threads, args.pp, args.tg, args.batch)
@@ -457,11 +461,16 @@ def bench_file(args, shape: Shape, qtype: str, path: Path, bandwidth: float) -> 
             log(f"{shape.name} {qtype}: {who} failed: {row[f'{who}_error']}")
             runners.pop(who).close()
             results.pop(who)
+    bandwidths = []
     for i in range(args.repeat):
+        bandwidths.append(measure_bandwidth())
+        log(f"{shape.name} {qtype} round {i + 1}/{args.repeat}: read bandwidth {bandwidths[-1] / 1e9:.1f} GB/s")
         for who, r in runners.items():
             results[who].append(r.run())
             x = results[who][-1]
             log(f"{shape.name} {qtype} round {i + 1}/{args.repeat}: {who} pp {x['pp']:.1f} tg {x['tg']:.1f} tok/s")
+    row["read_bandwidth_GBps"] = [b / 1e9 for b in bandwidths]
+    row["tg_limit"] = statistics.median(bandwidths) / row["decode_bytes"]
     for who, r in runners.items():
         for k in ("pp", "tg"):
             row[f"{who}_{k}"] = summarize([x[k] for x in results[who]])
@@ -490,13 +499,15 @@ def _ratio(a: float | None, b: float | None) -> str:
 def table(rows: list[dict], stat: str = "median") -> str:
     lines = [
         "| shape | type | params (active) | file GB | pp/tg x runs | pp ggufrun | pp llama.cpp | pp ratio | tg ggufrun "
-        "| tg llama.cpp | tg ratio | tg limit | tg % of limit (ggufrun / llama.cpp) | load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tg llama.cpp | tg ratio | read GB/s | tg limit | tg % of limit (ggufrun / llama.cpp) | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['shape']} | {r['type']} | - | - | - | {r['skipped']} | | | | | | | | |")
+            lines.append(f"| {r['shape']} | {r['type']} | - | - | - | {r['skipped']} | | | | | | | | | |")
             continue
+        bw = r.get("read_bandwidth_GBps")  # each round's (older reports: one figure for the whole run, in its header)
+        bw = f"{min(bw):.1f}-{max(bw):.1f}" if bw else "-"
         params = f"{r['params_b']:.2f}B" + (
             f" ({r['active_params_b']:.2f}B)" if r["active_params_b"] != r["params_b"] else ""
         )
@@ -508,7 +519,7 @@ def table(rows: list[dict], stat: str = "median") -> str:
         lines.append(
             f"| {r['shape']} | {r['type']} | {params} | {r['file_gb']:.2f} | {r.get('pp_tg_runs', '')} | "
             f"{ours or _num(pp)} | {_num(tp)} | "
-            f"{_ratio(pp, tp)} | {ours or _num(tg)} | {_num(tt)} | {_ratio(tg, tt)} | {lim:.1f} | {pct} | "
+            f"{_ratio(pp, tp)} | {ours or _num(tg)} | {_num(tt)} | {_ratio(tg, tt)} | {bw} | {lim:.1f} | {pct} | "
             f"{r['load_avg']:.2f} |"
         )
     return "\n".join(lines)
@@ -600,10 +611,14 @@ def main(argv=None) -> int:
     from ggufrun.runtime import on_compute_thread
 
     env = environment(args.threads)
+
     # on the compute thread, where ggufrun's forward passes run: a parallel sum started from this (main) thread would
     # give the process a second OpenMP pool, whose idle workers then sleep instead of spinning in every pool
     # (ggufrun.runtime's docstring), and SmolLM2's decode measured 118-126 -> 65-74 tok/s after it
-    bandwidth = 1e9 * statistics.median(on_compute_thread(read_bandwidth, args.threads, 1 << 30) for _ in range(3))
+    def measure_bandwidth() -> float:
+        return 1e9 * on_compute_thread(read_bandwidth, args.threads, 1 << 30)
+
+    bandwidth = statistics.median(measure_bandwidth() for _ in range(3))
     log(f"read bandwidth, {args.threads} threads, 1 GiB: {bandwidth / 1e9:.1f} GB/s")
     report = {"env": env, "args": vars(args), "read_bandwidth_GBps": bandwidth / 1e9, "rows": []}
     for name in shapes:
@@ -615,7 +630,7 @@ def main(argv=None) -> int:
             report["rows"] += [{"shape": name, "type": t, "skipped": str(e).splitlines()[0]} for t in types]
             continue
         for t in types:
-            report["rows"].append(bench_file(args, shape, t, files[t], bandwidth))
+            report["rows"].append(bench_file(args, shape, t, files[t], measure_bandwidth))
             write_json(args.json, report)
     report["load_avg_end"] = os.getloadavg()
     write_json(args.json, report)

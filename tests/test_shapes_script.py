@@ -98,3 +98,19 @@ def test_unknown_names_are_refused():
         shapes.main(["--shapes", "qwen9-100b"])
     with pytest.raises(SystemExit, match="--types: unknown"):
         shapes.main(["--types", "Q4_K_M,Q3_XYZ"])
+
+
+def test_table_gives_each_rows_own_bandwidth_and_limit():
+    row = {"shape": "llama3.2-1b", "type": "Q4_K_M", "file_gb": 0.8, "params_b": 1.24, "active_params_b": 1.24,
+           "pp_tg_runs": "512/128 x3", "ggufrun_pp": {"median": 200.0}, "llama.cpp_pp": {"median": 100.0},
+           "ggufrun_tg": {"median": 30.0}, "llama.cpp_tg": {"median": 40.0}, "load_avg": 0.5,
+           "read_bandwidth_GBps": [36.0, 58.0, 40.0], "tg_limit": 50.0}  # fmt: skip
+    line = shapes.table([row]).splitlines()[-1]
+    assert "| 36.0-58.0 | 50.0 | 60% / 80% |" in line, line
+    old = dict(row)
+    del old["read_bandwidth_GBps"]  # a report written before the bandwidth was measured per round (--merge)
+    assert "| - | 50.0 | 60% / 80% |" in shapes.table([old]).splitlines()[-1]
+    assert all(
+        len(x.split("|")) == len(shapes.table([row]).splitlines()[0].split("|"))
+        for x in shapes.table([row]).splitlines()
+    )

@@ -4005,10 +4005,9 @@ def _pair_rows_q8_1(d, s, q32, sums, dp, sp, qp32, sump, p, off):
     _pair_rows(q32, qp32, p)
     _pair_rows(d, dp, p)
     _pair_rows(s, sp, p)
-    a, b = 2 * p, min(2 * p + 1, sums.shape[0] - 1)  # _pair_rows of sums, each times off
-    for i in range(sums.shape[1]):
-        sump[p, 2 * i] = sums[a, i] * off
-        sump[p, 2 * i + 1] = sums[b, i] * off
+    _pair_rows(sums, sump, p)
+    for i in range(sump.shape[1]):  # the block sums times the codes' offset, as _rows_z subtracts them
+        sump[p, i] *= off
 
 
 @njit(inline="always", **DOT)

@@ -48,8 +48,9 @@ FASTMATH = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
 # and the wrapper of a kernel called from Python wraps each array argument in a MemInfo of its own. The activation
 # quantizer (EXACT) had two such calls a block of 32 values: AMD EPYC Zen 4, one thread, alternating processes,
 # quantize_q8_1 of 1 x 576 1.12 -> 0.89 us, of 8 x 1,536 13.6 -> 12.0 us, an empty call with its 5 arrays 0.44 -> 0.31
-# us; the same bits. The dot kernels (DOT) keep it: their tiles allocate their accumulators for many rows (np.empty),
-# and their vpdpbusd loops have no counting calls (checked in the assembly of _rows_q4_1_x8 and _one_q4_1_x8).
+# us; the same bits. The dot kernels' workers (DOT) keep it: their tiles allocate their accumulators for many rows
+# (np.empty), and their vpdpbusd loops have no counting calls (checked in the assembly of _rows_q4_1_x8 and
+# _one_q4_1_x8); every plain launcher goes without it whatever its options (launch.launcher).
 DOT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 DOT_PARALLEL = dict(DOT, parallel=True)
 EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False, _nrt=False)

@@ -3896,30 +3896,49 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
                     st_lanes_f32x8(out, 4 * ((2 * p + 1) * N + 8 * g), v, 1)
 
 
-def _dot32_z(nibbles: bool, pairs: bool = True):
+def _dot32_z(nibbles: bool, pairs: bool = True, start: bool = False):
     """Intrinsic (codes, x, off) -> 16 lanes of 8 rows' codes (codes_z, codes5_z, iq4_codes_z, widen_z of
     codes8_x8) . a pair of activation rows' 32 quants at byte `off` of the pair layout (lane 2r + j), or of two
     groups' codes (codes_z16, codes8_z16, iq4_codes_z16) . one row's: 8 vpdpbusd, code vector j meeting values
     16 (j % 2) + 4 (j // 2).. for the nibble types, 4j.. for Q8_0; in two chains of 4 (even and odd j) added at the
     end, the same integer sum: with one pair of rows a tile waited on one chain of 8 (Zen 4, one thread, alternating
     processes: Q4_1 3,072 x 576 at 2 / 4 / 8 / 16 rows 59.3-59.5 / 77.4-81.4 / 121 / 211 -> 55.6-56.0 / 74.1-74.6 /
-    116-117 / 202-205 us; Q4_K's tiles and one-row decode unchanged)."""
+    116-117 / 202-205 us; Q4_K's tiles and one-row decode unchanged).
+
+    With `start`, (codes, x, off, s, soff): the even chain starts from the two int32 at byte soff of s in alternate
+    lanes instead of zero. _rows_z starts it from the pair's block sums times minus the codes'
+    offset, where a subtraction after the dots had been one more 16-lane operation a block and pair in a loop bound
+    by its vector operations (Zen 4, one thread, in cache, 16 rows: Gemma3's Q5_0 4,096 x 640 336-345 -> 310-319 us,
+    the first 4,096 rows of its Q8_0 output 326-336 -> 313-325 us; the same integers)."""
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        acc = [_splat(_v16i32, 0), _splat(_v16i32, 0)]
+        if start:
+            s = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], ir.VectorType(_i32, 2))
+            s = builder.load(s, align=1)
+            acc[0] = builder.shuffle_vector(s, s, _PAIR)
+        for j in range(8):
+            v = 16 * (j % 2) + 4 * (j // 2) if nibbles else 4 * j
+            u = builder.bitcast(builder.extract_value(args[0], j), _v16i32)
+            acc[j % 2] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", acc[j % 2], u,
+                                 _z_quants(builder, p, v, pairs))  # fmt: skip
+        return builder.add(acc[0], acc[1])
+
+    if start:
+
+        @intrinsic
+        def dot_from(typingctx, codes, x, off, s, soff):
+            if codes != CodesZ8 or not _is_ptr_args(x, off) or not _is_ptr_args(s, soff):
+                return None
+            return I32x16(CodesZ8, x, off, s, soff), codegen
+
+        return dot_from
 
     @intrinsic
     def dot(typingctx, codes, x, off):
         if codes != CodesZ8 or not _is_ptr_args(x, off):
             return None
-
-        def codegen(context, builder, sig, args):
-            p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-            acc = [_splat(_v16i32, 0), _splat(_v16i32, 0)]
-            for j in range(8):
-                v = 16 * (j % 2) + 4 * (j // 2) if nibbles else 4 * j
-                u = builder.bitcast(builder.extract_value(args[0], j), _v16i32)
-                acc[j % 2] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", acc[j % 2], u,
-                                     _z_quants(builder, p, v, pairs))  # fmt: skip
-            return builder.add(acc[0], acc[1])
-
         return I32x16(CodesZ8, x, off), codegen
 
     return dot
@@ -3927,29 +3946,14 @@ def _dot32_z(nibbles: bool, pairs: bool = True):
 
 dot_z, dot8_z = _dot32_z(True), _dot32_z(False)
 dot_z16, dot8_z16 = _dot32_z(True, False), _dot32_z(False, False)
-
-
-@intrinsic
-def ld_i32pair_z(typingctx, a, off):
-    """The two int32 at byte `off` (a pair's two block sums) in alternate lanes."""
-    if not _is_ptr_args(a, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = _load(context, builder, sig, args, ir.VectorType(_i32, 2))
-        return builder.shuffle_vector(v, v, _PAIR)
-
-    return I32x16(a, off), codegen
-
-
-isub_z = _lanewise_z(lambda b, p, v: b.sub(p, v), I32x16, I32x16, I32x16)  # p - v, int32 lanes
+dot_z_from, dot8_z_from = _dot32_z(True, start=True), _dot32_z(False, start=True)
 
 
 @njit(inline="always", **DOT)
 def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
     """_rows_x8's tiles for M >= 2 activation rows given as pairs (_pairs_q8_1(..., _offset32(kind)): qp [P, 2K],
-    dp / sp / sump [P, 2 K/32], sump the block sums times the codes' offset): per tile of pairs and group, each block
-    decoded once, both rows of a pair in one vector (lane 2r + j) with rows8x1's integer and float steps, their
+    dp / sp / sump [P, 2 K/32], sump the block sums times minus the codes' offset): per tile of pairs and group, each
+    block decoded once, both rows of a pair in one vector (lane 2r + j) with rows8x1's integer and float steps, their
     accumulators waiting in L1."""
     rb = w.shape[1]
     M, N = out.shape[0], out.shape[1]
@@ -3984,9 +3988,12 @@ def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
                 for p in range(t, t1):
                     a, i = 128 * (p - t), 4 * (p * 2 * nb + 2 * b)
                     x = p * K2 + 64 * b
-                    q = dot8_z(u, qp, x) if kind == Q8_0 else dot_z(u, qp, x)
-                    if off != 0:  # sump holds the pair's block sums times off (_pairs_q8_1)
-                        q = isub_z(q, ld_i32pair_z(sump, i))
+                    if off == 0:
+                        q = dot_z(u, qp, x)
+                    elif kind == Q8_0:  # from sump: the pair's block sums times -off (_pairs_q8_1)
+                        q = dot8_z_from(u, qp, x, sump, i)
+                    else:
+                        q = dot_z_from(u, qp, x, sump, i)
                     st_z(acc, a, fma_z(ld_f32z(acc, a), fcvt_z(q), fmul_z(dw, ld_f32pair_z(dp, i))))
                     if kind == Q4_1:
                         st_z(acc, a + 64, fma_z(ld_f32z(acc, a + 64), mw, ld_f32pair_z(sp, i)))
@@ -4006,8 +4013,8 @@ def _pair_rows_q8_1(d, s, q32, sums, dp, sp, qp32, sump, p, off):
     _pair_rows(d, dp, p)
     _pair_rows(s, sp, p)
     _pair_rows(sums, sump, p)
-    for i in range(sump.shape[1]):  # the block sums times the codes' offset, as _rows_z subtracts them
-        sump[p, i] *= off
+    for i in range(sump.shape[1]):  # the block sums times minus the codes' offset: where _rows_z's dots start
+        sump[p, i] *= -off
 
 
 @njit(inline="always", **DOT)
@@ -4020,9 +4027,10 @@ def _pair_rows_q8_k(d, b, q32, dp, bp, qp32, p):
 @njit(inline="always", **DOT_PARALLEL)
 def _pairs_q8_1(d, s, qs, sums, off):
     """Q8_1 activations (d, s, sums [M, K/32], qs [M, K]) as pairs of rows for _rows_z: (dp, sp, qp, sump), sump
-    the block sums times off, the weight type's code offset (_offset32): its tiles subtract them from the integer
-    dots as they are (one vector operation a block and pair fewer than multiplying there: Q5_0 2,048 x 640 at 64
-    rows, one thread, in cache, 632 -> 591-600 us; exact integers, the same bits)."""
+    the block sums times -off, off the weight type's code offset (_offset32): its tiles start their integer dots
+    from them (dot_z_from), where they had multiplied the sums by the offset and then subtracted them, two vector
+    operations a block and pair (Q5_0 2,048 x 640 at 64 rows, one thread, in cache, 632 -> 591-600 us for the
+    multiply; exact integers, the same bits)."""
     P = (qs.shape[0] + 1) // 2
     dp, sp = np.empty((P, 2 * d.shape[1]), np.float32), np.empty((P, 2 * s.shape[1]), np.float32)
     qp, sump = np.empty((P, 2 * qs.shape[1]), np.int8), np.empty((P, 2 * sums.shape[1]), np.int32)

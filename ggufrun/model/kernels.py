@@ -962,12 +962,15 @@ def _scores_block(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc):
             k0, k1 = _ld_f32x8(keys, o), _ld_f32x8(keys, o + 8)
             x = _fbcast(q[r0, qo + i])
             a0, a1 = _fma_v(a0, x, k0), _fma_v(a1, x, k1)
-            x = _fbcast(q[r1, qo + i])
-            b0, b1 = _fma_v(b0, x, k0), _fma_v(b1, x, k1)
-            x = _fbcast(q[r2, qo + i])
-            c0, c1 = _fma_v(c0, x, k0), _fma_v(c1, x, k1)
-            x = _fbcast(q[r3, qo + i])
-            e0, e1 = _fma_v(e0, x, k0), _fma_v(e1, x, k1)
+            if r1 != r0:  # rows that repeat the one before: skipped (_scores_block_z)
+                x = _fbcast(q[r1, qo + i])
+                b0, b1 = _fma_v(b0, x, k0), _fma_v(b1, x, k1)
+            if r2 != r1:
+                x = _fbcast(q[r2, qo + i])
+                c0, c1 = _fma_v(c0, x, k0), _fma_v(c1, x, k1)
+            if r3 != r2:
+                x = _fbcast(q[r3, qo + i])
+                e0, e1 = _fma_v(e0, x, k0), _fma_v(e1, x, k1)
         _st_f32x8(sc[0], t, a0)
         _st_f32x8(sc[0], t + 8, a1)
         _st_f32x8(sc[1], t, b0)
@@ -993,12 +996,15 @@ def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo, i0):
             v0, v1 = _ld_f32x8(values, o), _ld_f32x8(values, o + 8)
             x = _fbcast(p0[t])
             a0, a1 = _fma_v(a0, x, v0), _fma_v(a1, x, v1)
-            x = _fbcast(p1[t])
-            b0, b1 = _fma_v(b0, x, v0), _fma_v(b1, x, v1)
-            x = _fbcast(p2[t])
-            c0, c1 = _fma_v(c0, x, v0), _fma_v(c1, x, v1)
-            x = _fbcast(p3[t])
-            e0, e1 = _fma_v(e0, x, v0), _fma_v(e1, x, v1)
+            if nr > 1:  # only the rows stored
+                x = _fbcast(p1[t])
+                b0, b1 = _fma_v(b0, x, v0), _fma_v(b1, x, v1)
+            if nr > 2:
+                x = _fbcast(p2[t])
+                c0, c1 = _fma_v(c0, x, v0), _fma_v(c1, x, v1)
+            if nr > 3:
+                x = _fbcast(p3[t])
+                e0, e1 = _fma_v(e0, x, v0), _fma_v(e1, x, v1)
         _st_f32x8(out[r0], oo + i, a0)
         _st_f32x8(out[r0], oo + i + 8, a1)
         if nr > 1:

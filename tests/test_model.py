@@ -324,6 +324,26 @@ def test_parallel_glu_gives_the_serial_bits():
         assert np.array_equal(a.view(np.int32), b.view(np.int32)), m
 
 
+def test_parallel_add_norm_gives_the_serial_bits():
+    """kernels.add_norm_rows (prefill's, rows shared among the threads) against add_norm, with and without the
+    post-norm (Gemma's), on row counts that do and do not fill its work items."""
+    rng = np.random.default_rng(6)
+    for m in (2, 9, 40):
+        for post in (np.zeros(0, np.float32), rng.standard_normal(300).astype(np.float32)):
+            x, y = (
+                (rng.standard_normal((m, 300)) * 4).astype(np.float32),
+                rng.standard_normal((m, 300)).astype(np.float32),
+            )
+            w = rng.standard_normal(300).astype(np.float32)
+            got, want = [], []
+            for f, into in ((kernels.add_norm, want), (kernels.add_norm_rows, got)):
+                xs, ys, out = x.copy(), y.copy(), np.empty_like(x)
+                f(xs, ys, post, w, 1e-6, out)
+                into.extend(a.view(np.int32) for a in (xs, ys, out))
+            for a, b in zip(want, got):
+                assert np.array_equal(a, b), (m, post.shape)
+
+
 def test_gelu_table_is_llama_cpps():
     """kernels.gelu_table() equals llama.cpp's ggml_table_gelu_f16 (0c1e570, native AVX2 + FMA build, read from
     libggml-cpu.so after ggml_cpu_init) on every entry the CPU backend uses (finite x, |x| < 10): the sha256 of

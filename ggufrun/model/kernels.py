@@ -420,12 +420,9 @@ def rmsnorm(x, w, eps, out):
 
 
 @numba.njit(**JIT)
-def add_norm(x, y, post_w, w, eps, out):
-    """Residual add, then the next RMSNorm: x[m] += post_norm(y[m]) (or y[m] when post_w is empty); out = norm(x) * w.
-
-    x (residual stream, updated in place), y (overwritten), out: float32 [M, n]; post_w, w: float32 [n] or [0].
-    """
-    for m in range(x.shape[0]):
+def _add_norm_part(x, y, post_w, w, eps, out, m0, m1):
+    """add_norm of rows m0..m1-1."""
+    for m in range(m0, m1):
         if post_w.shape[0]:
             scale = _rms_scale(y[m], eps)
             for i in range(x.shape[1]):
@@ -434,6 +431,24 @@ def add_norm(x, y, post_w, w, eps, out):
         scale = _rms_scale(x[m], eps)
         for i in range(x.shape[1]):
             out[m, i] = x[m, i] * scale * w[i]
+
+
+@numba.njit(**JIT)
+def add_norm(x, y, post_w, w, eps, out):
+    """Residual add, then the next RMSNorm: x[m] += post_norm(y[m]) (or y[m] when post_w is empty); out = norm(x) * w.
+
+    x (residual stream, updated in place), y (overwritten), out: float32 [M, n]; post_w, w: float32 [n] or [0].
+    """
+    _add_norm_part(x, y, post_w, w, eps, out, 0, x.shape[0])
+
+
+NORM_ROWS = 8  # rows per work item of add_norm_rows
+
+
+@launcher(_add_norm_part, JIT_PARALLEL)
+def add_norm_rows(x, y, post_w, w, eps, out):
+    """add_norm with the rows shared among the threads (the same bits): prefill's."""
+    run_items("_add_norm_part", (x, y, post_w, w, eps, out), x.shape[0], NORM_ROWS)
 
 
 # ---- attention --------------------------------------------------------------------------------------------------

@@ -344,6 +344,28 @@ def test_parallel_add_norm_gives_the_serial_bits():
                 assert np.array_equal(a, b), (m, post.shape)
 
 
+def test_parallel_qkv_store_gives_the_serial_bits():
+    """kernels.qkv_rope_store_rows (a prompt's rows on both threads, items on the key cache's lines) against
+    qkv_rope_store: Q, K, V and both caches, with and without per-head norms, from aligned and unaligned positions."""
+    rng = np.random.default_rng(7)
+    n_ctx, e = 256, np.zeros(0, np.float32)
+    for n_head, n_kv, hd, normed in ((6, 2, 32, False), (4, 1, 64, True)):
+        cos, sin = (rng.standard_normal((n_ctx, hd // 2)).astype(np.float32) for _ in range(2))
+        nw = rng.standard_normal(hd).astype(np.float32) if normed else e
+        bias = rng.standard_normal(n_head * hd).astype(np.float32)
+        for m, pos0 in ((70, 0), (70, 37), (5, 200), (100, 31)):
+            q, k, v = (rng.standard_normal((m, h * hd)).astype(np.float32) for h in (n_head, n_kv, n_kv))
+            results = []
+            for f in (kernels.qkv_rope_store, kernels.qkv_rope_store_rows):
+                qs, ks, vs = q.copy(), k.copy(), v.copy()
+                kc = np.zeros((n_kv, hd, n_ctx + kernels.KV_PAD), np.uint16)
+                vc = np.zeros((n_kv, n_ctx, hd), np.uint16)
+                f(qs, ks, vs, bias, e, e, nw, nw, 1e-6, cos, sin, normed, np.float32(0.125), pos0, kc, vc)
+                results.append([qs.view(np.int32), ks.view(np.int32), vs.view(np.int32), kc, vc])
+            for a, b in zip(*results):
+                assert np.array_equal(a, b), (n_head, m, pos0)
+
+
 def test_gelu_table_is_llama_cpps():
     """kernels.gelu_table() equals llama.cpp's ggml_table_gelu_f16 (0c1e570, native AVX2 + FMA build, read from
     libggml-cpu.so after ggml_cpu_init) on every entry the CPU backend uses (finite x, |x| < 10): the sha256 of

@@ -65,13 +65,15 @@ FUSED_QKV_ROWS = 16
 # cache, the medians of 400 calls: n_embd 576 at 16 / 32 / 64 / 256 rows 2.6 / 4.4 / 8.7 / 35.0 -> 3.3 / 4.3 / 7.2 /
 # 22.0 us; 640 with post-norms (Gemma3) 4.1 / 7.6 / 15.0 / 58.7 -> 3.8 / 5.9 / 9.8 / 33.8 us.
 NORM_ROWS_PARALLEL = 32
+# A prompt's span of at least this many rows stores its new K/V on both threads (kernels.qkv_rope_store_rows)
+STORE_ROWS_PARALLEL = 64
 # the multi-row kernels Transformer.pending can hold: the tiled products with their parallel quantizers and SwiGLU /
 # GEGLU (Projector.tiles says whether a pass may call them)...
 TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8_K")} | {
     kernels.swiglu_rows, kernels.geglu_rows, kernels.add_norm_rows,
 }  # fmt: skip
 # ...and prefill attention, and the batched decode steps' (a server's slots: _decode_groups)
-ROWS = frozenset({kernels.attend_rows, kernels.qkv_rope_store_group, kernels.attend_group})
+ROWS = frozenset({kernels.attend_rows, kernels.qkv_rope_store_rows, kernels.qkv_rope_store_group, kernels.attend_group})
 # ...and the batched greedy sampler's (sampling.sample_greedy_rows: until it is ready, each row samples alone)
 BATCH_SAMPLING = frozenset({kernels.greedy_rows})
 _AS_IS = nullcontext()  # a pass's thread count when no helper compiles beside it (Transformer._beside_compiler)
@@ -547,7 +549,8 @@ class Transformer:
             if r0 in grouped:
                 continue  # after the loop, with the rest of its group
             k_cache, v_cache = cache.k[il], cache.v[il]
-            kernels.qkv_rope_store(
+            store = kernels.qkv_rope_store_rows if rows and r1 - r0 >= STORE_ROWS_PARALLEL else kernels.qkv_rope_store
+            store(
                 q[r0:r1], k[r0:r1], v[r0:r1],
                 lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
                 cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), pos0, k_cache, v_cache,

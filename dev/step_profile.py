@@ -1,0 +1,164 @@
+"""Where a forward pass's time goes, kernel by kernel: decode steps of 1..M sequences, or a prefill pass.
+
+    python dev/step_profile.py MODEL --rows 1,8,16            # batched decode steps at --positions cached positions
+    python dev/step_profile.py MODEL --rows 8 --prefill 32    # one pass of 8 prompts of 32 tokens (fresh caches)
+
+Every kernel the forward pass calls through ggufrun.model.kernels, every product (Projector: one line per weight
+type and shape) and the activation quantizer get a perf_counter timer around each call (~0.3 us each, counted in
+the step). Printed per row count: each one's ms a step (mean over --steps), calls a step and us a call, their sum,
+and the median step. Rows go through Transformer.forward_batch on the slots of one KVCache group, as a BatchEngine's
+(one row: Transformer.forward), so a batched step takes the kernels a server's takes. cProfile would add ~1 us to
+every call and inflate the small kernels' share several times over; these timers add ~0.3 us.
+
+--quick (tests/test_dev_scripts.py): a tiny synthetic model (tests/synthetic.py), 1 and 3 rows, a prefill pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+import ggufrun
+from ggufrun.model import kernels, linear
+from ggufrun.runtime import on_compute_thread
+
+
+class Timers:
+    """perf_counter around every call of the kernels module's kernels and of the products, while `on`."""
+
+    def __init__(self):
+        self.on = False
+        self.total: dict[str, list] = defaultdict(lambda: [0.0, 0])
+        self._undo: list = []
+
+    def _add(self, name: str, t0: float) -> None:
+        entry = self.total[name]
+        entry[0] += time.perf_counter() - t0
+        entry[1] += 1
+
+    def install(self) -> None:
+        for name in dir(kernels):
+            f = getattr(kernels, name)
+            if name.startswith("_") or not callable(f) or not hasattr(f, "py_func"):
+                continue  # compiled kernels only (Numba dispatchers and launchers)
+            self._undo.append((kernels, name, f))
+            setattr(kernels, name, self._timed(name, f))
+        quantize, call = linear.Projector.quantize, linear.Projector.__call__
+        timers = self
+
+        def timed_quantize(proj, x, lin):
+            if not timers.on:
+                return quantize(proj, x, lin)
+            t0 = time.perf_counter()
+            try:
+                return quantize(proj, x, lin)
+            finally:
+                timers._add("quantize activations", t0)
+
+        def timed_call(proj, x, *pairs):  # Projector.__call__ with a timer around each product
+            if not timers.on:
+                return call(proj, x, *pairs)
+            qx = None
+            tiles = proj.tiles and x.shape[0] > 1
+            for lin, out in pairs:
+                if qx is None or qx.format != lin.act:
+                    qx = proj.quantize(x, lin)
+                t0 = time.perf_counter()
+                (lin.dot if tiles else lin.dot_one)(lin.w, *qx.arrays, out)
+                timers._add(f"product {lin.qtype.name} {lin.n_out} x {lin.n_in}", t0)
+
+        self._undo += [(linear.Projector, "quantize", quantize), (linear.Projector, "__call__", call)]
+        linear.Projector.quantize, linear.Projector.__call__ = timed_quantize, timed_call
+
+    def _timed(self, name, f):
+        def g(*args, **kwargs):
+            if not self.on:
+                return f(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                self._add(name, t0)
+
+        return g
+
+    def uninstall(self) -> None:
+        for owner, name, f in reversed(self._undo):
+            setattr(owner, name, f)
+        self._undo.clear()
+
+
+def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: int) -> None:
+    tf = model.transformer
+    caches = tf.new_caches(rows) if rows > 1 else [tf.new_cache()]
+    rng = np.random.default_rng(0)
+    if not prefill:
+        for c in caches:
+            tf.forward(rng.integers(0, min(1000, tf.config.n_vocab), positions), cache=c)
+    timers = Timers()
+    timers.install()
+    times = []
+    try:
+        for i in range(warmup + steps):
+            for c in caches:
+                c.truncate(0 if prefill else positions)
+            seqs = [(c, rng.integers(0, min(1000, tf.config.n_vocab), prefill) if prefill else [5]) for c in caches]
+            timers.on = i >= warmup
+            t0 = time.perf_counter()
+            if len(seqs) > 1 or prefill:
+                tf.forward_batch(seqs)
+            else:
+                tf.forward(seqs[0][1], cache=caches[0])
+            if timers.on:
+                times.append(time.perf_counter() - t0)
+    finally:
+        timers.on = False
+        timers.uninstall()
+    what = f"a pass of {rows} prompts of {prefill} tokens" if prefill else f"decode steps of {rows} rows at {positions}"
+    print(f"\n{what} ({steps} passes):")
+    print(f"| {'kernel':36s} | ms a pass | calls a pass | us a call |")
+    print(f"|{'-' * 38}|-----------|--------------|-----------|")
+    total = 0.0
+    for name, (seconds, calls) in sorted(timers.total.items(), key=lambda kv: -kv[1][0]):
+        total += seconds
+        print(f"| {name:36s} | {seconds / steps * 1e3:9.3f} | {calls / steps:12.0f} | {seconds / calls * 1e6:9.1f} |")
+    print(f"kernels {total / steps * 1e3:.2f} ms of a median pass of {statistics.median(times) * 1e3:.2f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", nargs="?", help="GGUF file (not with --quick)")
+    ap.add_argument("--rows", default="1,8,16", help="sequences a step, comma-separated")
+    ap.add_argument("--positions", type=int, default=64, help="positions cached before each decode step")
+    ap.add_argument("--prefill", type=int, default=0, help="profile a prefill pass of prompts this long instead")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    rows = [int(r) for r in a.rows.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = a.model
+        if a.quick:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+            from synthetic import write_model
+
+            path, rows, a.steps, a.positions = write_model(Path(tmp) / "tiny.gguf", ctx=128, seed=1), [1, 3], 3, 8
+        elif path is None:
+            ap.error("a model file is needed (or --quick)")
+        n_ctx = max(128 if a.quick else 512, a.positions + 8, a.prefill + 8)
+        model = ggufrun.load(path, n_threads=a.threads, n_ctx=n_ctx)
+        for m in rows:
+            on_compute_thread(profile, model, m, a.positions, a.prefill, a.steps, min(10, a.steps))
+        if a.quick:  # and a prefill pass of two prompts
+            on_compute_thread(profile, model, 2, 0, 16, 2, 1)
+
+
+if __name__ == "__main__":
+    main()

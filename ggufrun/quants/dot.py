@@ -3906,10 +3906,10 @@ def _dot32_z(nibbles: bool, pairs: bool = True, start: bool = False):
     116-117 / 202-205 us; Q4_K's tiles and one-row decode unchanged).
 
     With `start`, (codes, x, off, s, soff): the even chain starts from the two int32 at byte soff of s in alternate
-    lanes instead of zero. _rows_z starts it from the pair's block sums times minus the codes'
-    offset, where a subtraction after the dots had been one more 16-lane operation a block and pair in a loop bound
-    by its vector operations (Zen 4, one thread, in cache, 16 rows: Gemma3's Q5_0 4,096 x 640 336-345 -> 310-319 us,
-    the first 4,096 rows of its Q8_0 output 326-336 -> 313-325 us; the same integers)."""
+    lanes instead of zero. _rows_z starts it from the pair's block sums times minus the codes' offset, where a
+    subtraction after the dots had been one more 16-lane operation a block and pair in a loop bound by its vector
+    operations (Zen 4, one thread, in cache, 16 rows: Gemma3's Q5_0 4,096 x 640 336-345 -> 310-319 us, the first
+    4,096 rows of its Q8_0 output 326-336 -> 313-325 us; the same integers)."""
 
     def codegen(context, builder, sig, args):
         p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)

@@ -73,6 +73,8 @@ def test_recording_lists_the_forward_pass_kernels_in_order_without_compiling(tmp
         "qkv_rope_store",
         "attend_rows",
         "add_norm",
+        "add_norm_rows",
+        "qkv_rope_store_rows",
         "swiglu",
         "swiglu_rows",
         "attend_one",
@@ -83,7 +85,8 @@ def test_recording_lists_the_forward_pass_kernels_in_order_without_compiling(tmp
     assert "ggufrun.quants.dot:dot_f32" in names, names
     # forward-pass order: prefill (attend_rows) first, the decode-only kernels last
     assert names.index(k + "rmsnorm") < names.index(k + "attend_rows") < names.index(k + "attend_one")
-    assert names[-2:] == [k + "attend_one", k + "swiglu"]  # decode's own (prefill takes swiglu_rows)
+    # decode's own (prefill takes qkv_rope_store_rows, add_norm_rows, swiglu_rows)
+    assert names[-4:] == [k + "qkv_rope_store", k + "attend_one", k + "add_norm", k + "swiglu"]
     assert not [f for _, _, files in os.walk(tmp_path / "numba-cache") for f in files]  # nothing cached either
 
 

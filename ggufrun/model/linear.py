@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from .. import quants
-from ..quants import dot, repack
+from ..quants import repack
 from ..reader import TensorInfo
 
 
@@ -149,13 +149,14 @@ class Projector:
         self._buffers: dict[tuple[str, int, int], quants.QuantizedActivations] = {}
 
     def quantize(self, x: np.ndarray, lin: Linear | Experts) -> quants.QuantizedActivations:
-        """x: float32 [M, K], C-contiguous. More rows than one work item of the format's parallel quantizer
-        (dot.QUANTIZE_ROWS) with `tiles` on: that quantizer (the same bits; compiled in the background with the tiles
-        on the first run); fewer, this thread's (a parallel region of one work item only costs more: 1 row of 576 /
-        1,536 values, 1.1 / 2.1 us against 2.5 / 3.6; 8 rows, two items, 4.6 / 8.8 us against 5.4 / 13.6 here)."""
+        """x: float32 [M, K], C-contiguous. Several rows with `tiles` on: the format's multi-row quantizer (the same
+        bits; compiled in the background with the tiles on the first run), which shares out more rows than one work
+        item (dot.QUANTIZE_ROWS) among the threads and quantizes fewer on this thread (a parallel region of one work
+        item only costs more: 1 row of 576 / 1,536 values, 1.1 / 2.1 us against 2.5 / 3.6; 8 rows, two items, 4.6 /
+        8.8 us against 5.4 / 13.6 here); one row, the serial quantizer."""
         key = (lin.act, x.shape[0], x.shape[1])
         fmt = quants.ACTIVATIONS[lin.act]
-        parallel = self.tiles and x.shape[0] > dot.QUANTIZE_ROWS and fmt.quantize_rows
+        parallel = self.tiles and x.shape[0] > 1 and fmt.quantize_rows
         quantize = fmt.quantize_rows if parallel else fmt.quantize
         qx = self._buffers.get(key)
         if qx is None:

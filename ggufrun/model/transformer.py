@@ -60,15 +60,6 @@ BATCH_PROJECTOR_ROWS = 64
 # AMD EPYC Zen 4 VM, 2 threads, a layer's Q / K / V in cache, best of 7 x 300: 2 / 4 / 8 / 16 rows 35.9 / 24.6 / 43.3 /
 # 59.1 -> 25.7 / 21.4 / 31.9 / 53.9 us with the copies; more rows would copy more than the two calls cost.
 FUSED_QKV_ROWS = 16
-# Passes of at least this many rows (prefill) take the residual add and RMSNorm on both threads (kernels.add_norm_rows,
-# the same bits); fewer keep the serial kernel, which a parallel region's start costs more than it saves. 2 threads, in
-# cache, the medians of 400 calls: n_embd 576 at 16 / 32 / 64 / 256 rows 2.6 / 4.4 / 8.7 / 35.0 -> 3.3 / 4.3 / 7.2 /
-# 22.0 us; 640 with post-norms (Gemma3) 4.1 / 7.6 / 15.0 / 58.7 -> 3.8 / 5.9 / 9.8 / 33.8 us.
-NORM_ROWS_PARALLEL = 32
-# A prompt's span of at least this many rows finishes its Q / K / V and stores K / V on both threads
-# (kernels.qkv_rope_store_rows, items of 32 positions: one item below 64 rows). 2 threads, in cache, medians of 200
-# calls: SmolLM2's heads at 64 / 256 rows 38.4 / 154.3 -> 22.2 / 81.1 us, Gemma3's 75.1 / 298.0 -> 41.0 / 152.3 us.
-STORE_ROWS_PARALLEL = 64
 # the multi-row kernels Transformer.pending can hold: the tiled products with their parallel quantizers and SwiGLU /
 # GEGLU (Projector.tiles says whether a pass may call them)...
 TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8_K")} | {
@@ -551,7 +542,7 @@ class Transformer:
             if r0 in grouped:
                 continue  # after the loop, with the rest of its group
             k_cache, v_cache = cache.k[il], cache.v[il]
-            store = kernels.qkv_rope_store_rows if rows and r1 - r0 >= STORE_ROWS_PARALLEL else kernels.qkv_rope_store
+            store = kernels.qkv_rope_store_rows if rows and r1 - r0 > 1 else kernels.qkv_rope_store
             store(
                 q[r0:r1], k[r0:r1], v[r0:r1],
                 lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
@@ -577,7 +568,7 @@ class Transformer:
             scratch = s.block_scores
             kernels.attend_group(q, k_group[il], v_group[il], rows, slots, starts[window], ends, softcap, scratch, att)
         project(att, (lw.attn_output, o))
-        add_norm = kernels.add_norm_rows if project.tiles and m >= NORM_ROWS_PARALLEL else kernels.add_norm
+        add_norm = kernels.add_norm_rows if project.tiles and m > 1 else kernels.add_norm  # (TILED)
         add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 
     def _attend_q8_0(self, il: int, lw: LayerWeights, q, k, v, cache: KVCache, r0: int, r1: int, pos0: int) -> None:
@@ -624,7 +615,7 @@ class Transformer:
             else:
                 (kernels.swiglu_rows if rows else kernels.swiglu)(gate, up)
             project(gate, (lw.ffn_down, o))
-        add_norm = kernels.add_norm_rows if project.tiles and m >= NORM_ROWS_PARALLEL else kernels.add_norm
+        add_norm = kernels.add_norm_rows if project.tiles and m > 1 else kernels.add_norm  # (TILED)
         add_norm(s.x[:m], o, lw.post_ffw_norm, next_norm, c.rms_eps, h)
 
     def _moe(self, lw: LayerWeights, m: int, project: Projector) -> None:

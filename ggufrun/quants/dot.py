@@ -2265,16 +2265,24 @@ QUANTIZE_ROWS = 4  # activation rows per work item of the parallel quantizers (a
 
 @launcher(_quantize_q8_1_rows, EXACT_PARALLEL)
 def quantize_q8_1_rows(x, d, s, qs, sums):
-    """quantize_q8_1 with its rows shared among the threads (the same arrays and bits): prefill's quantizer."""
+    """quantize_q8_1 for several rows (the same arrays and bits): shared among the threads above QUANTIZE_ROWS rows,
+    else on this thread (a parallel region of one work item only costs more), so that a pass of 2 rows (the model's
+    warm-up) compiles what a prompt runs."""
     M = x.shape[0]
-    run_items("_quantize_q8_1_rows", (x, d, s, qs, sums), M, QUANTIZE_ROWS)
+    if M <= QUANTIZE_ROWS:
+        call_worker("_quantize_q8_1_rows", (x, d, s, qs, sums, 0, M))
+    else:
+        run_items("_quantize_q8_1_rows", (x, d, s, qs, sums), M, QUANTIZE_ROWS)
 
 
 @launcher(_quantize_q8_k_rows, EXACT_PARALLEL)
 def quantize_q8_k_rows(x, qu, d, bsums16, bsums32, qs):
-    """quantize_q8_k with its rows shared among the threads (the same arrays and bits): prefill's quantizer."""
+    """quantize_q8_k for several rows (the same arrays and bits), as quantize_q8_1_rows."""
     M = x.shape[0]
-    run_items("_quantize_q8_k_rows", (x, qu, d, bsums16, bsums32, qs), M, QUANTIZE_ROWS)
+    if M <= QUANTIZE_ROWS:
+        call_worker("_quantize_q8_k_rows", (x, qu, d, bsums16, bsums32, qs, 0, M))
+    else:
+        run_items("_quantize_q8_k_rows", (x, qu, d, bsums16, bsums32, qs), M, QUANTIZE_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -290,6 +290,52 @@ class _Compiling:
         return self.after < 0
 
 
+NO_LATE_COMPILE = """
+import json, subprocess, sys
+import numpy as np
+model = sys.argv[1]
+# the first run only loads the model: every kernel compiled and cached (the multi-row ones by a helper, saved at exit)
+subprocess.run([sys.executable, "-c", "import sys, ggufrun; ggufrun.load(sys.argv[1], n_ctx=128)", model], check=True)
+import ggufrun
+from numba.core import event
+m = ggufrun.load(model, n_ctx=128)
+compiled = []
+class Listener(event.Listener):
+    def on_start(self, ev):
+        compiled.append(str(ev.data.get("dispatcher")))
+    def on_end(self, ev):
+        pass
+with event.install_listener("numba:compile", Listener()):
+    tf = m.transformer
+    n = tf.config.n_vocab
+    tf.forward(np.arange(1, 80) % n)  # a 79-token prompt: the multi-row kernels at their shared-out sizes
+    caches = tf.new_caches(3)
+    tf.forward_batch([(c, np.arange(5, 75) % n) for c in caches])  # three prompts in one pass (a server's)
+    tf.forward_batch([(c, [1]) for c in caches])  # and a batched decode step
+print(json.dumps(compiled))
+"""
+
+
+def _no_late_compile(folder):
+    """(argv, env) of NO_LATE_COMPILE on a Q4_0 golden model with a Numba cache of its own (~15 s on 2 cores)."""
+    from conftest import GOLDEN
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(folder / "cache"))
+    return [sys.executable, "-c", NO_LATE_COMPILE, str(GOLDEN / "small-llama-q4_0.gguf")], env
+
+
+@pytest.mark.background.with_args(_no_late_compile)
+def test_nothing_compiles_in_a_generation_after_the_first_load(background):
+    """After a first run that only loads the model, a long prompt, a pass of several prompts and a batched step
+    compile nothing: the warm-up pass (2 rows) reaches every kernel they run, the multi-row ones at sizes they share
+    out too. (The parallel Q8_1 quantizer used to compile in the middle of the first prompt of more than 4 tokens.)"""
+    import json
+
+    returncode, stdout, stderr = background
+    assert returncode == 0, stderr[-3000:]
+    assert json.loads(stdout.strip().splitlines()[-1]) == []
+
+
 def _multi_row_kernels_raise(tf, monkeypatch):
     """Make tf's multi-row kernels (kernels.attend_rows, each repacked matrix's tiled dot) raise when called; returns
     a function that puts the real ones back and the number of matrices that have a one-row kernel."""

@@ -33,7 +33,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..quants.dot import HAS_ZMM, F32x8, F32x16, F64x8, bits_f32
-from ..quants.launch import call_worker, launcher, run_items
+from ..quants.launch import launcher, run_items
 
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says. No reference
 # counting (_nrt=False, see quants/jit.py): these kernels allocate nothing, and the views they take (a head's keys, a
@@ -442,24 +442,16 @@ def add_norm(x, y, post_w, w, eps, out):
     _add_norm_part(x, y, post_w, w, eps, out, 0, x.shape[0])
 
 
-NORM_ROWS = 8  # rows per work item of add_norm_rows
-# add_norm_rows shares out passes of at least this many rows; fewer run on the calling thread, where a parallel
-# region's start costs more than it saves. 2 threads, in cache, medians of 400 calls, add_norm against add_norm_rows:
-# n_embd 576 at 16 / 32 / 64 / 256 rows 2.6 / 4.4 / 8.7 / 35.0 -> 3.3 / 4.3 / 7.2 / 22.0 us; 640 with post-norms
-# (Gemma3) 4.1 / 7.6 / 15.0 / 58.7 -> 3.8 / 5.9 / 9.8 / 33.8 us.
-NORM_ROWS_PARALLEL = 32
+NORM_ROWS = 32  # rows per work item of add_norm_rows: up to one item, this thread (run_items)
 
 
 @launcher(_add_norm_part, JIT_PARALLEL)
 def add_norm_rows(x, y, post_w, w, eps, out):
-    """add_norm for passes of several rows (the same bits), the rows shared among the threads from
-    NORM_ROWS_PARALLEL rows on (a prefill pass), else on this thread (a batched decode step): so that the 2-row pass
-    of Transformer.warmup compiles what a prompt will run."""
-    M = x.shape[0]
-    if M < NORM_ROWS_PARALLEL:
-        call_worker("_add_norm_part", (x, y, post_w, w, eps, out, 0, M))
-    else:
-        run_items("_add_norm_part", (x, y, post_w, w, eps, out), M, NORM_ROWS)
+    """add_norm for passes of several rows (the same bits), NORM_ROWS rows a work item, so that the 2-row pass of
+    Transformer.warmup compiles what a prompt runs. 2 threads, in cache, medians of 400 calls, add_norm against the
+    rows shared out in items of 8: n_embd 576 at 16 / 32 / 64 / 256 rows 2.6 / 4.4 / 8.7 / 35.0 -> 3.3 / 4.3 / 7.2 /
+    22.0 us; 640 with post-norms (Gemma3) 4.1 / 7.6 / 15.0 / 58.7 -> 3.8 / 5.9 / 9.8 / 33.8 us."""
+    run_items("_add_norm_part", (x, y, post_w, w, eps, out), x.shape[0], NORM_ROWS)
 
 
 # ---- attention --------------------------------------------------------------------------------------------------
@@ -531,10 +523,6 @@ def qkv_rope_store(
 
 
 STORE_LINE = 32  # positions a cache line of f16 keys holds: qkv_rope_store_rows' work items start on these
-# qkv_rope_store_rows shares out spans of at least this many rows (below it, one or two items). 2 threads, in cache,
-# medians of 200 calls: SmolLM2's heads at 64 / 256 rows 38.4 / 154.3 -> 22.2 / 81.1 us, Gemma3's 75.1 / 298.0 ->
-# 41.0 / 152.3 us (32 rows, one item: 20.2 -> 21.6 and 38.1 -> 40.4 us as a parallel region).
-STORE_ROWS_PARALLEL = 64
 
 
 @numba.njit(**JIT)
@@ -552,18 +540,16 @@ def _qkv_rope_store_lines(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, 
 def qkv_rope_store_rows(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, pos0, k_cache, v_cache
 ):
-    """qkv_rope_store for a prompt's rows (the same bits), shared among the threads from STORE_ROWS_PARALLEL rows on,
-    else on this thread (so that the 2-row pass of Transformer.warmup compiles what a long prompt will run). A work
-    item is the rows whose positions share the cache lines of the key rows ([hd_k, n_ctx] per K/V head: STORE_LINE
-    f16 positions a line), so no two threads write one line (rows dealt two at a time, as qkv_rope_store_group deals
-    decode rows, ran a 32-row prompt 28 -> 47 us)."""
+    """qkv_rope_store for a prompt's rows (the same bits), shared among the threads; a single work item on this thread
+    (run_items), so that the 2-row pass of Transformer.warmup compiles what a long prompt will run. A work item is the
+    rows whose positions share the cache lines of the key rows ([hd_k, n_ctx] per K/V head: STORE_LINE f16 positions
+    a line), so no two threads write one line (rows dealt two at a time, as qkv_rope_store_group deals decode rows,
+    ran a 32-row prompt 28 -> 47 us). 2 threads, in cache, medians of 200 calls: SmolLM2's heads at 64 / 256 rows
+    38.4 / 154.3 -> 22.2 / 81.1 us, Gemma3's 75.1 / 298.0 -> 41.0 / 152.3 us."""
     a = pos0 - pos0 % STORE_LINE
     n_items = (pos0 + q.shape[0] - a + STORE_LINE - 1) // STORE_LINE
-    args = (q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, pos0, k_cache, v_cache)
-    if q.shape[0] < STORE_ROWS_PARALLEL:
-        call_worker("_qkv_rope_store_lines", (*args, 0, n_items))
-    else:
-        run_items("_qkv_rope_store_lines", args, n_items, 1)
+    run_items("_qkv_rope_store_lines", (q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
+                                        pos0, k_cache, v_cache), n_items, 1)  # fmt: skip
 
 
 GROUP_STORE_ROWS = 2  # decode rows per work item of qkv_rope_store_group

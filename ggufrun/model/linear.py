@@ -150,14 +150,13 @@ class Projector:
 
     def quantize(self, x: np.ndarray, lin: Linear | Experts) -> quants.QuantizedActivations:
         """x: float32 [M, K], C-contiguous. Several rows with `tiles` on: the format's multi-row quantizer (the same
-        bits; compiled in the background with the tiles on the first run), which shares out more rows than one work
-        item (dot.QUANTIZE_ROWS) among the threads and quantizes fewer on this thread (a parallel region of one work
-        item only costs more: 1 row of 576 / 1,536 values, 1.1 / 2.1 us against 2.5 / 3.6; 8 rows, two items, 4.6 /
-        8.8 us against 5.4 / 13.6 here); one row, the serial quantizer."""
+        bits; compiled in the background with the tiles on the first run), which shares out more rows than one work item
+        (dot.QUANTIZE_ROWS) among the threads and quantizes one item's on this thread (launch.run_items: a parallel
+        region of one work item only costs more: 1 row of 576 / 1,536 values, 1.1 / 2.1 us against 2.5 / 3.6; 8 rows,
+        two items, 4.6 / 8.8 us against 5.4 / 13.6 here); one row, the serial quantizer."""
         key = (lin.act, x.shape[0], x.shape[1])
         fmt = quants.ACTIVATIONS[lin.act]
-        parallel = self.tiles and x.shape[0] > 1 and fmt.quantize_rows
-        quantize = fmt.quantize_rows if parallel else fmt.quantize
+        quantize = fmt.quantize_rows if self.tiles and x.shape[0] > 1 and fmt.quantize_rows else fmt.quantize
         qx = self._buffers.get(key)
         if qx is None:
             if fmt.quantize is None or x.shape[1] % fmt.block:

@@ -2265,24 +2265,15 @@ QUANTIZE_ROWS = 4  # activation rows per work item of the parallel quantizers (a
 
 @launcher(_quantize_q8_1_rows, EXACT_PARALLEL)
 def quantize_q8_1_rows(x, d, s, qs, sums):
-    """quantize_q8_1 for several rows (the same arrays and bits): shared among the threads above QUANTIZE_ROWS rows,
-    else on this thread (a parallel region of one work item only costs more), so that a pass of 2 rows (the model's
-    warm-up) compiles what a prompt runs."""
-    M = x.shape[0]
-    if M <= QUANTIZE_ROWS:
-        call_worker("_quantize_q8_1_rows", (x, d, s, qs, sums, 0, M))
-    else:
-        run_items("_quantize_q8_1_rows", (x, d, s, qs, sums), M, QUANTIZE_ROWS)
+    """quantize_q8_1 for several rows (the same arrays and bits), QUANTIZE_ROWS a work item: up to that many on this
+    thread (run_items), so that a pass of 2 rows (the model's warm-up) compiles what a prompt runs."""
+    run_items("_quantize_q8_1_rows", (x, d, s, qs, sums), x.shape[0], QUANTIZE_ROWS)
 
 
 @launcher(_quantize_q8_k_rows, EXACT_PARALLEL)
 def quantize_q8_k_rows(x, qu, d, bsums16, bsums32, qs):
     """quantize_q8_k for several rows (the same arrays and bits), as quantize_q8_1_rows."""
-    M = x.shape[0]
-    if M <= QUANTIZE_ROWS:
-        call_worker("_quantize_q8_k_rows", (x, qu, d, bsums16, bsums32, qs, 0, M))
-    else:
-        run_items("_quantize_q8_k_rows", (x, qu, d, bsums16, bsums32, qs), M, QUANTIZE_ROWS)
+    run_items("_quantize_q8_k_rows", (x, qu, d, bsums16, bsums32, qs), x.shape[0], QUANTIZE_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -5,8 +5,11 @@
 
 Every kernel the forward pass calls through ggufrun.model.kernels, every product (Projector: one line per weight
 type and shape) and the activation quantizer get a perf_counter timer around each call (~0.3 us each, counted in
-the step). Printed per row count: each one's ms a step (mean over --steps), calls a step and us a call, their sum,
-and the median step. Rows go through Transformer.forward_batch on the slots of one KVCache group, as a BatchEngine's
+the step). Printed per row count: each one's ms a pass (the median over --steps of its time in each pass, and the
+mean), calls a pass and us a call, the sum of the medians, and the median pass. The medians are what to compare on a
+shared machine: one pass slowed by other work (a 2-core VM's neighbours) moves every kernel's mean, not its median
+(SmolLM2's 8-row step, 2026-12-05: the means summed to 8.50 ms, the medians to 7.84, the median pass 8.87).
+Rows go through Transformer.forward_batch on the slots of one KVCache group, as a BatchEngine's
 (one row: Transformer.forward), so a batched step takes the kernels a server's takes. cProfile would add ~1 us to
 every call and inflate the small kernels' share several times over; these timers add ~0.3 us.
 
@@ -35,13 +38,17 @@ class Timers:
 
     def __init__(self):
         self.on = False
-        self.total: dict[str, list] = defaultdict(lambda: [0.0, 0])
+        self.total: dict[str, list] = defaultdict(lambda: [0.0, 0])  # name -> [seconds, calls] over all passes
+        self.passes: list[dict[str, float]] = []  # per timed pass: name -> its seconds in that pass
         self._undo: list = []
 
     def _add(self, name: str, t0: float) -> None:
+        dt = time.perf_counter() - t0
         entry = self.total[name]
-        entry[0] += time.perf_counter() - t0
+        entry[0] += dt
         entry[1] += 1
+        this = self.passes[-1]
+        this[name] = this.get(name, 0.0) + dt
 
     def install(self) -> None:
         for name in dir(kernels):
@@ -111,6 +118,8 @@ def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: 
                 c.truncate(0 if prefill else positions)
             seqs = [(c, rng.integers(0, min(1000, tf.config.n_vocab), prefill) if prefill else [5]) for c in caches]
             timers.on = i >= warmup
+            if timers.on:
+                timers.passes.append({})
             t0 = time.perf_counter()
             if len(seqs) > 1 or prefill:
                 tf.forward_batch(seqs)
@@ -123,13 +132,20 @@ def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: 
         timers.uninstall()
     what = f"a pass of {rows} prompts of {prefill} tokens" if prefill else f"decode steps of {rows} rows at {positions}"
     print(f"\n{what} ({steps} passes):")
-    print(f"| {'kernel':36s} | ms a pass | calls a pass | us a call |")
-    print(f"|{'-' * 38}|-----------|--------------|-----------|")
-    total = 0.0
-    for name, (seconds, calls) in sorted(timers.total.items(), key=lambda kv: -kv[1][0]):
-        total += seconds
-        print(f"| {name:36s} | {seconds / steps * 1e3:9.3f} | {calls / steps:12.0f} | {seconds / calls * 1e6:9.1f} |")
-    print(f"kernels {total / steps * 1e3:.2f} ms of a median pass of {statistics.median(times) * 1e3:.2f} ms")
+    median = {name: statistics.median(p.get(name, 0.0) for p in timers.passes) for name in timers.total}
+    print(f"| {'kernel':36s} | ms a pass (median) | ms a pass (mean) | calls a pass | us a call |")
+    print(f"|{'-' * 38}|--------------------|------------------|--------------|-----------|")
+    for name in sorted(median, key=lambda n: -median[n]):
+        seconds, calls = timers.total[name]
+        print(
+            f"| {name:36s} | {median[name] * 1e3:18.3f} | {seconds / steps * 1e3:16.3f} | {calls / steps:12.0f} "
+            f"| {seconds / calls * 1e6:9.1f} |"
+        )
+    means = sum(seconds for seconds, _ in timers.total.values()) / steps
+    print(
+        f"kernels {sum(median.values()) * 1e3:.2f} ms (medians; means {means * 1e3:.2f}) "
+        f"of a median pass of {statistics.median(times) * 1e3:.2f} ms"
+    )
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """Process plumbing: how many threads, which Numba threading layer, and compiling the kernels a model needs.
 
     physical_cores()            the default thread count (hyper-threads share a core's vector units)
+    last_level_cache_bytes()    the CPU's largest cache (L3), whether a model's weights stream from DRAM at decode
     set_threads(n)              Numba's thread count for the calling thread (Numba keeps it per thread)
     threads_beside(busy)        a context with that count lowered to the cores left beside busy helper processes
     ThreadGovernor              per forward pass, runs each step on 1 thread while the full count stalls
@@ -58,6 +59,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 
 def physical_cores() -> int:
@@ -80,6 +82,22 @@ def physical_cores() -> int:
     except (OSError, AttributeError):
         pass
     return os.cpu_count() or 1
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of the largest cache of CPU 0 (Linux sysfs: cpu0/cache/index*/size, the L3 where there is one), or None
+    where the system does not say."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else None
 
 
 def set_threads(n: int) -> None:

@@ -15,6 +15,8 @@ from golden_bounds import GOLDEN, bounds, closeness, float_logits
 from synthetic import Typed, rewrite_gguf
 
 from ggufrun.model import Transformer
+from ggufrun.model.linear import Linear
+from ggufrun.quants import dot
 from ggufrun.reader import GGUFFile
 
 SMALL = sorted(p.stem for p in GOLDEN.glob("small-*.gguf"))
@@ -78,6 +80,32 @@ def test_batch_invariance(stem):
     np.testing.assert_array_equal(single, whole)
     tf.cache.truncate(5)
     np.testing.assert_array_equal(tf.forward(tokens[5:], all_logits=True), whole[5:])
+
+
+@pytest.mark.parametrize(
+    "stem",
+    ["small-llama-q4_0", "small-llama-q4_1", "small-llama-q5_0", "small-llama-q8_0", "small-llama-q4_k_s",
+     "small-llama-q5_k_s", "small-llama-q6_k", "small-llama-tied-q8_0", "small-qwen3moe-q8_0"],
+)  # fmt: skip
+def test_decode_of_weights_read_from_dram_gives_the_same_bits(stem, monkeypatch):
+    """A model larger than the last-level cache (here: a cache said to be 1 byte) decodes with the one-row kernels
+    of repack.STREAM_ROW (one group of 8 rows at a time where dot.DECODE_STREAM, else ONE_ROW's own): every packed
+    matrix takes its streaming kernel, and decode's logits are the bits of the model that fits in the cache."""
+    from ggufrun.model import weights as model_weights
+    from ggufrun.quants.repack import ONE_ROW, STREAM_ROW
+
+    tf, g = load(stem)
+    tokens = g["tokens"]
+    want = np.stack([tf.forward(tokens[i : i + 1]).copy() for i in range(len(tokens))])
+    monkeypatch.setattr(model_weights, "last_level_cache_bytes", lambda: 1)
+    streamed, _ = load(stem)
+    linears = [lin for layer in streamed.weights.layers for lin in vars(layer).values() if isinstance(lin, Linear)]
+    packed = [lin for lin in linears + [streamed.weights.output] if lin.packed]
+    assert packed and all(lin.dot_one is STREAM_ROW[lin.dot] for lin in packed)
+    if dot.DECODE_STREAM:
+        assert any(lin.dot_one is not ONE_ROW[lin.dot] for lin in packed)
+    got = np.stack([streamed.forward(tokens[i : i + 1]).copy() for i in range(len(tokens))])
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from ggufrun.model import Transformer
 from ggufrun.model.linear import Linear
 from ggufrun.model.weights import FUSED
 from ggufrun.quants import dot
-from ggufrun.quants.repack import EXPERTS, ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, get_rows, repack
+from ggufrun.quants.repack import EXPERTS, ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, STREAM_ROW, get_rows, repack
 from ggufrun.reader import GGUFFile
 
 K_TYPES = {T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}  # 256-value super-blocks (IQ4_XS repacked on AVX-512 only)
@@ -60,6 +60,9 @@ def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
         got[:] = np.nan
         ONE_ROW[kernel](w8, *qx.arrays, got)  # one row at a time: decode's kernel, the tiles' first-run stand-in
         assert np.array_equal(want.view(np.int32), got.view(np.int32)), ("one row", m, np.abs(want - got).max())
+        got[:] = np.nan
+        STREAM_ROW[kernel](w8, *qx.arrays, got)  # decode's kernel for weights read from DRAM (one group at a time)
+        assert np.array_equal(want.view(np.int32), got.view(np.int32)), ("stream", m, np.abs(want - got).max())
 
 
 @pytest.mark.parametrize("qtype", sorted(REPACKED_TYPES))
@@ -264,9 +267,9 @@ def test_the_interleaved_kernels_can_be_cached_on_disk():
         w8, kernel = repack(_random_blocks(qtype, 16, k, rng), qtype)
         for m in (1, 9):  # one row, and the tiles with their multi-row work items
             qx = Q.quantize_activations(rng.standard_normal((m, k)).astype(np.float32), qtype)
-            for f in (kernel, ONE_ROW[kernel]):
+            for f in (kernel, ONE_ROW[kernel], STREAM_ROW[kernel]):
                 f(w8, *qx.arrays, np.zeros((m, 16), np.float32))
-        for f in (kernel, ONE_ROW[kernel]):
+        for f in (kernel, ONE_ROW[kernel], STREAM_ROW[kernel]):
             assert f.overloads, f
             for cres in f.overloads.values():
                 assert not cres.library.has_dynamic_globals, (qtype, f.py_func.__name__)

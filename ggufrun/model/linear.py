@@ -32,7 +32,8 @@ class Linear:
     n_in: int
     packed: bool = False  # w is in ggufrun.quants.repack's interleaved layout [n_out / 8, 8 x row_bytes]
     # the same product one activation row at a time, the same bits (repack.ONE_ROW: the interleaved layouts'
-    # decode kernels, which compile in a third of their tiles' time); else dot itself
+    # decode kernels, which compile in a third of their tiles' time; repack.STREAM_ROW's for weights that stream from
+    # DRAM, Linear.streaming); else dot itself
     dot_one: Callable | None = None
 
     def __post_init__(self):
@@ -64,6 +65,12 @@ class Linear:
             return self
         r = repack.repack(self.w, self.qtype, release, out=out)
         return self if r is None else replace(self, w=r[0], dot=r[1], dot_one=repack.ONE_ROW.get(r[1]), packed=True)
+
+    def streaming(self) -> Linear:
+        """This matrix with decode's kernel for weights read from DRAM at every token (repack.STREAM_ROW: one
+        sequential stream a thread; the same bits), where its layout has one; else itself."""
+        one = repack.STREAM_ROW.get(self.dot) if self.packed else None
+        return self if one is None or one is self.dot_one else replace(self, dot_one=one)
 
     @staticmethod
     def _packed_shapes(parts: list[Linear | None]) -> list[tuple[int, int]] | None:

@@ -25,6 +25,7 @@ from gguf import GGMLQuantizationType
 from .. import quants
 from ..errors import GGUFError
 from ..quants import repack
+from ..runtime import last_level_cache_bytes
 from .config import ModelConfig
 from .linear import Experts, Linear
 
@@ -357,4 +358,29 @@ def repack_matrices(weights: Weights, gguf) -> Weights:
         token_embd = output = pack(weights.token_embd, rows_too=True)
     else:
         token_embd, output = weights.token_embd, pack(weights.output)
+    if decode_streams(gguf, weights):
+        layers = tuple(replace(layer, **{f.name: _streaming(getattr(layer, f.name)) for f in fields(layer)})
+                       for layer in layers)  # fmt: skip
+        output = _streaming(output)
+        token_embd = output if weights.output is weights.token_embd else token_embd
     return replace(weights, layers=layers, token_embd=token_embd, output=output)
+
+
+def decode_streams(gguf, weights: Weights) -> bool:
+    """Whether a decode step reads the model's matrices from DRAM: the bytes of its tensors (less an untied
+    token_embd, whose rows are only looked up) exceed the CPU's last-level cache (or the system does not say how
+    large that is). Then the one-row products take the kernels of repack.STREAM_ROW (Linear.streaming)."""
+    total = sum(t.nbytes for t in gguf.tensors.values())
+    if weights.output is not weights.token_embd and "token_embd.weight" in gguf.tensors:
+        total -= gguf.tensors["token_embd.weight"].nbytes
+    cache = last_level_cache_bytes()
+    return cache is None or total > cache
+
+
+def _streaming(x):
+    """x with each Linear in it (a tuple of them: a block's experts) taking its streaming one-row kernel."""
+    if isinstance(x, Linear):
+        return x.streaming()
+    if isinstance(x, tuple) and x and all(isinstance(e, Linear) for e in x):
+        return tuple(e.streaming() for e in x)
+    return x

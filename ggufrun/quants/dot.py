@@ -2631,26 +2631,26 @@ def _group_x8_two(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, K):
 
 
 @njit(inline="always", **DOT)
-def _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1):
+def _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1, stream):
     """out[:, 8 g0 : 8 g1] one activation row at a time (decode: the accumulators stay in registers; no software
-    prefetch, X8K note; on AVX-512 two groups per vector, prefetched: _group_x8_z16_one): each row gets the bits
-    _rows_x8's tiles give it. The one-row launchers (dot_*_x8_one) hold
+    prefetch, X8K note; on AVX-512 two groups per vector, prefetched: _group_x8_z16_one, unless `stream`: DECODE_STREAM
+    below): each row gets the bits _rows_x8's tiles give it. The one-row launchers (dot_*_x8_one) hold
     only this, which compiles in a third of the tiles' time: a first run's first token waits for these alone, the
     tiles compile in the background (ggufrun.runtime.compile_kernels)."""
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)
     for m in range(qs.shape[0]):  # a work item's groups (a few KB) stay in L1 for the rows after the first
-        _row_x8(kind, bsize, w, 0, d1, s1, sums1, qs, m, out, m, g0, g1)
+        _row_x8(kind, bsize, w, 0, d1, s1, sums1, qs, m, out, m, g0, g1, stream)
 
 
 @njit(inline="always", **DOT)
-def _row_x8(kind, bsize, w, wg, d1, s1, sums1, qs, m, out, o, g0, g1):
+def _row_x8(kind, bsize, w, wg, d1, s1, sums1, qs, m, out, o, g0, g1, stream):
     """out[o, 8 g0 : 8 g1] = activation row m times groups wg + g0 .. wg + g1 - 1 of w (one row of _rows_x8_one; an
     expert's rows of a stack of experts for _experts_x8). On AVX-512 two groups per vector, an odd last group as a
-    vector of itself twice (_row_k_x8)."""
+    vector of itself twice (_row_k_x8); with `stream`, one group at a time (DECODE_STREAM)."""
     rb, N = w.shape[1], out.shape[1]
     nb = qs.shape[1] // 32
     off = _offset32(kind)
-    if HAS_ZMM:
+    if HAS_ZMM and not stream:
         for g in range(g0, g1, 2):
             gb = min(g + 1, g1 - 1)
             v = _group_x8_z16_one(kind, bsize, w, (wg + g) * rb, (wg + gb) * rb, d1, s1, sums1, qs, nb, off, m)
@@ -2680,7 +2680,7 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     if M == 1:
-        _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1)
+        _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1, False)
         return
     nb = K // 32
     MT = _m_tile(K)
@@ -3359,22 +3359,23 @@ def _group_k_x8_one(kind, w, go, d1, b16, b32, qs, nsb, m):
 
 
 @njit(inline="always", **DOT)
-def _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1):
+def _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1, stream):
     """out[:, 8 g0 : 8 g1] one activation row at a time, each row the bits _rowsk_x8's tiles give it (as
     _rows_x8_one: what the one-row launchers hold)."""
     d1 = d.reshape(-1)
     for m in range(qs.shape[0]):  # a work item's groups stay in L1 for the rows after the first
-        _row_k_x8(kind, w, 0, d1, b16, b32, qs, m, out, m, g0, g1)
+        _row_k_x8(kind, w, 0, d1, b16, b32, qs, m, out, m, g0, g1, stream)
 
 
 @njit(inline="always", **DOT)
-def _row_k_x8(kind, w, wg, d1, b16, b32, qs, m, out, o, g0, g1):
+def _row_k_x8(kind, w, wg, d1, b16, b32, qs, m, out, o, g0, g1, stream):
     """out[o, 8 g0 : 8 g1] = activation row m times groups wg + g0 .. wg + g1 - 1 of w (one row of _rowsk_x8_one; an
     expert's rows of a stack of experts for _expertsk_x8). On AVX-512 two groups per vector, an odd last group as a
-    vector of itself twice (the 256-bit code stays out of these kernels: one path to compile)."""
+    vector of itself twice (the 256-bit code stays out of these kernels: one path to compile), unless `stream`: one
+    group at a time (DECODE_STREAM)."""
     rb, N = w.shape[1], out.shape[1]
     nsb = qs.shape[1] // 256
-    if HAS_ZMM:
+    if HAS_ZMM and not stream:
         for g in range(g0, g1, 2):
             gb = min(g + 1, g1 - 1)
             v = _group_k_z16_one(kind, w, (wg + g) * rb, (wg + gb) * rb, d1, b16, b32, qs, nsb, m)
@@ -3404,7 +3405,7 @@ def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nsb = K // 256
     if M == 1:
-        _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1)
+        _rowsk_x8_one(kind, w, d, b16, b32, qs, out, g0, g1, False)
         return
     sbytes = _kx8_bytes(kind)
     MT = _m_tile(K)
@@ -5547,7 +5548,7 @@ def dot_q4_0_x8(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _one_q4_0_x8(w, d, s, qs, sums, out, g0, g1):
-    _rows_x8_one(Q4_0, 144, w, d, s, qs, sums, out, g0, g1)
+    _rows_x8_one(Q4_0, 144, w, d, s, qs, sums, out, g0, g1, False)
 
 
 @launcher(_one_q4_0_x8, DOT_PARALLEL)
@@ -5579,7 +5580,7 @@ def dot_q4_1_x8(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _one_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
-    _rows_x8_one(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
+    _rows_x8_one(Q4_1, 160, w, d, s, qs, sums, out, g0, g1, False)
 
 
 @launcher(_one_q4_1_x8, DOT_PARALLEL)
@@ -5611,7 +5612,7 @@ def dot_q5_0_x8(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _one_q5_0_x8(w, d, s, qs, sums, out, g0, g1):
-    _rows_x8_one(Q5_0, 176, w, d, s, qs, sums, out, g0, g1)
+    _rows_x8_one(Q5_0, 176, w, d, s, qs, sums, out, g0, g1, False)
 
 
 @launcher(_one_q5_0_x8, DOT_PARALLEL)
@@ -5643,7 +5644,7 @@ def dot_q8_0_x8(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _one_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
-    _rows_x8_one(Q8_0, 272, w, d, s, qs, sums, out, g0, g1)
+    _rows_x8_one(Q8_0, 272, w, d, s, qs, sums, out, g0, g1, False)
 
 
 @launcher(_one_q8_0_x8, DOT_PARALLEL)
@@ -5802,7 +5803,7 @@ def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _one_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8_one(Q4_K, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8_one(Q4_K, w, d, b16, b32, qs, out, g0, g1, False)
 
 
 @launcher(_one_q4_k_x8, DOT_PARALLEL)
@@ -5834,7 +5835,7 @@ def dot_q5_k_x8(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _one_q5_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8_one(Q5_K, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8_one(Q5_K, w, d, b16, b32, qs, out, g0, g1, False)
 
 
 @launcher(_one_q5_k_x8, DOT_PARALLEL)
@@ -5866,7 +5867,7 @@ def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _one_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8_one(Q6_K, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8_one(Q6_K, w, d, b16, b32, qs, out, g0, g1, False)
 
 
 @launcher(_one_q6_k_x8, DOT_PARALLEL)
@@ -5884,7 +5885,7 @@ def _rows_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
     elif _pairs_given(out.shape[0], IQ4_XS):  # the activations as pairs (dot_iq4_xs_x8)
         _rowsk_z(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
     else:  # one row (the interleaved IQ4_XS layout exists only where pair tiles do)
-        _rowsk_x8_one(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
+        _rowsk_x8_one(IQ4_XS, w, d, b16, b32, qs, out, g0, g1, False)
 
 
 @prange_launcher(_rows_iq4_xs_x8, DOT_PARALLEL)
@@ -5903,7 +5904,7 @@ def dot_iq4_xs_x8(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _one_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8_one(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8_one(IQ4_XS, w, d, b16, b32, qs, out, g0, g1, False)
 
 
 @launcher(_one_iq4_xs_x8, DOT_PARALLEL)
@@ -5921,7 +5922,7 @@ def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
     elif _pairs_given(out.shape[0], IQ4_NL):  # the activations as pairs (dot_iq4_nl_x8)
         _rows_z(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     else:  # one row (the interleaved IQ4_NL layout exists only where pair tiles do)
-        _rows_x8_one(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
+        _rows_x8_one(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1, False)
 
 
 @prange_launcher(_rows_iq4_nl_x8, DOT_PARALLEL)
@@ -5940,7 +5941,7 @@ def dot_iq4_nl_x8(w, d, s, qs, sums, out):
 
 @njit(**DOT)
 def _one_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
-    _rows_x8_one(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
+    _rows_x8_one(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1, False)
 
 
 @launcher(_one_iq4_nl_x8, DOT_PARALLEL)
@@ -5963,6 +5964,118 @@ ONE_ROW = {
     dot_q6_k_x8: dot_q6_k_x8_one,
     dot_iq4_xs_x8: dot_iq4_xs_x8_one,
 }
+
+# ---- Decode from DRAM on AMD Zen 4: one group of 8 rows at a time ------------------------------------------------
+# The 16-row vectors of decode (_group_k_z16_one, _group_x8_z16_one) read two streams a thread, groups A and B of a
+# pair side by side, each a group's length (a few KB) before both jump to the next pair; the 256-bit one-row code
+# (_group_k_x8_one, _group_x8_one) reads one, the thread's run of groups in order. From L2 / L3 the 16-row vectors are
+# faster (Q4_K 17,920 x 1,536, one thread, in cache: 45 against 39 GB/s); from DRAM, on AMD EPYC Zen 4, one stream is
+# what the hardware prefetchers follow: the same matrix, 28 copies (446 MB), 22.1 against 29.3-30.6 GB/s on one thread
+# and 32.3-33.0 against 36.9 on two (a plain sum over 1 GiB: 34.5 / 36.4 then). Software prefetch did not close the
+# gap (24, 48 or 96 KB ahead into L2, or a second hint 2-4 KB ahead into L1: 20.2-22.6 GB/s on one thread; none:
+# 13.9), nor does a synthetic stream need it: two interleaved 6.9 KB streams a thread read at 16.7 GB/s where one long
+# one with the same arithmetic a line read at 34.9, and software prefetch slowed that one to 27.4 (scratch hwpf2.py,
+# hwpf3.py). Whole decode steps, alternating processes, 2 threads (2026-12-05): llama3.2-1b Q4_K_M 36.9-45.9 ->
+# 41.0-56.2 tok/s, qwen2.5-1.5b 29.9-36.1 -> 44.1-44.3, SmolLM2 Q4_1 240-265 -> 267-289, qwen2.5-0.5b 74-75 -> 80-81.
+# So where Numba's CPU is AMD Zen (DECODE_PREFETCH_L2 above, where this was measured) and the model's weights are
+# larger than the last-level cache (ggufrun.model.weights.repack_matrices: they stream from DRAM every token), decode
+# takes these kernels (STREAM_ROW), the same bits as dot_*_x8_one's (each lane's integer and float steps are the
+# same). IQ4_XS and IQ4_NL have no 256-bit interleaved code and keep theirs; experts kernels keep the 16-row vectors.
+DECODE_STREAM = HAS_ZMM and DECODE_PREFETCH_L2
+
+
+@njit(**DOT)
+def _stream_q4_0_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8_one(Q4_0, 144, w, d, s, qs, sums, out, g0, g1, True)
+
+
+@launcher(_stream_q4_0_x8, DOT_PARALLEL)
+def dot_q4_0_x8_stream(w, d, s, qs, sums, out):
+    """dot_q4_0_x8_one one group of 8 rows at a time (the same bits): decode's kernel for weights that stream from
+    DRAM (DECODE_STREAM)."""
+    run_items("_stream_q4_0_x8", (w, d, s, qs, sums, out), w.shape[0], X8_GROUPS)
+
+
+@njit(**DOT)
+def _stream_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8_one(Q4_1, 160, w, d, s, qs, sums, out, g0, g1, True)
+
+
+@launcher(_stream_q4_1_x8, DOT_PARALLEL)
+def dot_q4_1_x8_stream(w, d, s, qs, sums, out):
+    """dot_q4_1_x8_one one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_stream_q4_1_x8", (w, d, s, qs, sums, out), w.shape[0], X8_GROUPS)
+
+
+@njit(**DOT)
+def _stream_q5_0_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8_one(Q5_0, 176, w, d, s, qs, sums, out, g0, g1, True)
+
+
+@launcher(_stream_q5_0_x8, DOT_PARALLEL)
+def dot_q5_0_x8_stream(w, d, s, qs, sums, out):
+    """dot_q5_0_x8_one one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_stream_q5_0_x8", (w, d, s, qs, sums, out), w.shape[0], X8_GROUPS)
+
+
+@njit(**DOT)
+def _stream_q8_0_x8(w, d, s, qs, sums, out, g0, g1):
+    _rows_x8_one(Q8_0, 272, w, d, s, qs, sums, out, g0, g1, True)
+
+
+@launcher(_stream_q8_0_x8, DOT_PARALLEL)
+def dot_q8_0_x8_stream(w, d, s, qs, sums, out):
+    """dot_q8_0_x8_one one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_stream_q8_0_x8", (w, d, s, qs, sums, out), w.shape[0], X8_GROUPS)
+
+
+@njit(**DOT)
+def _stream_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8_one(Q4_K, w, d, b16, b32, qs, out, g0, g1, True)
+
+
+@launcher(_stream_q4_k_x8, DOT_PARALLEL)
+def dot_q4_k_x8_stream(w, qu, d, b16, b32, qs, out):
+    """dot_q4_k_x8_one one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_stream_q4_k_x8", (w, qu, d, b16, b32, qs, out), w.shape[0], X8_GROUPS)
+
+
+@njit(**DOT)
+def _stream_q5_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8_one(Q5_K, w, d, b16, b32, qs, out, g0, g1, True)
+
+
+@launcher(_stream_q5_k_x8, DOT_PARALLEL)
+def dot_q5_k_x8_stream(w, qu, d, b16, b32, qs, out):
+    """dot_q5_k_x8_one one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_stream_q5_k_x8", (w, qu, d, b16, b32, qs, out), w.shape[0], X8_GROUPS)
+
+
+@njit(**DOT)
+def _stream_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    _rowsk_x8_one(Q6_K, w, d, b16, b32, qs, out, g0, g1, True)
+
+
+@launcher(_stream_q6_k_x8, DOT_PARALLEL)
+def dot_q6_k_x8_stream(w, qu, d, b16, b32, qs, out):
+    """dot_q6_k_x8_one one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_stream_q6_k_x8", (w, qu, d, b16, b32, qs, out), w.shape[0], X8_GROUPS)
+
+
+# each interleaved layout's full kernel -> its one-row kernel for weights that stream from DRAM (DECODE_STREAM); the
+# kernels in it without a one-group version, and every kernel where the CPU is not one DECODE_STREAM was measured on,
+# map to ONE_ROW's
+STREAM_ROW = dict(ONE_ROW)
+if DECODE_STREAM:
+    STREAM_ROW.update({
+        dot_q4_0_x8: dot_q4_0_x8_stream,
+        dot_q4_1_x8: dot_q4_1_x8_stream,
+        dot_q5_0_x8: dot_q5_0_x8_stream,
+        dot_q8_0_x8: dot_q8_0_x8_stream,
+        dot_q4_k_x8: dot_q4_k_x8_stream,
+        dot_q5_k_x8: dot_q5_k_x8_stream,
+        dot_q6_k_x8: dot_q6_k_x8_stream,
+    })  # fmt: skip
 
 
 @njit(**DOT)
@@ -6195,7 +6308,7 @@ def _experts_x8(kind, bsize, w, d, s, qs, sums, out, sel, shared, i0, i1):
     for i in range(i0, i1):
         r, g0 = i // per, (i % per) * X8_GROUPS
         m = 0 if shared else r
-        _row_x8(kind, bsize, w, sel[r] * G, d1, s1, sums1, qs, m, out, r, g0, min(G, g0 + X8_GROUPS))
+        _row_x8(kind, bsize, w, sel[r] * G, d1, s1, sums1, qs, m, out, r, g0, min(G, g0 + X8_GROUPS), False)
 
 
 @njit(inline="always", **DOT)
@@ -6207,7 +6320,7 @@ def _expertsk_x8(kind, w, d, b16, b32, qs, out, sel, shared, i0, i1):
     for i in range(i0, i1):
         r, g0 = i // per, (i % per) * X8_GROUPS
         m = 0 if shared else r
-        _row_k_x8(kind, w, sel[r] * G, d1, b16, b32, qs, m, out, r, g0, min(G, g0 + X8_GROUPS))
+        _row_k_x8(kind, w, sel[r] * G, d1, b16, b32, qs, m, out, r, g0, min(G, g0 + X8_GROUPS), False)
 
 
 @njit(inline="always", **DOT)

@@ -63,6 +63,9 @@ if dot.HAS_ZMM:  # IQ4_XS's and IQ4_NL's kernels on their layouts are the AVX-51
 REPACKED_TYPES = frozenset(_LAYOUTS) | frozenset(_K_LAYOUTS)
 # each layout's kernel -> its one-row kernel (the same bits, one activation row at a time; compiles faster)
 ONE_ROW: dict[Callable, Callable] = dot.ONE_ROW
+# each layout's kernel -> its one-row kernel for weights that stream from DRAM at every token (on AMD Zen 4 with
+# AVX-512 one group of 8 rows at a time, a single sequential stream a thread: dot.DECODE_STREAM; else ONE_ROW's)
+STREAM_ROW: dict[Callable, Callable] = dot.STREAM_ROW
 # each layout's kernel -> its experts kernel (a decode step's k chosen experts of a stack in one call, each expert's
 # rows the bits of the one-row kernel: ggufrun.model.linear.Experts)
 EXPERTS: dict[Callable, Callable] = dot.EXPERTS

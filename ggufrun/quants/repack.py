@@ -6,6 +6,7 @@ interleaved.
                                  # or None when qtype has no interleaved layout (or N % 8 != 0)
     dot(w8, *qx.arrays, out)     # the same activation arrays and the same out[m, n] bits as REGISTRY[qtype].dot
     ONE_ROW[dot](w8, ...)        # the same again, one activation row at a time (decode's kernel)
+    STREAM_ROW[dot](w8, ...)     # the same again, for a model larger than the CPU's cache: one stream a thread
 
 Layout (ggufrun.quants.dot section 4, `_rows_x8`): row group g (rows 8g..8g+7) is one row of the new array; per
 32-value block: the 8 rows' d (8 halves), for Q4_1 their m (8 halves), for Q5_0 a 32-byte plane of the fifth bits

@@ -17,7 +17,7 @@ The last two columns tell the two slow states apart: each thread's share of the 
 over in one parallel region (no start or join in the time), by one thread alone and by every thread at once. On that
 VM on 2026-12-05 the 2-thread windows at 40-47 us (against 32-34) were not a late worker: a share took 26 us alone in
 every window, together 29 us in the fast ones and 36-38 us in the slow ones, so both threads computed 25 % slower while
-they ran together (scratch region.py: a latency-bound scalar loop ran as fast on both threads in both states; the
+they ran together (a latency-bound scalar loop ran as fast on both threads in both states; the
 product's own serial call did too), as two hyperthreads of one core would share its vector units. Nothing in the
 scheduling of work gets that back, which is why sharing work out dynamically did not help in those minutes.
 """
@@ -60,7 +60,6 @@ def shares(w, d, s, qs, sums, out, per, count, reps):
 
 def share_us(args, per: int, threads: int, seconds: float) -> float:
     """Median us a share takes when `threads` threads each run one at once (SHARE_REPS times in one region)."""
-    numba.set_num_threads(threads)
     return window(lambda: shares(*args, per, threads, SHARE_REPS), (), threads, seconds) / SHARE_REPS
 
 

@@ -69,7 +69,7 @@ class Linear:
     def streaming(self) -> Linear:
         """This matrix with decode's kernel for weights read from DRAM at every token (repack.STREAM_ROW: one
         sequential stream a thread; the same bits), where its layout has one; else itself."""
-        one = repack.STREAM_ROW.get(self.dot) if self.packed else None
+        one = repack.STREAM_ROW.get(self.dot)  # keyed by the interleaved layouts' kernels: packed matrices only
         return self if one is None or one is self.dot_one else replace(self, dot_one=one)
 
     @staticmethod

@@ -5975,9 +5975,9 @@ ONE_ROW = {
 # and 32.3-33.0 against 36.9 on two (a plain sum over 1 GiB: 34.5 / 36.4 then). Software prefetch did not close the
 # gap (24, 48 or 96 KB ahead into L2, or a second hint 2-4 KB ahead into L1: 20.2-22.6 GB/s on one thread; none:
 # 13.9), nor does a synthetic stream need it: two interleaved 6.9 KB streams a thread read at 16.7 GB/s where one long
-# one with the same arithmetic a line read at 34.9, and software prefetch slowed that one to 27.4 (scratch hwpf2.py,
-# hwpf3.py). Whole decode steps, alternating processes, 2 threads (2026-12-05): llama3.2-1b Q4_K_M 36.9-45.9 ->
-# 41.0-56.2 tok/s, qwen2.5-1.5b 29.9-36.1 -> 44.1-44.3, SmolLM2 Q4_1 240-265 -> 267-289, qwen2.5-0.5b 74-75 -> 80-81.
+# one with the same arithmetic a line read at 34.9, and software prefetch slowed that one to 27.4. Whole decode steps,
+# alternating processes, 2 threads (2026-12-05): llama3.2-1b Q4_K_M 36.9-45.9 -> 41.0-56.2 tok/s, qwen2.5-1.5b
+# 29.9-36.1 -> 44.1-44.3, SmolLM2 Q4_1 240-265 -> 267-289, qwen2.5-0.5b 74-75 -> 80-81.
 # So where Numba's CPU is AMD Zen (DECODE_PREFETCH_L2 above, where this was measured) and the model's weights are
 # larger than the last-level cache (ggufrun.model.weights.repack_matrices: they stream from DRAM every token), decode
 # takes these kernels (STREAM_ROW), the same bits as dot_*_x8_one's (each lane's integer and float steps are the

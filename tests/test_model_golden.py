@@ -85,7 +85,8 @@ def test_batch_invariance(stem):
 @pytest.mark.parametrize(
     "stem",
     ["small-llama-q4_0", "small-llama-q4_1", "small-llama-q5_0", "small-llama-q8_0", "small-llama-q4_k_s",
-     "small-llama-q5_k_s", "small-llama-q6_k", "small-llama-tied-q8_0", "small-qwen3moe-q8_0"],
+     "small-llama-q5_k_s", "small-llama-q6_k", "small-llama-tied-q8_0", "small-qwen3moe-q8_0", "small-llama-iq4_nl",
+     "small-llama-iq4_xs"],
 )  # fmt: skip
 def test_decode_of_weights_read_from_dram_gives_the_same_bits(stem, monkeypatch):
     """A model larger than the last-level cache (here: a cache said to be 1 byte) decodes with the one-row kernels

@@ -2503,7 +2503,8 @@ def codes5_x8(typingctx, a, off):
 
 
 def _dot_x8(run: int):
-    """dot_x8 for codes whose vpmaddubsw pairs may be summed `run` at a time in int16 (4-bit: 8, 5-bit: 4)."""
+    """dot_x8 for codes whose vpmaddubsw pairs may be summed `run` at a time in int16 (4-bit: 8, 5-bit: 4); run 0:
+    codes of any byte value (IQ4's code book + 128), each dword by dpbusd (without VNNI its exact two-part form)."""
 
     @intrinsic
     def dot(typingctx, codes, a, off):
@@ -2516,14 +2517,14 @@ def _dot_x8(run: int):
             for j in range(8):  # code vector j: chunk c = j // 2, values 4c.. (low nibbles) or 16 + 4c.. (high)
                 x = _bcast4_at(builder, p, 16 * (j % 2) + 4 * (j // 2))
                 u = builder.extract_value(args[0], j)
-                if HAS_AVX2 and not HAS_VNNI:
+                if HAS_AVX2 and not HAS_VNNI and run:
                     m = _pmaddubsw(builder, u, x)
                     acc16 = m if acc16 is None else builder.add(acc16, m)
                     if (j + 1) % run == 0:
                         part = _pmaddwd(builder, acc16, _splat(_v16i16, 1))
                         acc, acc16 = (part if acc is None else builder.add(acc, part)), None
                 else:
-                    acc = _dpbusd(builder, _splat(_v8i32, 0) if acc is None else acc, u, x, narrow=True)
+                    acc = _dpbusd(builder, _splat(_v8i32, 0) if acc is None else acc, u, x, narrow=bool(run))
             return acc
 
         return I32x8(Codes8, a, off), codegen
@@ -2535,6 +2536,27 @@ def _dot_x8(run: int):
 # 4-bit codes sum 8 vpmaddubsw in int16 (8 x 2 x 15 x 127 = 30480), 5-bit ones 4 (4 x 2 x 31 x 127 = 31496)
 dot_x8 = _dot_x8(8)
 dot5_x8 = _dot_x8(4)
+dotw_x8 = _dot_x8(0)  # IQ4_NL / IQ4_XS: the code book + 128 (1..241) against the quants
+
+
+@intrinsic
+def iq4_codes_x8(typingctx, a, off):
+    """IQ4_NL / IQ4_XS's 8 code vectors of 32 values of 8 interleaved rows at byte `off` (codes_x8's 4 chunks of 32
+    bytes: chunk c's low nibbles, then its high nibbles), looked up in the code book + 128 (unsigned 1..241,
+    vpshufb): what iq4_codes_z16 gives one group in its 16 lanes."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        out = []
+        for c in range(4):
+            v = _ld32_at(builder, p, 32 * c)
+            out.append(_iq4_lut(builder, builder.and_(v, _splat(_v32i8, 15)), 128))
+            out.append(_iq4_lut(builder, builder.lshr(v, _splat(_v32i8, 4)), 128))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Codes8(a, off), codegen
 
 
 @intrinsic
@@ -3048,6 +3070,35 @@ def _kscales_x8(signed: bool):
 
 ksc_x8 = _kscales_x8(False)  # Q4_K's 6-bit scales
 ksc6_x8 = _kscales_x8(True)  # Q6_K's int8 scales
+
+
+@intrinsic
+def kscw_x8(typingctx, a, off, e):
+    """Element e (0 or 1) of the 8 rows' signed scale pairs at byte `off`, as int32 lanes (for vpmulld): IQ4_XS's
+    scales minus 32, as kscw_z16 gives one group."""
+    if not _is_ptr_args(a, off) or not isinstance(e, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _load(context, builder, sig, args, ir.VectorType(_i8, 16))
+        pick = [builder.sext(builder.shuffle_vector(v, v, ir.Constant(_v8i32, [2 * i + k for i in range(8)])), _v8i32)
+                for k in (0, 1)]  # fmt: skip
+        odd = builder.icmp_signed("!=", _int_arg(context, builder, sig.args[2], args[2]), ir.Constant(_i32, 0))
+        return builder.select(odd, pick[1], pick[0])
+
+    return I32x8(a, off, e), codegen
+
+
+@intrinsic
+def imuladd(typingctx, acc, s, sc):
+    """acc + s * sc, 8 int32 lanes (vpmulld)."""
+    if acc != I32x8 or s != I32x8 or sc != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], builder.mul(args[1], args[2]))
+
+    return I32x8(I32x8, I32x8, I32x8), codegen
 
 
 def _kpairs_x8(signed: bool):
@@ -6063,6 +6114,69 @@ def dot_q6_k_x8_stream(w, qu, d, b16, b32, qs, out):
     run_items("_stream_q6_k_x8", (w, qu, d, b16, b32, qs, out), w.shape[0], X8_GROUPS)
 
 
+@njit(inline="always", **DOT)
+def _group_iq4_nl_x8_one(w, go, d1, sums1, qs, nb, m):
+    """_group_x8_z16_one's lanes for IQ4_NL, one group of 8 rows (byte go) at a time: per block the code book + 128
+    against the quants (dpbusd), less 128 x the block's quant sum, then the same float step."""
+    acc = fzero()
+    xo, bo = m * 32 * nb, m * nb
+    for b in range(nb):
+        o = go + b * 144
+        p = isubs(dotw_x8(iq4_codes_x8(w, o + 16), qs, xo + 32 * b), 128 * sums1[bo + b])
+        acc = fma_v(acc, fcvt(p), fscale(ld_f16x8(w, o), d1[bo + b]))
+    return fadd_v(acc, fzero())
+
+
+@njit(**DOT)
+def _stream_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
+    d1, sums1, N = d.reshape(-1), sums.reshape(-1), out.shape[1]
+    nb, rb = qs.shape[1] // 32, w.shape[1]
+    for m in range(qs.shape[0]):
+        for g in range(g0, g1):
+            st_f32x8(out, 4 * (m * N + 8 * g), _group_iq4_nl_x8_one(w, g * rb, d1, sums1, qs, nb, m))
+
+
+@launcher(_stream_iq4_nl_x8, DOT_PARALLEL)
+def dot_iq4_nl_x8_stream(w, d, s, qs, sums, out):
+    """dot_iq4_nl_x8_one one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_stream_iq4_nl_x8", (w, d, s, qs, sums, out), w.shape[0], X8_GROUPS)
+
+
+@njit(inline="always", **DOT)
+def _group_iq4_xs_x8_one(w, go, d1, b32, qs, nsb, m):
+    """_group_k_z16_one's lanes for IQ4_XS, one group of 8 rows (byte go) at a time: per 32-value sub-block the code
+    book + 128 against the quants (dpbusd) times its scale (vpmulld), less 128 x the scales . the sub-blocks' quant
+    sums, then the same float step."""
+    n32 = b32.shape[1]
+    K = 256 * nsb
+    acc = fzero()
+    for b in range(nsb):
+        o, xo, bo = go + b * IQ4_XS_X8_BYTES, m * K + 256 * b, 4 * (m * n32 + 8 * b)
+        s, c = izero(), izero()
+        for gg in range(8):
+            sc = kscw_x8(w, o + 16 + 16 * (gg // 2), gg % 2)
+            s = imuladd(s, dotw_x8(iq4_codes_x8(w, o + 80 + 128 * gg), qs, xo + 32 * gg), sc)
+        for k in range(4):  # pairs of sub-blocks: scales . quant sums (kiq4_z16)
+            c = iadd(c, koff6_x8(w, o + 16 + 16 * k, b32, bo + 8 * k))
+        acc = fma_v(acc, fcvt(iaddmul(s, c, -128)), fscale(ld_f16x8(w, o), d1[m * nsb + b]))
+    return fadd_v(acc, fzero())
+
+
+@njit(**DOT)
+def _stream_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
+    d1, N = d.reshape(-1), out.shape[1]
+    nsb, rb = qs.shape[1] // 256, w.shape[1]
+    for m in range(qs.shape[0]):
+        for g in range(g0, g1):
+            st_f32x8(out, 4 * (m * N + 8 * g), _group_iq4_xs_x8_one(w, g * rb, d1, b32, qs, nsb, m))
+
+
+@launcher(_stream_iq4_xs_x8, DOT_PARALLEL)
+def dot_iq4_xs_x8_stream(w, qu, d, b16, b32, qs, out):
+    """dot_iq4_xs_x8_one one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_stream_iq4_xs_x8", (w, qu, d, b16, b32, qs, out), w.shape[0], X8_GROUPS)
+
+
 # each interleaved layout's full kernel -> its one-row kernel for weights that stream from DRAM (DECODE_STREAM); the
 # kernels in it without a one-group version, and every kernel where the CPU is not one DECODE_STREAM was measured on,
 # map to ONE_ROW's
@@ -6076,6 +6190,8 @@ if DECODE_STREAM:
         dot_q4_k_x8: dot_q4_k_x8_stream,
         dot_q5_k_x8: dot_q5_k_x8_stream,
         dot_q6_k_x8: dot_q6_k_x8_stream,
+        dot_iq4_nl_x8: dot_iq4_nl_x8_stream,
+        dot_iq4_xs_x8: dot_iq4_xs_x8_stream,
     })  # fmt: skip
 
 

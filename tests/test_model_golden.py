@@ -15,7 +15,7 @@ from golden_bounds import GOLDEN, bounds, closeness, float_logits
 from synthetic import Typed, rewrite_gguf
 
 from ggufrun.model import Transformer
-from ggufrun.model.linear import Linear
+from ggufrun.model.linear import Experts, Linear
 from ggufrun.quants import dot
 from ggufrun.reader import GGUFFile
 
@@ -91,9 +91,10 @@ def test_batch_invariance(stem):
 def test_decode_of_weights_read_from_dram_gives_the_same_bits(stem, monkeypatch):
     """A model larger than the last-level cache (here: a cache said to be 1 byte) decodes with the one-row kernels
     of repack.STREAM_ROW (one group of 8 rows at a time where dot.DECODE_STREAM, else ONE_ROW's own): every packed
-    matrix takes its streaming kernel, and decode's logits are the bits of the model that fits in the cache."""
+    matrix takes its streaming kernel (a stack of experts its repack.EXPERTS_STREAM kernel), and decode's logits are
+    the bits of the model that fits in the cache."""
     from ggufrun.model import weights as model_weights
-    from ggufrun.quants.repack import ONE_ROW, STREAM_ROW
+    from ggufrun.quants.repack import EXPERTS, EXPERTS_STREAM, ONE_ROW, STREAM_ROW
 
     tf, g = load(stem)
     tokens = g["tokens"]
@@ -103,6 +104,11 @@ def test_decode_of_weights_read_from_dram_gives_the_same_bits(stem, monkeypatch)
     linears = [lin for layer in streamed.weights.layers for lin in vars(layer).values() if isinstance(lin, Linear)]
     packed = [lin for lin in linears + [streamed.weights.output] if lin.packed]
     assert packed and all(lin.dot_one is STREAM_ROW[lin.dot] for lin in packed)
+    stacks = [x for layer in streamed.weights.layers for x in vars(layer).values() if isinstance(x, Experts)]
+    assert bool(stacks) == ("moe" in stem)  # a decode step's experts in one call: their streaming kernel
+    assert all(x.kernel in set(EXPERTS_STREAM.values()) for x in stacks)
+    if dot.DECODE_STREAM:
+        assert not any(x.kernel in set(EXPERTS.values()) for x in stacks)
     if dot.DECODE_STREAM:
         assert any(lin.dot_one is not ONE_ROW[lin.dot] for lin in packed)
     got = np.stack([streamed.forward(tokens[i : i + 1]).copy() for i in range(len(tokens))])

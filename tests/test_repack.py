@@ -18,7 +18,16 @@ from ggufrun.model import Transformer
 from ggufrun.model.linear import Linear
 from ggufrun.model.weights import FUSED
 from ggufrun.quants import dot
-from ggufrun.quants.repack import EXPERTS, ONE_ROW, REPACKED_TYPES, ROW_LOOKUP_TYPES, STREAM_ROW, get_rows, repack
+from ggufrun.quants.repack import (
+    EXPERTS,
+    EXPERTS_STREAM,
+    ONE_ROW,
+    REPACKED_TYPES,
+    ROW_LOOKUP_TYPES,
+    STREAM_ROW,
+    get_rows,
+    repack,
+)
 from ggufrun.reader import GGUFFile
 
 K_TYPES = {T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}  # 256-value super-blocks (IQ4_XS repacked on AVX-512 only)
@@ -69,17 +78,18 @@ def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
 def test_experts_kernel_gives_each_experts_one_row_bits(qtype):
     """A stack of 5 experts of 24 rows (3 groups of 8: an odd last group per expert); a decode step's 3 chosen
     experts in one call (repack.EXPERTS): row r is expert sel[r] times activation row 0 (shared) or row r, the bits
-    dot_one gives that expert alone."""
+    dot_one gives that expert alone; the same from the experts kernel for weights read from DRAM (EXPERTS_STREAM)."""
     n_expert, n, k = 5, 24, 512 if qtype in K_TYPES else 96
     rng = np.random.default_rng(7)
     w8, kernel = repack(_random_blocks(qtype, n_expert * n, k, rng), qtype)
     experts, one_row = EXPERTS[kernel], ONE_ROW[kernel]
     sel = np.array([3, 0, 4], np.int32)
     x = rng.standard_normal((3, k)).astype(np.float32)
-    for shared in (True, False):
+    for shared, kernel in ((True, experts), (False, experts), (True, EXPERTS_STREAM[experts]),
+                           (False, EXPERTS_STREAM[experts])):  # fmt: skip
         rows = x[:1] if shared else x
         got = np.full((3, n), np.nan, np.float32)
-        experts(w8, *Q.quantize_activations(rows, qtype).arrays, got, sel, int(shared))
+        kernel(w8, *Q.quantize_activations(rows, qtype).arrays, got, sel, int(shared))
         for r, e in enumerate(sel):
             want = np.zeros((1, n), np.float32)
             qx = Q.quantize_activations(rows[0 if shared else r][None], qtype)
@@ -258,9 +268,10 @@ def test_interleaved_kernels_on_a_cpu_without_avx2(background):
 
 
 def test_the_interleaved_kernels_can_be_cached_on_disk():
-    """Every compiled version of the interleaved kernels and their one-row twins can go to Numba's on-disk cache: a
-    launcher that reads a dynamic global (numba.get_num_threads, a ctypes pointer) is compiled again in every
-    process, with a NumbaWarning 'Cannot cache' nobody sees. Compiles what the other tests of this file have not."""
+    """Every compiled version of the interleaved kernels, their one-row twins and experts kernels can go to Numba's
+    on-disk cache: a launcher that reads a dynamic global (numba.get_num_threads, a ctypes pointer) is compiled again
+    in every process, with a NumbaWarning 'Cannot cache' nobody sees. Compiles what the other tests of this file have
+    not."""
     rng = np.random.default_rng(3)
     for qtype in sorted(REPACKED_TYPES):
         k = 256
@@ -269,7 +280,10 @@ def test_the_interleaved_kernels_can_be_cached_on_disk():
             qx = Q.quantize_activations(rng.standard_normal((m, k)).astype(np.float32), qtype)
             for f in (kernel, ONE_ROW[kernel], STREAM_ROW[kernel]):
                 f(w8, *qx.arrays, np.zeros((m, 16), np.float32))
-        for f in (kernel, ONE_ROW[kernel], STREAM_ROW[kernel]):
+        experts = (EXPERTS[kernel], EXPERTS_STREAM[EXPERTS[kernel]])
+        for f in experts:  # a stack of two experts of 8 rows, both chosen
+            f(w8, *qx.arrays, np.zeros((2, 8), np.float32), np.array([1, 0], np.int32), 1)
+        for f in (kernel, ONE_ROW[kernel], STREAM_ROW[kernel], *experts):
             assert f.overloads, f
             for cres in f.overloads.values():
                 assert not cres.library.has_dynamic_globals, (qtype, f.py_func.__name__)

@@ -137,6 +137,11 @@ class Experts:
             return None
         return cls(stack, first.qtype, first.act, kernel, first.n_out, first.n_in)
 
+    def streaming(self) -> Experts:
+        """These experts with the kernel for weights read from DRAM (repack.EXPERTS_STREAM: one group of 8 rows at a
+        time; the same bits), as Linear.streaming."""
+        return replace(self, kernel=repack.EXPERTS_STREAM.get(self.kernel, self.kernel))
+
 
 KEEP_ROWS = 16  # Projector keeps quantized-activation buffers for up to this many rows (decode, experts, batches)
 

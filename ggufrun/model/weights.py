@@ -378,8 +378,9 @@ def decode_streams(gguf, weights: Weights) -> bool:
 
 
 def _streaming(x):
-    """x with each Linear in it (a tuple of them: a block's experts) taking its streaming one-row kernel."""
-    if isinstance(x, Linear):
+    """x with each Linear in it (a tuple of them: a block's experts) taking its streaming one-row kernel, an Experts
+    stack its streaming experts kernel."""
+    if isinstance(x, (Linear, Experts)):
         return x.streaming()
     if isinstance(x, tuple) and x and all(isinstance(e, Linear) for e in x):
         return tuple(e.streaming() for e in x)

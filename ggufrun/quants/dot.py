@@ -6032,7 +6032,10 @@ ONE_ROW = {
 # So where Numba's CPU is AMD Zen (DECODE_PREFETCH_L2 above, where this was measured) and the model's weights are
 # larger than the last-level cache (ggufrun.model.weights.repack_matrices: they stream from DRAM every token), decode
 # takes these kernels (STREAM_ROW), the same bits as dot_*_x8_one's (each lane's integer and float steps are the
-# same). IQ4_XS and IQ4_NL have no 256-bit interleaved code and keep theirs; experts kernels keep the 16-row vectors.
+# same). IQ4_XS and IQ4_NL, whose interleaved layouts exist only with AVX-512, take one group at a time through code of
+# their own (_group_iq4_xs_x8_one, _group_iq4_nl_x8_one: the code book looked up 32 bytes at a time, iq4_codes_x8);
+# IQ4_XS 8,960 x 1,536 x 40 copies from DRAM, alternating: 1 thread 24.7-27.0 -> 28.3-29.0 GB/s, 2 threads 47.8-50.7
+# -> 53.4-55.5. A decode step's chosen experts stream the same way (EXPERTS_STREAM, at the end of this module).
 DECODE_STREAM = HAS_ZMM and DECODE_PREFETCH_L2
 
 
@@ -6127,13 +6130,20 @@ def _group_iq4_nl_x8_one(w, go, d1, sums1, qs, nb, m):
     return fadd_v(acc, fzero())
 
 
+@njit(inline="always", **DOT)
+def _row_iq4_nl_x8(w, wg, d1, sums1, qs, m, out, o, g0, g1):
+    """out[o, 8 g0 : 8 g1] = activation row m times groups wg + g0 .. wg + g1 - 1 of IQ4_NL's w, one group at a time
+    (_row_x8's `stream` for IQ4_NL)."""
+    nb, rb, N = qs.shape[1] // 32, w.shape[1], out.shape[1]
+    for g in range(g0, g1):
+        st_f32x8(out, 4 * (o * N + 8 * g), _group_iq4_nl_x8_one(w, (wg + g) * rb, d1, sums1, qs, nb, m))
+
+
 @njit(**DOT)
 def _stream_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
-    d1, sums1, N = d.reshape(-1), sums.reshape(-1), out.shape[1]
-    nb, rb = qs.shape[1] // 32, w.shape[1]
+    d1, sums1 = d.reshape(-1), sums.reshape(-1)
     for m in range(qs.shape[0]):
-        for g in range(g0, g1):
-            st_f32x8(out, 4 * (m * N + 8 * g), _group_iq4_nl_x8_one(w, g * rb, d1, sums1, qs, nb, m))
+        _row_iq4_nl_x8(w, 0, d1, sums1, qs, m, out, m, g0, g1)
 
 
 @launcher(_stream_iq4_nl_x8, DOT_PARALLEL)
@@ -6162,13 +6172,20 @@ def _group_iq4_xs_x8_one(w, go, d1, b32, qs, nsb, m):
     return fadd_v(acc, fzero())
 
 
+@njit(inline="always", **DOT)
+def _row_iq4_xs_x8(w, wg, d1, b32, qs, m, out, o, g0, g1):
+    """out[o, 8 g0 : 8 g1] = activation row m times groups wg + g0 .. wg + g1 - 1 of IQ4_XS's w, one group at a time
+    (_row_k_x8's `stream` for IQ4_XS)."""
+    nsb, rb, N = qs.shape[1] // 256, w.shape[1], out.shape[1]
+    for g in range(g0, g1):
+        st_f32x8(out, 4 * (o * N + 8 * g), _group_iq4_xs_x8_one(w, (wg + g) * rb, d1, b32, qs, nsb, m))
+
+
 @njit(**DOT)
 def _stream_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    d1, N = d.reshape(-1), out.shape[1]
-    nsb, rb = qs.shape[1] // 256, w.shape[1]
+    d1 = d.reshape(-1)
     for m in range(qs.shape[0]):
-        for g in range(g0, g1):
-            st_f32x8(out, 4 * (m * N + 8 * g), _group_iq4_xs_x8_one(w, g * rb, d1, b32, qs, nsb, m))
+        _row_iq4_xs_x8(w, 0, d1, b32, qs, m, out, m, g0, g1)
 
 
 @launcher(_stream_iq4_xs_x8, DOT_PARALLEL)
@@ -6417,27 +6434,37 @@ def dot_mxfp4(w, d, s, qs, sums, out):
 
 
 @njit(inline="always", **DOT)
-def _experts_x8(kind, bsize, w, d, s, qs, sums, out, sel, shared, i0, i1):
-    """Work items i0..i1 of a 32-value type's experts kernel (dot_*_x8_experts)."""
+def _experts_x8(kind, bsize, w, d, s, qs, sums, out, sel, shared, i0, i1, stream):
+    """Work items i0..i1 of a 32-value type's experts kernel (dot_*_x8_experts; `stream`: one group at a time,
+    dot_*_x8_experts_stream)."""
     G = out.shape[1] // 8
     per = (G + X8_GROUPS - 1) // X8_GROUPS
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)
     for i in range(i0, i1):
         r, g0 = i // per, (i % per) * X8_GROUPS
         m = 0 if shared else r
-        _row_x8(kind, bsize, w, sel[r] * G, d1, s1, sums1, qs, m, out, r, g0, min(G, g0 + X8_GROUPS), False)
+        g1 = min(G, g0 + X8_GROUPS)
+        if kind == IQ4_NL and stream:
+            _row_iq4_nl_x8(w, sel[r] * G, d1, sums1, qs, m, out, r, g0, g1)
+        else:
+            _row_x8(kind, bsize, w, sel[r] * G, d1, s1, sums1, qs, m, out, r, g0, g1, stream)
 
 
 @njit(inline="always", **DOT)
-def _expertsk_x8(kind, w, d, b16, b32, qs, out, sel, shared, i0, i1):
-    """Work items i0..i1 of a 256-value type's experts kernel (dot_*_x8_experts)."""
+def _expertsk_x8(kind, w, d, b16, b32, qs, out, sel, shared, i0, i1, stream):
+    """Work items i0..i1 of a 256-value type's experts kernel (dot_*_x8_experts; `stream`: one group at a time,
+    dot_*_x8_experts_stream)."""
     G = out.shape[1] // 8
     per = (G + X8_GROUPS - 1) // X8_GROUPS
     d1 = d.reshape(-1)
     for i in range(i0, i1):
         r, g0 = i // per, (i % per) * X8_GROUPS
         m = 0 if shared else r
-        _row_k_x8(kind, w, sel[r] * G, d1, b16, b32, qs, m, out, r, g0, min(G, g0 + X8_GROUPS), False)
+        g1 = min(G, g0 + X8_GROUPS)
+        if kind == IQ4_XS and stream:
+            _row_iq4_xs_x8(w, sel[r] * G, d1, b32, qs, m, out, r, g0, g1)
+        else:
+            _row_k_x8(kind, w, sel[r] * G, d1, b16, b32, qs, m, out, r, g0, g1, stream)
 
 
 @njit(inline="always", **DOT)
@@ -6448,7 +6475,7 @@ def _expert_items(out, sel):
 
 @njit(**DOT)
 def _experts_q4_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
-    _experts_x8(Q4_0, 144, w, d, s, qs, sums, out, sel, shared, i0, i1)
+    _experts_x8(Q4_0, 144, w, d, s, qs, sums, out, sel, shared, i0, i1, False)
 
 
 @launcher(_experts_q4_0_x8, DOT_PARALLEL)
@@ -6460,7 +6487,7 @@ def dot_q4_0_x8_experts(w, d, s, qs, sums, out, sel, shared):
 
 @njit(**DOT)
 def _experts_q4_1_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
-    _experts_x8(Q4_1, 160, w, d, s, qs, sums, out, sel, shared, i0, i1)
+    _experts_x8(Q4_1, 160, w, d, s, qs, sums, out, sel, shared, i0, i1, False)
 
 
 @launcher(_experts_q4_1_x8, DOT_PARALLEL)
@@ -6471,7 +6498,7 @@ def dot_q4_1_x8_experts(w, d, s, qs, sums, out, sel, shared):
 
 @njit(**DOT)
 def _experts_q5_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
-    _experts_x8(Q5_0, 176, w, d, s, qs, sums, out, sel, shared, i0, i1)
+    _experts_x8(Q5_0, 176, w, d, s, qs, sums, out, sel, shared, i0, i1, False)
 
 
 @launcher(_experts_q5_0_x8, DOT_PARALLEL)
@@ -6482,7 +6509,7 @@ def dot_q5_0_x8_experts(w, d, s, qs, sums, out, sel, shared):
 
 @njit(**DOT)
 def _experts_q8_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
-    _experts_x8(Q8_0, 272, w, d, s, qs, sums, out, sel, shared, i0, i1)
+    _experts_x8(Q8_0, 272, w, d, s, qs, sums, out, sel, shared, i0, i1, False)
 
 
 @launcher(_experts_q8_0_x8, DOT_PARALLEL)
@@ -6493,7 +6520,7 @@ def dot_q8_0_x8_experts(w, d, s, qs, sums, out, sel, shared):
 
 @njit(**DOT)
 def _experts_iq4_nl_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
-    _experts_x8(IQ4_NL, 144, w, d, s, qs, sums, out, sel, shared, i0, i1)
+    _experts_x8(IQ4_NL, 144, w, d, s, qs, sums, out, sel, shared, i0, i1, False)
 
 
 @launcher(_experts_iq4_nl_x8, DOT_PARALLEL)
@@ -6504,7 +6531,7 @@ def dot_iq4_nl_x8_experts(w, d, s, qs, sums, out, sel, shared):
 
 @njit(**DOT)
 def _experts_q4_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
-    _expertsk_x8(Q4_K, w, d, b16, b32, qs, out, sel, shared, i0, i1)
+    _expertsk_x8(Q4_K, w, d, b16, b32, qs, out, sel, shared, i0, i1, False)
 
 
 @launcher(_experts_q4_k_x8, DOT_PARALLEL)
@@ -6515,7 +6542,7 @@ def dot_q4_k_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
 
 @njit(**DOT)
 def _experts_q5_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
-    _expertsk_x8(Q5_K, w, d, b16, b32, qs, out, sel, shared, i0, i1)
+    _expertsk_x8(Q5_K, w, d, b16, b32, qs, out, sel, shared, i0, i1, False)
 
 
 @launcher(_experts_q5_k_x8, DOT_PARALLEL)
@@ -6526,7 +6553,7 @@ def dot_q5_k_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
 
 @njit(**DOT)
 def _experts_q6_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
-    _expertsk_x8(Q6_K, w, d, b16, b32, qs, out, sel, shared, i0, i1)
+    _expertsk_x8(Q6_K, w, d, b16, b32, qs, out, sel, shared, i0, i1, False)
 
 
 @launcher(_experts_q6_k_x8, DOT_PARALLEL)
@@ -6537,7 +6564,7 @@ def dot_q6_k_x8_experts(w, qu, d, b16, b32, qs, out, sel, shared):
 
 @njit(**DOT)
 def _experts_iq4_xs_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
-    _expertsk_x8(IQ4_XS, w, d, b16, b32, qs, out, sel, shared, i0, i1)
+    _expertsk_x8(IQ4_XS, w, d, b16, b32, qs, out, sel, shared, i0, i1, False)
 
 
 @launcher(_experts_iq4_xs_x8, DOT_PARALLEL)
@@ -6558,3 +6585,121 @@ EXPERTS = {
     dot_q6_k_x8: dot_q6_k_x8_experts,
     dot_iq4_xs_x8: dot_iq4_xs_x8_experts,
 }
+
+
+# decode from DRAM (DECODE_STREAM): the experts kernels one group of 8 rows at a time, the same bits
+
+
+@njit(**DOT)
+def _experts_stream_q4_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(Q4_0, 144, w, d, s, qs, sums, out, sel, shared, i0, i1, True)
+
+
+@launcher(_experts_stream_q4_0_x8, DOT_PARALLEL)
+def dot_q4_0_x8_experts_stream(w, d, s, qs, sums, out, sel, shared):
+    """dot_q4_0_x8_experts one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_experts_stream_q4_0_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
+
+
+@njit(**DOT)
+def _experts_stream_q4_1_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(Q4_1, 160, w, d, s, qs, sums, out, sel, shared, i0, i1, True)
+
+
+@launcher(_experts_stream_q4_1_x8, DOT_PARALLEL)
+def dot_q4_1_x8_experts_stream(w, d, s, qs, sums, out, sel, shared):
+    """dot_q4_1_x8_experts one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_experts_stream_q4_1_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
+
+
+@njit(**DOT)
+def _experts_stream_q5_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(Q5_0, 176, w, d, s, qs, sums, out, sel, shared, i0, i1, True)
+
+
+@launcher(_experts_stream_q5_0_x8, DOT_PARALLEL)
+def dot_q5_0_x8_experts_stream(w, d, s, qs, sums, out, sel, shared):
+    """dot_q5_0_x8_experts one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_experts_stream_q5_0_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
+
+
+@njit(**DOT)
+def _experts_stream_q8_0_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(Q8_0, 272, w, d, s, qs, sums, out, sel, shared, i0, i1, True)
+
+
+@launcher(_experts_stream_q8_0_x8, DOT_PARALLEL)
+def dot_q8_0_x8_experts_stream(w, d, s, qs, sums, out, sel, shared):
+    """dot_q8_0_x8_experts one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_experts_stream_q8_0_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
+
+
+@njit(**DOT)
+def _experts_stream_iq4_nl_x8(w, d, s, qs, sums, out, sel, shared, i0, i1):
+    _experts_x8(IQ4_NL, 144, w, d, s, qs, sums, out, sel, shared, i0, i1, True)
+
+
+@launcher(_experts_stream_iq4_nl_x8, DOT_PARALLEL)
+def dot_iq4_nl_x8_experts_stream(w, d, s, qs, sums, out, sel, shared):
+    """dot_iq4_nl_x8_experts one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_experts_stream_iq4_nl_x8", (w, d, s, qs, sums, out, sel, shared), _expert_items(out, sel), 1)
+
+
+@njit(**DOT)
+def _experts_stream_q4_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
+    _expertsk_x8(Q4_K, w, d, b16, b32, qs, out, sel, shared, i0, i1, True)
+
+
+@launcher(_experts_stream_q4_k_x8, DOT_PARALLEL)
+def dot_q4_k_x8_experts_stream(w, qu, d, b16, b32, qs, out, sel, shared):
+    """dot_q4_k_x8_experts one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_experts_stream_q4_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared), _expert_items(out, sel), 1)
+
+
+@njit(**DOT)
+def _experts_stream_q5_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
+    _expertsk_x8(Q5_K, w, d, b16, b32, qs, out, sel, shared, i0, i1, True)
+
+
+@launcher(_experts_stream_q5_k_x8, DOT_PARALLEL)
+def dot_q5_k_x8_experts_stream(w, qu, d, b16, b32, qs, out, sel, shared):
+    """dot_q5_k_x8_experts one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_experts_stream_q5_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared), _expert_items(out, sel), 1)
+
+
+@njit(**DOT)
+def _experts_stream_q6_k_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
+    _expertsk_x8(Q6_K, w, d, b16, b32, qs, out, sel, shared, i0, i1, True)
+
+
+@launcher(_experts_stream_q6_k_x8, DOT_PARALLEL)
+def dot_q6_k_x8_experts_stream(w, qu, d, b16, b32, qs, out, sel, shared):
+    """dot_q6_k_x8_experts one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_experts_stream_q6_k_x8", (w, qu, d, b16, b32, qs, out, sel, shared), _expert_items(out, sel), 1)
+
+
+@njit(**DOT)
+def _experts_stream_iq4_xs_x8(w, qu, d, b16, b32, qs, out, sel, shared, i0, i1):
+    _expertsk_x8(IQ4_XS, w, d, b16, b32, qs, out, sel, shared, i0, i1, True)
+
+
+@launcher(_experts_stream_iq4_xs_x8, DOT_PARALLEL)
+def dot_iq4_xs_x8_experts_stream(w, qu, d, b16, b32, qs, out, sel, shared):
+    """dot_iq4_xs_x8_experts one group at a time (the same bits; DECODE_STREAM)."""
+    run_items("_experts_stream_iq4_xs_x8", (w, qu, d, b16, b32, qs, out, sel, shared), _expert_items(out, sel), 1)
+
+
+# each experts kernel -> its version for experts that stream from DRAM (DECODE_STREAM; elsewhere itself)
+EXPERTS_STREAM = {k: k for k in EXPERTS.values()}
+if DECODE_STREAM:
+    EXPERTS_STREAM.update({
+        dot_q4_0_x8_experts: dot_q4_0_x8_experts_stream,
+        dot_q4_1_x8_experts: dot_q4_1_x8_experts_stream,
+        dot_q5_0_x8_experts: dot_q5_0_x8_experts_stream,
+        dot_q8_0_x8_experts: dot_q8_0_x8_experts_stream,
+        dot_iq4_nl_x8_experts: dot_iq4_nl_x8_experts_stream,
+        dot_q4_k_x8_experts: dot_q4_k_x8_experts_stream,
+        dot_q5_k_x8_experts: dot_q5_k_x8_experts_stream,
+        dot_q6_k_x8_experts: dot_q6_k_x8_experts_stream,
+        dot_iq4_xs_x8_experts: dot_iq4_xs_x8_experts_stream,
+    })  # fmt: skip

@@ -7,6 +7,7 @@ interleaved.
     dot(w8, *qx.arrays, out)     # the same activation arrays and the same out[m, n] bits as REGISTRY[qtype].dot
     ONE_ROW[dot](w8, ...)        # the same again, one activation row at a time (decode's kernel)
     STREAM_ROW[dot](w8, ...)     # the same again, for a model larger than the CPU's cache: one stream a thread
+    EXPERTS[dot](w8, ..., sel, shared)   # a decode step's chosen experts of a stack (EXPERTS_STREAM: from DRAM)
 
 Layout (ggufrun.quants.dot section 4, `_rows_x8`): row group g (rows 8g..8g+7) is one row of the new array; per
 32-value block: the 8 rows' d (8 halves), for Q4_1 their m (8 halves), for Q5_0 a 32-byte plane of the fifth bits
@@ -70,6 +71,9 @@ STREAM_ROW: dict[Callable, Callable] = dot.STREAM_ROW
 # each layout's kernel -> its experts kernel (a decode step's k chosen experts of a stack in one call, each expert's
 # rows the bits of the one-row kernel: ggufrun.model.linear.Experts)
 EXPERTS: dict[Callable, Callable] = dot.EXPERTS
+# each experts kernel -> the same for experts that stream from DRAM at every token (one group at a time where
+# dot.DECODE_STREAM; else itself)
+EXPERTS_STREAM: dict[Callable, Callable] = dot.EXPERTS_STREAM
 # layouts that only move bytes (not Q5_0's bit plane, not Q4_K's unpacked scales): rows can be read back (get_rows)
 ROW_LOOKUP_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q8_0, T.Q6_K} | ({T.IQ4_NL} & set(_LAYOUTS)))
 

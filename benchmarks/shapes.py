@@ -48,16 +48,18 @@ free disk space, and says so. qwen3moe-30b-a3b-16e is the same model with 16 exp
 token, as in the real one): the same attention and expert parameters per token in a 5.2B-parameter file (3.34B
 active against 3.35B: only its router is smaller), so its decode reads what the real model's reads.
 
-Measured: README.md, "The sizes people run", holds every run's table with its command and machine. The latest,
-Intel Xeon with AMX, 2 threads, read bandwidth 35.8-36.5 GB/s, llama-bench 0c1e570 alternating:
+Measured: README.md, "The sizes people run", holds every run's table with its command and machine. On the Intel
+Xeon with AMX, 2 threads, read bandwidth 35.8-36.5 GB/s, llama-bench 0c1e570 alternating:
 
     python benchmarks/shapes.py --shapes qwen2.5-0.5b,llama3.2-1b,qwen2.5-1.5b,gemma3-1b,llama3.2-3b \
         --types Q4_K_M,Q8_0,IQ4_XS --repeat 2          # 2026-12-02: prefill 1.53-4.43x, decode 1.31-2.89x llama.cpp
     python benchmarks/shapes.py --shapes qwen3moe-30b-a3b-16e --types Q4_K_M --repeat 2
         # 2026-12-03 08:59: prefill 90.0 / 35.7 tok/s (2.52x), decode 11.6 / 8.7 (1.34x), 59% / 44% of the decode limit
 
-Decode reached 67-83% of the limit on the dense shapes (qwen2.5-1.5b and llama3.2-3b Q4_K_M / IQ4_XS below 70%) and
-59% on the MoE shape; qwen3moe-30b-a3b (128 experts) does not fit this machine's disk and memory.
+On the AMD EPYC Zen 4 VM (no AMX), 2026-12-05, after decode from DRAM went to one stream a thread: Q4_K_M prefill
+1.53-2.38x and decode 0.95-1.22x llama.cpp on the five dense shapes; Q8_0 prefill 2.15-2.37x, decode 1.31-1.51x;
+IQ4_XS prefill 0.87-1.65x, decode 1.21-1.79x; the MoE shape 2.02x / 1.03x at 53% of the limit. qwen3moe-30b-a3b
+(128 experts) does not fit either machine's disk and memory.
 """
 
 from __future__ import annotations

@@ -4,14 +4,15 @@
     python dev/step_profile.py MODEL --rows 8 --prefill 32    # one pass of 8 prompts of 32 tokens (fresh caches)
 
 Every kernel the forward pass calls through ggufrun.model.kernels, every product (Projector: one line per weight
-type and shape) and the activation quantizer get a perf_counter timer around each call (~0.3 us each, counted in
-the step). Printed per row count: each one's ms a pass (the median over --steps of its time in each pass, and the
-mean), calls a pass and us a call, the sum of the medians, and the median pass. The medians are what to compare on a
-shared machine: one pass slowed by other work (a 2-core VM's neighbours) moves every kernel's mean, not its median
-(SmolLM2's 8-row step, 2026-12-05: the means summed to 8.50 ms, the medians to 7.84, the median pass 8.87).
-Rows go through Transformer.forward_batch on the slots of one KVCache group, as a BatchEngine's
-(one row: Transformer.forward), so a batched step takes the kernels a server's takes. cProfile would add ~1 us to
-every call and inflate the small kernels' share several times over; these timers add ~0.3 us.
+type and shape; a decode step's chosen experts, one line per stack) and the activation quantizer get a perf_counter
+timer around each call (~0.3 us each, counted in the step). Printed per row count: each one's ms a pass (the median
+over --steps of its time in each pass, and the mean), calls a pass and us a call, the sum of the medians, and the
+median pass. The medians are what to compare on a shared machine: one pass slowed by other work (a 2-core VM's
+neighbours) moves every kernel's mean, not its median (SmolLM2's 8-row step, 2026-12-05: the means summed to 8.50 ms,
+the medians to 7.84, the median pass 8.87). Rows go through Transformer.forward_batch on the slots of one KVCache
+group, as a BatchEngine's (one row: Transformer.forward), so a batched step takes the kernels a server's takes.
+cProfile would add ~1 us to every call and inflate the small kernels' share several times over; these timers add
+~0.3 us.
 
 --quick (tests/test_dev_scripts.py): a tiny synthetic model (tests/synthetic.py), 1 and 3 rows, a prefill pass.
 """
@@ -81,8 +82,20 @@ class Timers:
                 (lin.dot if tiles else lin.dot_one)(lin.w, *qx.arrays, out)
                 timers._add(f"product {lin.qtype.name} {lin.n_out} x {lin.n_in}", t0)
 
-        self._undo += [(linear.Projector, "quantize", quantize), (linear.Projector, "__call__", call)]
+        experts = linear.Projector.experts
+
+        def timed_experts(proj, x, stack, out, sel, shared):  # a step's chosen experts in one kernel call
+            if not timers.on:
+                return experts(proj, x, stack, out, sel, shared)
+            qx = proj.quantize(x, stack)
+            t0 = time.perf_counter()
+            stack.kernel(stack.w, *qx.arrays, out, sel, int(shared))
+            timers._add(f"experts {stack.qtype.name} {sel.shape[0]} x {stack.n_out} x {stack.n_in}", t0)
+
+        self._undo += [(linear.Projector, "quantize", quantize), (linear.Projector, "__call__", call),
+                       (linear.Projector, "experts", experts)]  # fmt: skip
         linear.Projector.quantize, linear.Projector.__call__ = timed_quantize, timed_call
+        linear.Projector.experts = timed_experts
 
     def _timed(self, name, f):
         def g(*args, **kwargs):

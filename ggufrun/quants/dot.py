@@ -16,9 +16,9 @@ with a portable LLVM IR fallback for CPUs without AVX2 / VNNI / F16C. On CPUs wi
 interleaved layouts' kernels use 512-bit vectors instead (16 x int32 / float32, names ending in _z / _z16): pair
 tiles for two or more activation rows, two groups of 8 weight rows per vector for one row (the sections "pair
 tiles" and "decode on AVX-512" in part 4), except where a model larger than the cache streams from DRAM on AMD Zen 4
-(DECODE_STREAM, STREAM_ROW: the 256-bit one-row code, one stream a thread); on CPUs with AMX (Sapphire Rapids and
-later, where Linux grants it) the products of 32 or more activation rows run on the tile unit (the section "AMX
-tiles"). Offsets into arrays are flat byte offsets.
+(DECODE_STREAM, STREAM_ROW, EXPERTS_STREAM: the 256-bit one-row code, one stream a thread); on CPUs with AMX
+(Sapphire Rapids and later, where Linux grants it) the products of 32 or more activation rows run on the tile unit
+(the section "AMX tiles"). Offsets into arrays are flat byte offsets.
 
 Why one file: Numba's on-disk cache (`cache=True`) keys a kernel on its own source file only, so a kernel would
 keep running stale machine code after an edit to a helper or intrinsic in another file. Everything the kernels

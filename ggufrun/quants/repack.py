@@ -1,5 +1,5 @@
 """Weights repacked at load into layouts the dot kernels read faster: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K
-(and IQ4_XS and IQ4_NL on CPUs with AVX-512, whose kernels for them are the 512-bit ones only) with 8 rows
+(and IQ4_XS and IQ4_NL on CPUs with AVX-512, whose kernels for them are written for AVX-512 only) with 8 rows
 interleaved.
 
     w8, dot = repack(w, qtype)   # w [N, row_bytes] uint8 blocks, N % 8 == 0 -> a new array and its kernel,
@@ -59,7 +59,7 @@ _K_LAYOUTS: dict[T, tuple[int, int, Callable]] = {
     T.Q5_K: (176, dot.Q5_K_X8_BYTES, dot.dot_q5_k_x8),
     T.Q6_K: (210, dot.Q6_K_X8_BYTES, dot.dot_q6_k_x8),
 }
-if dot.HAS_ZMM:  # IQ4_XS's and IQ4_NL's kernels on their layouts are the AVX-512 pair tiles and 16-row decode vectors
+if dot.HAS_ZMM:  # IQ4_XS's and IQ4_NL's kernels on their layouts: the AVX-512 pair tiles, 16-row and streaming decode
     _K_LAYOUTS[T.IQ4_XS] = (136, dot.IQ4_XS_X8_BYTES, dot.dot_iq4_xs_x8)
     _LAYOUTS[T.IQ4_NL] = (2, 18, dot.dot_iq4_nl_x8)  # Q4_0's bytes: d, then 16 bytes of nibbles
 REPACKED_TYPES = frozenset(_LAYOUTS) | frozenset(_K_LAYOUTS)

@@ -108,9 +108,8 @@ def test_decode_of_weights_read_from_dram_gives_the_same_bits(stem, monkeypatch)
     assert bool(stacks) == ("moe" in stem)  # a decode step's experts in one call: their streaming kernel
     assert all(x.kernel in set(EXPERTS_STREAM.values()) for x in stacks)
     if dot.DECODE_STREAM:
-        assert not any(x.kernel in set(EXPERTS.values()) for x in stacks)
-    if dot.DECODE_STREAM:
         assert any(lin.dot_one is not ONE_ROW[lin.dot] for lin in packed)
+        assert not any(x.kernel in set(EXPERTS.values()) for x in stacks)
     got = np.stack([streamed.forward(tokens[i : i + 1]).copy() for i in range(len(tokens))])
     np.testing.assert_array_equal(got, want)
 

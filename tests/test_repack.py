@@ -85,16 +85,16 @@ def test_experts_kernel_gives_each_experts_one_row_bits(qtype):
     experts, one_row = EXPERTS[kernel], ONE_ROW[kernel]
     sel = np.array([3, 0, 4], np.int32)
     x = rng.standard_normal((3, k)).astype(np.float32)
-    for shared, kernel in ((True, experts), (False, experts), (True, EXPERTS_STREAM[experts]),
-                           (False, EXPERTS_STREAM[experts])):  # fmt: skip
+    for shared, f in ((True, experts), (False, experts), (True, EXPERTS_STREAM[experts]),
+                      (False, EXPERTS_STREAM[experts])):  # fmt: skip
         rows = x[:1] if shared else x
         got = np.full((3, n), np.nan, np.float32)
-        kernel(w8, *Q.quantize_activations(rows, qtype).arrays, got, sel, int(shared))
+        f(w8, *Q.quantize_activations(rows, qtype).arrays, got, sel, int(shared))
         for r, e in enumerate(sel):
             want = np.zeros((1, n), np.float32)
             qx = Q.quantize_activations(rows[0 if shared else r][None], qtype)
             one_row(w8[e * n // 8 : (e + 1) * n // 8], *qx.arrays, want)
-            assert np.array_equal(want[0].view(np.int32), got[r].view(np.int32)), (shared, r)
+            assert np.array_equal(want[0].view(np.int32), got[r].view(np.int32)), (shared, r, f.py_func.__name__)
 
 
 def test_repack_layout_holds_every_byte_once():

@@ -2669,7 +2669,8 @@ def _rows_x8_one(kind, bsize, w, d, s, qs, sums, out, g0, g1, stream):
 def _row_x8(kind, bsize, w, wg, d1, s1, sums1, qs, m, out, o, g0, g1, stream):
     """out[o, 8 g0 : 8 g1] = activation row m times groups wg + g0 .. wg + g1 - 1 of w (one row of _rows_x8_one; an
     expert's rows of a stack of experts for _experts_x8). On AVX-512 two groups per vector, an odd last group as a
-    vector of itself twice (_row_k_x8); with `stream`, one group at a time (DECODE_STREAM)."""
+    vector of itself twice (_row_k_x8); with `stream`, one group at a time (DECODE_STREAM), except IQ4_NL, whose
+    one-group code is _row_iq4_nl_x8's."""
     rb, N = w.shape[1], out.shape[1]
     nb = qs.shape[1] // 32
     off = _offset32(kind)
@@ -3424,7 +3425,7 @@ def _row_k_x8(kind, w, wg, d1, b16, b32, qs, m, out, o, g0, g1, stream):
     """out[o, 8 g0 : 8 g1] = activation row m times groups wg + g0 .. wg + g1 - 1 of w (one row of _rowsk_x8_one; an
     expert's rows of a stack of experts for _expertsk_x8). On AVX-512 two groups per vector, an odd last group as a
     vector of itself twice (the 256-bit code stays out of these kernels: one path to compile), unless `stream`: one
-    group at a time (DECODE_STREAM)."""
+    group at a time (DECODE_STREAM), except IQ4_XS, whose one-group code is _row_iq4_xs_x8's."""
     rb, N = w.shape[1], out.shape[1]
     nsb = qs.shape[1] // 256
     if HAS_ZMM and not stream:
@@ -6120,7 +6121,10 @@ def dot_q6_k_x8_stream(w, qu, d, b16, b32, qs, out):
 @njit(inline="always", **DOT)
 def _group_iq4_nl_x8_one(w, go, d1, sums1, qs, nb, m):
     """_group_x8_z16_one's lanes for IQ4_NL, one group of 8 rows (byte go) at a time: per block the code book + 128
-    against the quants (dpbusd), less 128 x the block's quant sum, then the same float step."""
+    against the quants (dpbusd), less 128 x the block's quant sum, then the same float step; the final + 0 is the
+    16-row code's add of its (zero) m terms, which turns -0.0 into +0.0. A function of its own, not a branch of
+    _group_x8_one / _codes32_x8: there the branch was compiled into every other 32-value type's kernels (cold compile
+    of six one-row kernels 5.33-5.34 s without such branches, 5.91-6.05 s with them)."""
     acc = fzero()
     xo, bo = m * 32 * nb, m * nb
     for b in range(nb):
@@ -6156,7 +6160,7 @@ def dot_iq4_nl_x8_stream(w, d, s, qs, sums, out):
 def _group_iq4_xs_x8_one(w, go, d1, b32, qs, nsb, m):
     """_group_k_z16_one's lanes for IQ4_XS, one group of 8 rows (byte go) at a time: per 32-value sub-block the code
     book + 128 against the quants (dpbusd) times its scale (vpmulld), less 128 x the scales . the sub-blocks' quant
-    sums, then the same float step."""
+    sums, then the same float step (+ 0 as _group_iq4_nl_x8_one's); its own function for the same reason."""
     n32 = b32.shape[1]
     K = 256 * nsb
     acc = fzero()

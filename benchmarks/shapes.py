@@ -24,7 +24,10 @@ does not depend on the values, and the pool makes writing disk-bound. Files are 
 Timing, per shape and type, interleaved (warm-up of each, then ggufrun, llama.cpp, ggufrun, llama.cpp, ...):
 prefill of a --pp-token prompt (random ids) and --tg decode steps from an empty context, each the median over
 --repeat rounds, the way llama-bench measures pp512 / tg128 (tools/llama-bench/llama-bench.cpp test_prompt,
-test_gen). ggufrun: `ggufrun.load(path, n_threads=T, n_batch=--batch)` once, then per round `generate(prompt,
+test_gen). ggufrun: `ggufrun.load(path, n_threads=T, n_batch=--batch)` once (by default load()'s n_batch, 256: each
+implementation at its own default; on the Intel Ice Lake VM, pp512 at n_batch 128 / 256 / 512, alternating in one
+process, medians of 5: qwen2.5-1.5b Q4_K_M 101.8 / 104.1 / 99.4 tok/s, llama3.2-1b 137.7 / 134.7 / 128.3, while
+llama-bench -ub 256 / 512 gave 75.2-76.9 / 77.0-80.5 on the first), then per round `generate(prompt,
 max_tokens=1)` (the prefill's prompt tokens/s) and `generate([id], max_tokens=tg + 1)` (tg decode steps after the
 first token, greedy sampling included), as benchmarks/bench.py times requests. llama.cpp: one
 `llama-bench -m F -t T -p PP -n TG -r 1 -o json` per round (its own warm-up each time) when the binary exists
@@ -585,7 +588,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tg", type=int, default=128, help="decode steps (default 128)")
     ap.add_argument("--repeat", type=int, default=3, help="timed rounds per shape and type (medians)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=512, help="ggufrun n_batch (llama-bench's n_ubatch is 512)")
+    ap.add_argument("--batch", type=int, default=None, help="ggufrun n_batch (default: load()'s; llama-bench: 512)")
     ap.add_argument("--llama-bin", default=DEFAULT_LLAMA_BIN, help="folder of llama-bench / llama-quantize")
     ap.add_argument("--no-llama", action="store_true", help="time ggufrun alone")
     ap.add_argument("--keep-f16", action="store_true", help="keep the F16 files of the shapes over 2B parameters")
@@ -604,7 +607,14 @@ def main(argv=None) -> int:
         return 0
     shapes = _names(args.shapes, SHAPES, "shapes")
     types = [t.upper() for t in _names(args.types.upper(), BITS_PER_WEIGHT, "types")]
-    for name, v in (("pp", args.pp), ("tg", args.tg), ("repeat", args.repeat), ("threads", args.threads)):
+    if args.batch is None:
+        import inspect
+
+        import ggufrun
+
+        args.batch = inspect.signature(ggufrun.load).parameters["n_batch"].default
+    for name, v in (("pp", args.pp), ("tg", args.tg), ("repeat", args.repeat), ("threads", args.threads),
+                    ("batch", args.batch)):  # fmt: skip
         if v < 1:
             raise SystemExit(f"--{name} must be >= 1, got {v}")
 
@@ -652,8 +662,10 @@ def print_report(reports: list[dict], png: str | None = None, stat: str = "media
     ends = ", ".join(" / ".join(f"{x:.2f}" for x in rep["load_avg_end"]) for rep in reports if "load_avg_end" in rep)
     what = "medians" if stat == "median" else "the best"
     print(f"\n### ggufrun vs llama.cpp: prefill (pp) and decode (tg) tokens/s, {what} of the runs\n")
-    print(f"{env_line(env)}; llama.cpp {', '.join(sorted(builds)) or 'not run'}; read bandwidth (1 GiB, "
-          f"{a['threads']} threads) {bw} GB/s; load average (1/5/15 min) at the end of each run: {ends}\n")  # fmt: skip
+    batches = ", ".join(sorted({str(rep["args"].get("batch")) for rep in reports}))
+    print(f"{env_line(env)}; llama.cpp {', '.join(sorted(builds)) or 'not run'}; ggufrun n_batch {batches}; read "
+          f"bandwidth (1 GiB, {a['threads']} threads) {bw} GB/s; load average (1/5/15 min) at the end of each run: "
+          f"{ends}\n")  # fmt: skip
     print(table(rows, stat))
     busy = sorted({r["shape"] for r in rows if r.get("load_avg", 0) > a["threads"] + 0.5})
     if busy:

@@ -114,3 +114,14 @@ def test_table_gives_each_rows_own_bandwidth_and_limit():
         len(x.split("|")) == len(shapes.table([row]).splitlines()[0].split("|"))
         for x in shapes.table([row]).splitlines()
     )
+
+
+def test_report_names_ggufrun_batch_and_batch_must_be_positive(capsys):
+    with pytest.raises(SystemExit, match="--batch must be >= 1"):
+        shapes.main(["--shapes", "qwen2.5-0.5b", "--batch", "0"])
+    row = {"shape": "llama3.2-1b", "type": "Q4_K_M", "file_gb": 0.8, "params_b": 1.24, "active_params_b": 1.24,
+           "ggufrun_pp": {"median": 200.0}, "llama.cpp_pp": {"median": 100.0}, "ggufrun_tg": {"median": 30.0},
+           "llama.cpp_tg": {"median": 40.0}, "load_avg": 0.5, "tg_limit": 50.0}  # fmt: skip
+    args = {"pp": 512, "tg": 128, "repeat": 3, "threads": 2, "batch": 256}
+    shapes.print_report([{"env": shapes.environment(2), "args": args, "read_bandwidth_GBps": 36.0, "rows": [row]}])
+    assert "ggufrun n_batch 256;" in capsys.readouterr().out

@@ -5430,7 +5430,9 @@ Z16_FAR_BYTES = 1 << 23
 # same files' decode (2 threads, 64-128 greedy steps, medians of 3, alternating processes) llama3.2-1b 22.6-22.9 ->
 # 32.8-33.6 tok/s, SmolLM2 161-166 -> 195-211, Gemma3 73-80 -> 93-114 (12 KB ahead: llama3.2-1b 30.3-31.4; 4 KB
 # 30.7-31.7; 48 KB 30.7-33.8); the batched tiles ran slower so (SmolLM2's 8-sequence step 11.0-12.3 -> 13.6-13.9 ms)
-# and keep prefetcht0. Intel is not measured with prefetcht1 and keeps what was measured there.
+# and keep prefetcht0. On Intel Ice Lake (Xeon, 2 cores, 48 MB L3) Zen 4's choice ran slower, 2 threads, alternating
+# processes: llama3.2-1b Q4_K_M shape decode 25.4-27.7 -> 17.3-19.5 tok/s with prefetcht1 24 KB ahead and DECODE_STREAM,
+# 25.9-28.5 -> 21.8-24.7 with prefetcht1 alone; Intel keeps prefetcht0 12 KB ahead.
 DECODE_PREFETCH_L2 = (config.CPU_NAME if config.CPU_NAME not in (None, "host") else llb.get_host_cpu_name()).startswith(
     "znver"
 )

@@ -226,11 +226,15 @@ class Terminal:
     """A command on a pseudo-terminal that is its controlling tty, so that Ctrl-C typed here is SIGINT to it.
 
     Started with subprocess (not pty.fork: this process runs Numba's threads, and a fork of a threaded process
-    may hang before it execs); a two-line start-up makes the terminal the new session's controlling tty.
+    may hang before it execs); a short start-up makes the terminal the new session's controlling tty and gives
+    SIGINT its default action, as a shell on a terminal does: a test run started in the background (`pytest &` in a
+    script, where bash ignores SIGINT for it) would otherwise pass the ignored SIGINT down, and a Python started
+    with SIGINT ignored keeps ignoring it (no KeyboardInterrupt, so the Ctrl-C tests below fail).
     """
 
     BOOT = (
-        "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+        "import fcntl, os, signal, sys, termios; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
         "os.execv(sys.executable, [sys.executable, '-m', 'ggufrun', *sys.argv[1:]])"
     )
 

@@ -393,7 +393,8 @@ def test_shared_prefix_is_computed_once(tiny, monkeypatch):
     prompts = [system + rng.integers(0, 256, 5 + i).tolist() for i in range(4)]
     with BatchEngine.from_model(tiny, n_slots=4) as engine:
         steps = Steps(tiny.transformer, monkeypatch)
-        streams = [engine.submit(p, GREEDY, max_tokens=8) for p in prompts]
+        with engine._cond:  # all four queued before the engine runs: the first cannot finish and free its slot first
+            streams = [engine.submit(p, GREEDY, max_tokens=8) for p in prompts]
         results = [list(s) for s in streams]
         assert engine.prefill_rows == 40 + sum(len(p) - 40 for p in prompts)
         assert engine.copied_tokens == 3 * 40

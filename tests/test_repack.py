@@ -315,6 +315,29 @@ def test_amx_tiles_give_the_same_bits(qtype):
             assert np.array_equal(want.view(np.int32), tiles.view(np.int32)), (m, n, k)
 
 
+@pytest.mark.skipif(not dot.VNNI_TILES, reason="the VNNI tiles run on AVX-512 VNNI CPUs without AMX")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
+def test_vnni_tiles_give_the_same_bits(qtype):
+    """The VNNI tiles (dot._rowsk_vnni: 8 activation rows at a time, a partial last 8, an odd last group, work items
+    of several pairs of groups, K up to 8,192) against the file layout's kernel and decode's one-row kernel, bit for
+    bit; one row fewer than VNNI_MIN_ROWS takes the pair tiles, the same bits again."""
+    rng = np.random.default_rng(int(qtype))
+    for n, k in ((40, 256), (64, 2048), (1048, 256), (24, 8192)):
+        w = _random_blocks(qtype, n, k, rng)
+        w8, kernel = repack(w, qtype)
+        for m in (dot.VNNI_MIN_ROWS - 1, dot.VNNI_MIN_ROWS, 23, 37, 128):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            x[3, :32] = 0.0  # a block of zeros (d = 0)
+            x[5] *= 1e3  # large quants against the 128 offset
+            qx = Q.quantize_activations(x, qtype)
+            want, got, one = (np.full((m, n), np.nan, np.float32) for _ in range(3))
+            Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
+            kernel(w8, *qx.arrays, got)
+            ONE_ROW[kernel](w8, *qx.arrays, one)
+            assert np.array_equal(want.view(np.int32), got.view(np.int32)), (m, n, k, np.abs(want - got).max())
+            assert np.array_equal(want.view(np.int32), one.view(np.int32)), (m, n, k)
+
+
 @pytest.mark.skipif(not dot.AMX_PERMITTED, reason="this CPU or kernel gives no AMX tiles (Sapphire Rapids+, Linux)")
 def test_amx_switched_while_products_run():
     """use_amx flipped from another thread between a launcher's choice and its workers' never changes a product's

@@ -3442,12 +3442,16 @@ def _row_k_x8(kind, w, wg, d1, b16, b32, qs, m, out, o, g0, g1, stream):
 
 
 @njit(inline="always", **DOT)
-def _rowsk_x8(kind, w, d, b16, b32, qs, out, g0, g1):
+def _rowsk_x8(kind, w, qu, d, b16, b32, qs, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved Q4_K / Q6_K rows: each super-block of a group is
     decoded once per tile of activation rows (all of them for decode); per super-block and tile row the 8 rows'
     integer lanes (one row: in registers, _sbk_x8; more: waiting in L1, _sbk_tile_x8), then rowk's float steps
     (acc: the d terms, then the dmin terms). On AVX-512 from 2 rows on, the launcher passes its pair layouts
-    (_pairs_q8_k) in place of d, b16 / b32, qs and the pair tiles run instead (_rowsk_z)."""
+    (_pairs_q8_k) in place of d, b16 / b32, qs and the pair tiles run instead (_rowsk_z); from VNNI_MIN_ROWS rows on
+    CPUs without AMX, the VNNI tiles (_rowsk_vnni, on qu)."""
+    if _vnni_given(out, qs, kind):
+        _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1)
+        return
     if _amx_given(out, qs, kind):
         _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1)
         return
@@ -3811,8 +3815,8 @@ isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I
 @njit(inline="always", **DOT)
 def _pair_tiles(M, kind):
     """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). Not where the
-    AMX tiles take the product (_amx_tiles)."""
-    return _pairs_given(M, kind) and not _amx_tiles(M, kind)
+    AMX tiles (_amx_tiles) or the VNNI tiles (_vnni_tiles) take the product."""
+    return _pairs_given(M, kind) and not _amx_tiles(M, kind) and not _vnni_tiles(M, kind)
 
 
 @njit(inline="always", **DOT)
@@ -4557,27 +4561,18 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 
 
 @njit(inline="always", **DOT)
-def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
-    """_rowsk_x8 on the AMX tiles for Q4_K, Q5_K, Q6_K and IQ4_XS: the work item's codes unpacked once into one B tile
-    per pair of groups and scale group (32 values; Q6_K 16, with AMX_CONFIG16's shapes; IQ4_XS: the code book's signed
-    values and Q6_K its codes minus 32, so no correction term is needed), sized by the launcher to stay in L2
-    (_x8_chunk); per 16 activation rows, pair and super-block, one tdpbssd per scale group (two in flight), the sums
-    times the groups' scales in int32 (rowk's integers: sum of scale x codes . quants), then _group_k_z16_one's FMAs
-    (the d and, for Q4_K / Q5_K, the dmin terms, their accumulators in L1)."""
+def _unpack_k16(kind, w, g0, g1, nsb):
+    """The AMX and VNNI tiles' weights for groups g0..g1-1 of a K-quant interleaved layout, nsb super-blocks a row:
+    (btiles, scs). btiles: per pair of groups (16 rows; an odd last group as both halves) and super-block 4096 bytes,
+    one B tile per scale group (32 values, Q6_K 16), row k of a tile the 4 codes of values 4k..4k + 3 of each of the
+    16 rows as signed bytes (IQ4_XS the code book's values, Q6_K its codes minus 32, Q4_K / Q5_K the codes 0..31).
+    scs: the 16 rows' integer scale of each scale group (int32)."""
     rb = w.shape[1]
-    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
-    nsb, n32 = K // 256, b32.shape[1]
     sbytes = _kx8_bytes(kind)
-    gs = 16 if kind == Q6_K else 32  # values per scale group and tile
-    ng, tb = 256 // gs, 16 * gs  # scale groups per super-block, bytes per B tile
+    ng = 16 if kind == Q6_K else 8
     npair = (g1 - g0 + 1) // 2
-    btiles = np.empty(4096 * nsb * npair, np.int8)  # per pair of groups, a super-block's B tiles: 4096 bytes
-    scs = np.empty(16 * ng * nsb * npair, np.int32)  # the 16 rows' scale of each group
-    sums32, isums = np.empty(512, np.int32), np.empty(256, np.int32)
-    acc = np.empty(512, np.float32)  # per tile row: the d terms (rows 0-15), then the dmin terms (16-31)
-    q1, d1 = qs.reshape(-1), d.reshape(-1)
-    part = _amx_last_rows(q1, M, K)
-    tile_config(AMX_CONFIG16 if kind == Q6_K else AMX_CONFIG)
+    btiles = np.empty(4096 * nsb * npair, np.int8)
+    scs = np.empty(16 * ng * nsb * npair, np.int32)
     for p in range(npair):
         g = g0 + 2 * p
         gb = min(g + 1, g1 - 1)
@@ -4608,6 +4603,30 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
             for sb in range(ng):
                 sc = kscw_z16(w, oa + so + 16 * (sb // 2), ob + so + 16 * (sb // 2), sb % 2)
                 st_z(scs, st + 64 * (ng * b + sb), sc)
+    return btiles, scs
+
+
+@njit(inline="always", **DOT)
+def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
+    """_rowsk_x8 on the AMX tiles for Q4_K, Q5_K, Q6_K and IQ4_XS: the work item's codes unpacked once into one B tile
+    per pair of groups and scale group (32 values; Q6_K 16, with AMX_CONFIG16's shapes; IQ4_XS: the code book's signed
+    values and Q6_K its codes minus 32, so no correction term is needed), sized by the launcher to stay in L2
+    (_x8_chunk); per 16 activation rows, pair and super-block, one tdpbssd per scale group (two in flight), the sums
+    times the groups' scales in int32 (rowk's integers: sum of scale x codes . quants), then _group_k_z16_one's FMAs
+    (the d and, for Q4_K / Q5_K, the dmin terms, their accumulators in L1)."""
+    rb = w.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nsb, n32 = K // 256, b32.shape[1]
+    sbytes = _kx8_bytes(kind)
+    gs = 16 if kind == Q6_K else 32  # values per scale group and tile
+    ng, tb = 256 // gs, 16 * gs  # scale groups per super-block, bytes per B tile
+    npair = (g1 - g0 + 1) // 2
+    btiles, scs = _unpack_k16(kind, w, g0, g1, nsb)
+    sums32, isums = np.empty(512, np.int32), np.empty(256, np.int32)
+    acc = np.empty(512, np.float32)  # per tile row: the d terms (rows 0-15), then the dmin terms (16-31)
+    q1, d1 = qs.reshape(-1), d.reshape(-1)
+    part = _amx_last_rows(q1, M, K)
+    tile_config(AMX_CONFIG16 if kind == Q6_K else AMX_CONFIG)
     for m0 in range(0, M, 16):  # each 16 activation rows read once per work item, its pairs' B tiles from L2
         rows = min(16, M - m0)
         x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
@@ -4651,6 +4670,205 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                 else:
                     st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
     tile_release()
+
+
+# ---- VNNI tiles: 8 activation rows x 16 weight rows from unpacked codes (AVX-512 VNNI without AMX) ---------------
+# On AVX-512 VNNI CPUs without AMX, K-quant products (Q4_K, Q5_K, Q6_K, IQ4_XS) of VNNI_MIN_ROWS or more activation
+# rows take the AMX route's unpacked weights (_unpack_k16: a work item's codes once as signed bytes, sized to stay in
+# L2) through vpdpbusd instead of tdpbssd. Row k of a scale group's tile (the 4 codes of values 4k.. of 16 weight rows)
+# is one 64-byte vector: per tile row one load, multiplied against 8 activation rows' 4 quants + 128 (qu, each a
+# broadcast load), 8 int32 chains in registers (vnni8_step). vpdpbusd takes the unsigned operand first, so the
+# activations come as quant + 128 and the 128 comes off where a super-block's sums start: at -128 sum_s scale_s
+# (sum of the group's codes) per weight row (vnni_wneg, computed at unpack). The integers are then the AMX route's
+# (sum of scale x codes . quants) and the float steps _rowsk_amx's, so the same bits as every route. The inner loop
+# has no decoding, no loads or stores of its sums: 8 vpdpbusd and one vpmulld (2 uops) per scale group, activation
+# row and 16 weight rows, the pair tiles' port-0 count (_rowsk_z: 8 vpdpbusd, vpdpwssd, vpmaddwd) without their
+# decoding and L1 round trips. llama.cpp's ggml-cpu/tiled kernels take the same route (codes unpacked to bytes, 8
+# weight rows x 16 activation rows per vpdpbusd band). A C model of this loop (one thread, 8,960 x 1,536 at 256 rows,
+# work items of 256 weight rows): 3.35 ns per 16 rows x 32 values x one activation row, against 5.3 for the pair
+# tiles' whole product. CPUs with AMX keep the AMX tiles (or, refused them, the pair tiles): the route is a property
+# of the CPU, so a launcher and its workers always agree on it.
+# -----------------------------------------------------------------------------------------------------------------
+
+VNNI_TILES = HAS_ZMM and not AMX_CPU
+VNNI_MIN_ROWS = 32  # activation rows from which K-quant products take the VNNI tiles (see _vnni_tiles)
+AccI8 = types.UniTuple(I32x16, 8)  # 8 activation rows' int32 sums for 16 weight rows, in registers
+
+
+@njit(inline="always", **DOT)
+def _vnni_tiles(M, kind):
+    """Whether a launcher runs a product of M activation rows on the VNNI tiles (the K-quants' layouts have them)."""
+    return VNNI_TILES and M >= VNNI_MIN_ROWS and (kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == IQ4_XS)
+
+
+@njit(inline="always", **DOT)
+def _vnni_given(out, qs, kind):
+    """In a worker: whether its launcher chose the VNNI tiles, from the layout it passed (the activation rows as they
+    are, not as pairs). VNNI_TILES is fixed for the CPU, so this and _amx_given never both hold."""
+    return _vnni_tiles(out.shape[0], kind) and qs.shape[0] == out.shape[0]
+
+
+@intrinsic
+def acc8i_splat(typingctx, v):
+    """8 copies of v: where 8 activation rows' sums of a super-block start."""
+    if v != I32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return context.make_tuple(builder, sig.return_type, [args[0]] * 8)
+
+    return AccI8(v), codegen
+
+
+@intrinsic
+def acc8i_store(typingctx, acc, a, off):
+    """The 8 vectors of acc to bytes off, off + 64, ... of a."""
+    if acc != AccI8 or not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        for r in range(8):
+            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), _v16i32.as_pointer())
+            builder.store(builder.extract_value(args[0], r), at, align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc, a, off), codegen
+
+
+def _vnni8(n4: int):
+    """Intrinsic (acc, bt, toff, x, xoff, xstride, sc) -> acc[r] + sc * (the tile of n4 rows at byte toff of bt .
+    activation row r's n4 x 4 quants + 128 at byte xoff + r xstride of x), r = 0..7, int32 lanes (one per weight row):
+    n4 vpdpbusd a row in 8 chains, then a vpmulld by the scale group's 16 scales."""
+
+    @intrinsic
+    def step(typingctx, acc, bt, toff, x, xoff, xstride, sc):
+        if acc != AccI8 or not _is_ptr_args(bt, toff) or not _is_ptr_args(x, xoff) or sc != I32x16:
+            return None
+        if not isinstance(xstride, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            pb = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+            px = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
+            stride = context.cast(builder, args[5], sig.args[5], types.intp)
+            rows = [builder.gep(px, [builder.mul(stride, ir.Constant(_i64, r))]) for r in range(8)]
+            raw = [_splat(_v16i32, 0)] * 8
+            for j in range(n4):
+                tile = builder.gep(pb, [ir.Constant(_i64, 64 * j)])
+                wv = builder.load(builder.bitcast(tile, _v16i32.as_pointer()), align=1)
+                for r in range(8):
+                    at = builder.bitcast(builder.gep(rows[r], [ir.Constant(_i64, 4 * j)]), _i32.as_pointer())
+                    xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
+                    raw[r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[r], xv, wv)
+            out = [builder.add(builder.extract_value(args[0], r), builder.mul(raw[r], args[6])) for r in range(8)]
+            return context.make_tuple(builder, sig.return_type, out)
+
+        return AccI8(acc, bt, toff, x, xoff, xstride, sc), codegen
+
+    return step
+
+
+vnni8_step, vnni8_step16 = _vnni8(8), _vnni8(4)  # 32-value scale groups; Q6_K's 16-value ones
+
+
+def _vnni_wneg(n4: int):
+    """Intrinsic (acc, bt, toff, sc) -> acc - 128 sc (sum of each weight row's codes in the tile of n4 rows at byte
+    toff of bt): one scale group's share of the +128 the activations carry into vnni8_step."""
+
+    @intrinsic
+    def wneg(typingctx, acc, bt, toff, sc):
+        if acc != I32x16 or not _is_ptr_args(bt, toff) or sc != I32x16:
+            return None
+
+        def codegen(context, builder, sig, args):
+            pb = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+            ones = builder.bitcast(_splat(ir.VectorType(_i8, 64), 1), _v16i32)
+            s = _splat(_v16i32, 0)
+            for j in range(n4):
+                tile = builder.bitcast(builder.gep(pb, [ir.Constant(_i64, 64 * j)]), _v16i32.as_pointer())
+                s = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", s, ones, builder.load(tile, align=1))
+            return builder.sub(args[0], builder.shl(builder.mul(s, args[3]), _splat(_v16i32, 7)))
+
+        return I32x16(acc, bt, toff, sc), codegen
+
+    return wneg
+
+
+vnni_wneg, vnni_wneg16 = _vnni_wneg(8), _vnni_wneg(4)
+
+
+@njit(inline="always", **DOT)
+def _vnni_last_rows(q1, M, K):
+    """The quants + 128 of the last M % 8 activation rows at the start of 8 rows of their own (vnni8_step reads 8;
+    the padding rows hold quant 0 and their sums are never stored)."""
+    tail = M % 8
+    part = np.full(8 * K, 128, np.uint8)
+    src = (M - tail) * K
+    for i in range(tail * K):
+        part[i] = q1[src + i]
+    return part
+
+
+@njit(inline="always", **DOT)
+def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
+    """_rowsk_x8 on the VNNI tiles (section note): the work item's codes unpacked once (_unpack_k16) with each
+    super-block's -128 correction per weight row (wneg); per 8 activation rows, pair of groups and super-block, the
+    8 rows' integer sums in registers (vnni8_step per scale group), then _rowsk_amx's float steps per row (the d and,
+    for Q4_K / Q5_K, the dmin terms, their accumulators in L1)."""
+    rb = w.shape[1]
+    M, N, K = qu.shape[0], out.shape[1], qu.shape[1]
+    nsb, n32 = K // 256, b32.shape[1]
+    sbytes = _kx8_bytes(kind)
+    gs = 16 if kind == Q6_K else 32  # values per scale group and tile
+    ng, tb = 256 // gs, 16 * gs  # scale groups per super-block, bytes per tile
+    npair = (g1 - g0 + 1) // 2
+    btiles, scs = _unpack_k16(kind, w, g0, g1, nsb)
+    wneg = np.empty(16 * nsb * npair, np.int32)
+    for p in range(npair):
+        for b in range(nsb):
+            v = izero_z()
+            for s in range(ng):
+                t, sc = 4096 * (nsb * p + b) + tb * s, ld_i32z(scs, 64 * (ng * (nsb * p + b) + s))
+                v = vnni_wneg16(v, btiles, t, sc) if kind == Q6_K else vnni_wneg(v, btiles, t, sc)
+            st_z(wneg, 64 * (nsb * p + b), v)
+    isums = np.empty(128, np.int32)
+    acc = np.empty(256, np.float32)  # per activation row: the d terms (rows 0-7), then the dmin terms (8-15)
+    q1, d1 = qu.reshape(-1), d.reshape(-1)
+    part = _vnni_last_rows(q1, M, K)
+    for m0 in range(0, M, 8):  # each 8 activation rows read once per work item, its pairs' tiles from L2
+        rows = min(8, M - m0)
+        x, xo = (q1, m0 * K) if rows == 8 else (part, 0)
+        for p in range(npair):
+            g = g0 + 2 * p
+            gb = min(g + 1, g1 - 1)
+            bt, st = 4096 * nsb * p, 64 * ng * nsb * p
+            for a in range(0, 1024, 64):
+                st_z(acc, a, fzero_z())
+            for b in range(nsb):
+                isum = acc8i_splat(ld_i32z(wneg, 64 * (nsb * p + b)))
+                for s in range(ng):
+                    t, xs, sc = bt + 4096 * b + tb * s, xo + 256 * b + gs * s, ld_i32z(scs, st + 64 * (ng * b + s))
+                    if kind == Q6_K:
+                        isum = vnni8_step16(isum, btiles, t, x, xs, K, sc)
+                    else:
+                        isum = vnni8_step(isum, btiles, t, x, xs, K, sc)
+                acc8i_store(isum, isums, 0)
+                oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
+                dw = ld_f16x16(w, oa, ob)
+                dmw = ld_f16x16(w, oa + 16, ob + 16) if _has_min(kind) else dw  # dmin (Q4_K, Q5_K)
+                for r in range(rows):
+                    i = (m0 + r) * nsb + b
+                    if _has_min(kind):
+                        mn = kmin_z16(w, oa + 96, ob + 96, b32, 4 * ((m0 + r) * n32 + 8 * b))
+                        st_z(acc, 64 * (8 + r), fma_z(ld_f32z(acc, 64 * (8 + r)), fcvt_z(mn), fscale_z(dmw, -d1[i])))
+                    st_z(acc, 64 * r, fma_z(ld_f32z(acc, 64 * r), fcvt_z(ld_i32z(isums, 64 * r)), fscale_z(dw, d1[i])))
+            for r in range(rows):
+                v = fadd_z(ld_f32z(acc, 64 * r), ld_f32z(acc, 64 * (8 + r)))
+                if gb > g:
+                    st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
+                else:
+                    st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
 
 
 # ---- Decode on AVX-512: two groups of 8 interleaved rows (16 rows) per vector -----------------------------------
@@ -5577,7 +5795,7 @@ def _x8_chunk(G, group_bytes, M, K, kind):
     2.74 / 2.58 -> 2.20-2.32 s), llama3.2-1b 141-145 -> 147-149 tok/s. The rows' arithmetic is unchanged.
     On the AMX tiles (kind's launcher takes them for M rows) an item's unpacked B tiles are what stays in L2:
     AMX_ITEM_BYTES of them."""
-    if _amx_tiles(M, kind):  # a group's B tiles: its 8 rows' codes as K bytes each
+    if _amx_tiles(M, kind) or _vnni_tiles(M, kind):  # a group's B tiles: its 8 rows' codes as K bytes each
         per = max(X8_GROUPS, AMX_ITEM_BYTES // (8 * K))
     elif M <= X8_STACK_ROWS:
         return X8_GROUPS
@@ -5839,7 +6057,7 @@ def dot_q6_k(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q4_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8(Q4_K, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8(Q4_K, w, qu, d, b16, b32, qs, out, g0, g1)
 
 
 @prange_launcher(_rows_q4_k_x8, DOT_PARALLEL)
@@ -5871,7 +6089,7 @@ def dot_q4_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q5_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8(Q5_K, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8(Q5_K, w, qu, d, b16, b32, qs, out, g0, g1)
 
 
 @prange_launcher(_rows_q5_k_x8, DOT_PARALLEL)
@@ -5903,7 +6121,7 @@ def dot_q5_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_q6_k_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    _rowsk_x8(Q6_K, w, d, b16, b32, qs, out, g0, g1)
+    _rowsk_x8(Q6_K, w, qu, d, b16, b32, qs, out, g0, g1)
 
 
 @prange_launcher(_rows_q6_k_x8, DOT_PARALLEL)
@@ -5935,7 +6153,9 @@ def dot_q6_k_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_iq4_xs_x8(w, qu, d, b16, b32, qs, out, g0, g1):
-    if _amx_given(out, qs, IQ4_XS):
+    if _vnni_given(out, qs, IQ4_XS):
+        _rowsk_vnni(IQ4_XS, w, qu, d, b32, out, g0, g1)
+    elif _amx_given(out, qs, IQ4_XS):
         _rowsk_amx(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)
     elif _pairs_given(out.shape[0], IQ4_XS):  # the activations as pairs (dot_iq4_xs_x8)
         _rowsk_z(IQ4_XS, w, d, b16, b32, qs, out, g0, g1)

@@ -316,16 +316,20 @@ def test_amx_tiles_give_the_same_bits(qtype):
 
 
 @pytest.mark.skipif(not dot.VNNI_TILES, reason="the VNNI tiles run on AVX-512 VNNI CPUs without AMX")
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
 def test_vnni_tiles_give_the_same_bits(qtype):
-    """The VNNI tiles (dot._rowsk_vnni: 8 activation rows at a time, a partial last 8, an odd last group, work items
-    of several pairs of groups, K up to 8,192) against the file layout's kernel and decode's one-row kernel, bit for
-    bit; one row fewer than VNNI_MIN_ROWS takes the pair tiles, the same bits again."""
+    """The VNNI tiles (dot._rows_vnni, _rowsk_vnni: 8 activation rows at a time, a partial last 8, an odd last group,
+    work items of several pairs of groups, K up to 8,192) against the file layout's kernel and decode's one-row
+    kernel, bit for bit; one row fewer than the VNNI tiles' minimum takes the pair tiles, the same bits again."""
     rng = np.random.default_rng(int(qtype))
-    for n, k in ((40, 256), (64, 2048), (1048, 256), (24, 8192)):
+    shapes = (
+        ((40, 256), (64, 2048), (1048, 256), (24, 8192)) if qtype in K_TYPES else ((40, 96), (64, 2048), (1048, 256))
+    )
+    for n, k in shapes:
         w = _random_blocks(qtype, n, k, rng)
         w8, kernel = repack(w, qtype)
-        for m in (dot.VNNI_MIN_ROWS - 1, dot.VNNI_MIN_ROWS, 23, 37, 128):
+        lo = dot.VNNI_MIN_ROWS if qtype in K_TYPES else dot.VNNI_MIN_ROWS_32
+        for m in (lo - 1, lo, lo + 7, lo + 13, 128):
             x = rng.standard_normal((m, k)).astype(np.float32)
             x[3, :32] = 0.0  # a block of zeros (d = 0)
             x[5] *= 1e3  # large quants against the 128 offset

@@ -2694,7 +2694,11 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
     in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 2 rows on, the launcher passes its pair layouts
     (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
-    rows on, the tile unit (_rows_amx)."""
+    rows on, the tile unit (_rows_amx); without AMX, from VNNI_MIN_ROWS_32 rows on, the VNNI tiles (_rows_vnni, the
+    launcher passing the quants + 128 as qs)."""
+    if _vnni_given(out, qs, kind):
+        _rows_vnni(kind, bsize, w, d, s, qs, out, g0, g1)
+        return
     if _amx_given(out, qs, kind):
         _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
@@ -4489,23 +4493,16 @@ def _amx_last_rows(q1, M, K):
 
 
 @njit(inline="always", **DOT)
-def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
-    """_rows_x8 on the AMX tiles (section note): the codes of the work item's groups over the whole K unpacked once
-    into B tiles (two groups, 16 rows, per tile; the launcher sizes the item so that they stay in L2, _x8_chunk),
-    then every 16 activation rows through each pair's B tiles: one tdpbssd per block (two blocks in flight) and
-    _group_x8_z16_one's FMAs per row."""
+def _unpack_32x16(kind, bsize, w, g0, g1, nb):
+    """The AMX and VNNI tiles' weights for groups g0..g1-1 of a 32-value interleaved layout (Q4_0, Q4_1, Q5_0, Q8_0,
+    IQ4_NL), nb blocks a row: (btiles, dws, mws). btiles: per pair of groups (16 rows; an odd last group as both
+    halves) and block 512 bytes, row k the 4 codes of values 4k..4k + 3 of each of the 16 rows, minus the type's
+    offset (signed values); dws / mws: the 16 rows' d (and Q4_1's m) of each block as float32."""
     rb = w.shape[1]
-    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
-    nb = K // 32
     off = _offset32(kind)
     npair = (g1 - g0 + 1) // 2
     btiles = np.empty(512 * nb * npair, np.int8)  # per pair of groups: 8 rows x 64 bytes per block
     dws, mws = np.empty(16 * nb * npair, np.float32), np.empty(16 * nb * npair, np.float32)
-    sums32 = np.empty(512, np.int32)  # two blocks' int32 sums, 16 x 16 each
-    q1, d1, s1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1)
-    part = _amx_last_rows(q1, M, K)
-    last = M * nb - 1
-    tile_config(AMX_CONFIG)
     for p in range(npair):
         g = g0 + 2 * p
         gb = min(g + 1, g1 - 1)  # an odd last group as both halves; only its 8 columns are stored
@@ -4524,6 +4521,24 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
             st_z(dws, dt + 64 * b, ld_f16x16(w, oa, ob))
             if kind == Q4_1:
                 st_z(mws, dt + 64 * b, ld_f16x16(w, oa + 16, ob + 16))
+    return btiles, dws, mws
+
+
+@njit(inline="always", **DOT)
+def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
+    """_rows_x8 on the AMX tiles (section note): the codes of the work item's groups over the whole K unpacked once
+    into B tiles (two groups, 16 rows, per tile; the launcher sizes the item so that they stay in L2, _x8_chunk),
+    then every 16 activation rows through each pair's B tiles: one tdpbssd per block (two blocks in flight) and
+    _group_x8_z16_one's FMAs per row."""
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nb = K // 32
+    npair = (g1 - g0 + 1) // 2
+    btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb)
+    sums32 = np.empty(512, np.int32)  # two blocks' int32 sums, 16 x 16 each
+    q1, d1, s1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1)
+    part = _amx_last_rows(q1, M, K)
+    last = M * nb - 1
+    tile_config(AMX_CONFIG)
     for m0 in range(0, M, 16):  # each 16 activation rows read once per work item, its pairs' B tiles from L2
         rows = min(16, M - m0)
         x, xo = (q1, m0 * K) if rows == 16 else (part, 0)
@@ -4673,32 +4688,51 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
 
 
 # ---- VNNI tiles: 8 activation rows x 16 weight rows from unpacked codes (AVX-512 VNNI without AMX) ---------------
-# On AVX-512 VNNI CPUs without AMX, K-quant products (Q4_K, Q5_K, Q6_K, IQ4_XS) of VNNI_MIN_ROWS or more activation
-# rows take the AMX route's unpacked weights (_unpack_k16: a work item's codes once as signed bytes, sized to stay in
-# L2) through vpdpbusd instead of tdpbssd. Row k of a scale group's tile (the 4 codes of values 4k.. of 16 weight rows)
-# is one 64-byte vector: per tile row one load, multiplied against 8 activation rows' 4 quants + 128 (qu, each a
-# broadcast load), 8 int32 chains in registers (vnni8_step). vpdpbusd takes the unsigned operand first, so the
-# activations come as quant + 128 and the 128 comes off where a super-block's sums start: at -128 sum_s scale_s
-# (sum of the group's codes) per weight row (vnni_wneg, computed at unpack). The integers are then the AMX route's
-# (sum of scale x codes . quants) and the float steps _rowsk_amx's, so the same bits as every route. The inner loop
-# has no decoding, no loads or stores of its sums: 8 vpdpbusd and one vpmulld (2 uops) per scale group, activation
-# row and 16 weight rows, the pair tiles' port-0 count (_rowsk_z: 8 vpdpbusd, vpdpwssd, vpmaddwd) without their
-# decoding and L1 round trips. llama.cpp's ggml-cpu/tiled kernels take the same route (codes unpacked to bytes, 8
-# weight rows x 16 activation rows per vpdpbusd band). A C model of this loop (one thread, 8,960 x 1,536 at 256 rows,
-# work items of 256 weight rows): 3.35 ns per 16 rows x 32 values x one activation row, against 5.3 for the pair
-# tiles' whole product. CPUs with AMX keep the AMX tiles (or, refused them, the pair tiles): the route is a property
-# of the CPU, so a launcher and its workers always agree on it.
+# On AVX-512 VNNI CPUs without AMX, products of VNNI_MIN_ROWS (the 32-value types: VNNI_MIN_ROWS_32) or more
+# activation rows take the AMX route's unpacked weights (_unpack_k16 for Q4_K, Q5_K, Q6_K, IQ4_XS; _unpack_32x16 for
+# Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL: a work item's codes once as signed bytes, sized to stay in L2) through vpdpbusd
+# instead of tdpbssd. Row k of a scale group's or block's tile (the 4 codes of values 4k.. of 16 weight rows) is one
+# 64-byte vector: per tile row one load, multiplied against 8 activation rows' 4 quants + 128 (broadcast loads), 8
+# int32 chains in registers (vnni8_step, vnni8_block).
+# vpdpbusd takes the unsigned operand first, so the activations come as quant + 128 (Q8_K's qu; _plus128 for Q8_1)
+# and the 128 comes off where the sums start: at -128 x the codes' sum per weight row (times the scales for a K-quant
+# super-block: vnni_wneg, at unpack). The integers are then the AMX route's and the float steps _rowsk_amx's /
+# _rows_amx's, so the same bits as every route. The inner loop has no decoding and no loads or stores of its sums:
+# per 32 values, activation row and 16 weight rows 8 vpdpbusd and a vpmulld (2 uops; the K-quants' scales) or a
+# convert, multiply and FMA (the 32-value types), where the pair tiles spend about as many port-0 operations but also
+# decode and keep their lanes in L1. llama.cpp's ggml-cpu/tiled kernels take the same route (codes unpacked to bytes,
+# 8 weight rows x 16 activation rows a band). A C model of the K-quant loop (one thread, 8,960 x 1,536 at 256 rows,
+# work items of 256 weight rows) ran 3.35 ns per 16 rows x 32 values x one activation row, against 5.3 for the pair
+# tiles' whole product. CPUs with AMX keep the AMX tiles (or, refused them, the pair tiles): VNNI_TILES is a property
+# of the CPU, so a launcher and its workers always agree on the route.
 # -----------------------------------------------------------------------------------------------------------------
 
 VNNI_TILES = HAS_ZMM and not AMX_CPU
-VNNI_MIN_ROWS = 32  # activation rows from which K-quant products take the VNNI tiles (see _vnni_tiles)
+# activation rows from which products take the VNNI tiles. Ice Lake, 2 threads, alternating processes: Q4_K 8,960 x
+# 1,536 at 16 / 32 / 64 rows 176 -> 130 / 168 -> 185 / 182 -> 199 GMAC/s (pair tiles -> VNNI tiles); the 32-value
+# types gain less (8 vpdpbusd and 3 float operations a block and row) and unpack as many bytes: Q8_0 2,048 x 2,048 at 32
+# rows 138-157 -> 117-134, at 128 rows 138-144 -> 139-192; at 256 rows Q8_0 8,192 x 2,048 149-168 -> 182-187, Q5_0
+# 4,864 x 896 170 -> 191
+VNNI_MIN_ROWS = 32  # the K-quants
+VNNI_MIN_ROWS_32 = 128  # Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL
 AccI8 = types.UniTuple(I32x16, 8)  # 8 activation rows' int32 sums for 16 weight rows, in registers
+VNNI_ONES = np.ones(16, np.int32)  # a block's scale for vnni_wneg: the 32-value types scale in float
 
 
 @njit(inline="always", **DOT)
 def _vnni_tiles(M, kind):
     """Whether a launcher runs a product of M activation rows on the VNNI tiles (the K-quants' layouts have them)."""
-    return VNNI_TILES and M >= VNNI_MIN_ROWS and (kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == IQ4_XS)
+    if not VNNI_TILES:
+        return False
+    if kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == IQ4_XS:
+        return M >= VNNI_MIN_ROWS
+    return _x8_32(kind) and M >= VNNI_MIN_ROWS_32
+
+
+@njit(inline="always", **DOT)
+def _x8_32(kind):
+    """The 32-value types with interleaved layouts (_rows_x8, _rows_iq4_nl_x8)."""
+    return kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL
 
 
 @njit(inline="always", **DOT)
@@ -4800,10 +4834,10 @@ vnni_wneg, vnni_wneg16 = _vnni_wneg(8), _vnni_wneg(4)
 
 @njit(inline="always", **DOT)
 def _vnni_last_rows(q1, M, K):
-    """The quants + 128 of the last M % 8 activation rows at the start of 8 rows of their own (vnni8_step reads 8;
-    the padding rows hold quant 0 and their sums are never stored)."""
+    """The quants + 128 of the last M % 8 activation rows at the start of 8 rows of their own (vnni8_step and
+    vnni8_block read 8; the padding rows' sums are never stored)."""
     tail = M % 8
-    part = np.full(8 * K, 128, np.uint8)
+    part = np.zeros_like(q1[: 8 * K])
     src = (M - tail) * K
     for i in range(tail * K):
         part[i] = q1[src + i]
@@ -4869,6 +4903,153 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
                     st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
                 else:
                     st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
+
+
+Acc8 = types.UniTuple(F32x16, 8)  # 8 activation rows' float32 accumulators for 16 weight rows, in registers
+
+
+@intrinsic
+def acc8_zero(typingctx):
+    def codegen(context, builder, sig, args):
+        return context.make_tuple(builder, sig.return_type, [_splat(_v16f32, 0.0)] * 8)
+
+    return Acc8(), codegen
+
+
+def _acc8_rows(context, builder, sig, args, at):
+    """Array `x`'s element i0 + r * stride for r = 0..7, clamped to index `last` (the padding rows of a partial 8
+    repeat the last one), broadcast: args[at:at + 4] = x, i0, stride, last."""
+    x = context.make_array(sig.args[at])(context, builder, args[at])
+    i0, stride, last = (context.cast(builder, args[at + k], sig.args[at + k], types.intp) for k in (1, 2, 3))
+    out = []
+    for r in range(8):
+        i = builder.add(i0, builder.mul(stride, ir.Constant(_i64, r)))
+        i = builder.select(builder.icmp_signed("<", i, last), i, last)
+        out.append(_bsplat(builder, _v16f32, builder.load(builder.gep(x.data, [i]))))
+    return out
+
+
+@intrinsic
+def vnni8_block(typingctx, acc, bt, toff, x, xoff, xstride, start, dw, dx, i0, stride, last):
+    """One 32-value block for 8 activation rows: the int32 sums start at `start` (the block's -128 sum of codes per
+    weight row), 8 vpdpbusd a row (the tile at byte toff of bt against row r's quants + 128 at byte xoff + r xstride
+    of x), then acc[r] += float(sums) * (dw * dx[i0 + r stride]): acc16_sums's FMA, 8 rows."""
+    if acc != Acc8 or not _is_ptr_args(bt, toff) or not _is_ptr_args(x, xoff) or start != I32x16 or dw != F32x16:
+        return None
+    if not isinstance(xstride, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        pb = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        px = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
+        xs = context.cast(builder, args[5], sig.args[5], types.intp)
+        rows = [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(8)]
+        raw = [args[6]] * 8
+        for j in range(8):
+            tile = builder.gep(pb, [ir.Constant(_i64, 64 * j)])
+            wv = builder.load(builder.bitcast(tile, _v16i32.as_pointer()), align=1)
+            for r in range(8):
+                at = builder.bitcast(builder.gep(rows[r], [ir.Constant(_i64, 4 * j)]), _i32.as_pointer())
+                xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
+                raw[r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[r], xv, wv)
+        out = []
+        for r, d in enumerate(_acc8_rows(context, builder, sig, args, 8)):
+            f = builder.sitofp(raw[r], _v16f32)
+            out.append(
+                _z_call(builder, "llvm.fma.v16f32", f, builder.fmul(args[7], d), builder.extract_value(args[0], r))
+            )
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Acc8(acc, bt, toff, x, xoff, xstride, start, dw, dx, i0, stride, last), codegen
+
+
+@intrinsic
+def acc8_mins(typingctx, acc, mw, sx, i0, stride, last):
+    """acc[r] += mw * sx[i0 + r stride]: Q4_1's m-term FMA for 8 activation rows (acc16_mins's)."""
+    if acc != Acc8 or mw != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        rows = _acc8_rows(context, builder, sig, args, 2)
+        out = [
+            _z_call(builder, "llvm.fma.v16f32", args[1], x, builder.extract_value(args[0], r))
+            for r, x in enumerate(rows)
+        ]
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Acc8(acc, mw, sx, i0, stride, last), codegen
+
+
+@intrinsic
+def acc8_store(typingctx, acc, accm, out, off, stride, rows, lanes):
+    """Rows r < `rows` of acc + accm to byte off + r * stride of out: 16 float32 each, or the low 8 if lanes == 8."""
+    if acc != Acc8 or accm != Acc8 or not _is_ptr_args(out, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
+        stride, rows, lanes = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (4, 5, 6))
+        full = builder.icmp_signed("==", lanes, ir.Constant(_i64, 16))
+        for r in range(8):
+            v = builder.fadd(builder.extract_value(args[0], r), builder.extract_value(args[1], r))
+            at = builder.gep(p, [builder.mul(stride, ir.Constant(_i64, r))])
+            with builder.if_then(builder.icmp_signed("<", ir.Constant(_i64, r), rows)):
+                with builder.if_else(full) as (whole, low):
+                    with whole:
+                        builder.store(v, builder.bitcast(at, _v16f32.as_pointer()), align=4)
+                    with low:
+                        lo = builder.shuffle_vector(v, v, ir.Constant(_v8i32, list(range(8))))
+                        builder.store(lo, builder.bitcast(at, _v8f32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc, accm, out, off, stride, rows, lanes), codegen
+
+
+@njit(inline="always", **DOT_PARALLEL)
+def _plus128(qs):
+    """The activation quants qs (int8 [M, K]) + 128 as bytes (the same type): the VNNI tiles' unsigned operand."""
+    xu = np.empty_like(qs)
+    a, b = qs.reshape(-1).view(np.uint64), xu.reshape(-1).view(np.uint64)
+    n = a.shape[0]
+    step = 1 << 14
+    for c in prange((n + step - 1) // step):
+        for i in range(c * step, min(n, c * step + step)):
+            b[i] = a[i] ^ np.uint64(0x8080808080808080)
+    return xu
+
+
+@njit(inline="always", **DOT)
+def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
+    """_rows_x8 on the VNNI tiles (section note) for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL, xu the activation quants + 128
+    (_plus128): the work item's codes unpacked once (_unpack_32x16) with each block's -128 correction per weight row;
+    per 8 activation rows and pair of groups, per block 8 vpdpbusd a row from that correction, then _rows_amx's FMAs
+    (acc16_sums, acc16_mins), the 8 rows' accumulators in registers."""
+    M, N, K = xu.shape[0], out.shape[1], xu.shape[1]
+    nb = K // 32
+    npair = (g1 - g0 + 1) // 2
+    btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb)
+    one = ld_i32z(VNNI_ONES, 0)
+    wneg = np.empty(16 * nb * npair, np.int32)
+    for t in range(nb * npair):
+        st_z(wneg, 64 * t, vnni_wneg(izero_z(), btiles, 512 * t, one))
+    q1, d1, s1 = xu.reshape(-1), d.reshape(-1), s.reshape(-1)
+    part = _vnni_last_rows(q1, M, K)
+    last = M * nb - 1
+    for m0 in range(0, M, 8):  # each 8 activation rows read once per work item, its pairs' tiles from L2
+        rows = min(8, M - m0)
+        x, xo = (q1, m0 * K) if rows == 8 else (part, 0)
+        for p in range(npair):
+            g = g0 + 2 * p
+            gb = min(g + 1, g1 - 1)
+            bt, dt = 512 * nb * p, 64 * nb * p
+            acc, accm = acc8_zero(), acc8_zero()
+            for b in range(nb):
+                start, dw = ld_i32z(wneg, dt + 64 * b), ld_f32z(dws, dt + 64 * b)
+                acc = vnni8_block(acc, btiles, bt + 512 * b, x, xo + 32 * b, K, start, dw, d1, m0 * nb + b, nb, last)
+            if kind == Q4_1:
+                for b in range(nb):
+                    accm = acc8_mins(accm, ld_f32z(mws, dt + 64 * b), s1, m0 * nb + b, nb, last)
+            acc8_store(acc, accm, out, 4 * (m0 * N + 8 * g), 4 * N, rows, 16 if gb > g else 8)
 
 
 # ---- Decode on AVX-512: two groups of 8 interleaved rows (16 rows) per vector -----------------------------------
@@ -5810,7 +5991,11 @@ def dot_q4_0_x8(w, d, s, qs, sums, out):
     """dot_q4_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 144]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_0)
-    if _pair_tiles(qs.shape[0], Q4_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
+    if _vnni_tiles(qs.shape[0], Q4_0):  # the quants + 128, for the VNNI tiles
+        xu = _plus128(qs)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q4_0_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+    elif _pair_tiles(qs.shape[0], Q4_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q4_0))
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q4_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
@@ -5842,7 +6027,11 @@ def dot_q4_1_x8(w, d, s, qs, sums, out):
     """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_1)
-    if _pair_tiles(qs.shape[0], Q4_1):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
+    if _vnni_tiles(qs.shape[0], Q4_1):  # the quants + 128, for the VNNI tiles
+        xu = _plus128(qs)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q4_1_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+    elif _pair_tiles(qs.shape[0], Q4_1):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q4_1))
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q4_1_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
@@ -5874,7 +6063,11 @@ def dot_q5_0_x8(w, d, s, qs, sums, out):
     """dot_q5_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 176]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q5_0)
-    if _pair_tiles(qs.shape[0], Q5_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
+    if _vnni_tiles(qs.shape[0], Q5_0):  # the quants + 128, for the VNNI tiles
+        xu = _plus128(qs)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q5_0_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+    elif _pair_tiles(qs.shape[0], Q5_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q5_0))
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q5_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
@@ -5906,7 +6099,11 @@ def dot_q8_0_x8(w, d, s, qs, sums, out):
     """dot_q8_0 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 272]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q8_0)
-    if _pair_tiles(qs.shape[0], Q8_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
+    if _vnni_tiles(qs.shape[0], Q8_0):  # the quants + 128, for the VNNI tiles
+        xu = _plus128(qs)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_q8_0_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+    elif _pair_tiles(qs.shape[0], Q8_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q8_0))
         for c in prange((G + per - 1) // per):
             call_worker("_rows_q8_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
@@ -6192,7 +6389,9 @@ def dot_iq4_xs_x8_one(w, qu, d, b16, b32, qs, out):
 
 @njit(**DOT)
 def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
-    if _amx_given(out, qs, IQ4_NL):
+    if _vnni_given(out, qs, IQ4_NL):  # qs: the quants + 128 (dot_iq4_nl_x8)
+        _rows_vnni(IQ4_NL, 144, w, d, s, qs, out, g0, g1)
+    elif _amx_given(out, qs, IQ4_NL):
         _rows_amx(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     elif _pairs_given(out.shape[0], IQ4_NL):  # the activations as pairs (dot_iq4_nl_x8)
         _rows_z(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
@@ -6205,7 +6404,11 @@ def dot_iq4_nl_x8(w, d, s, qs, sums, out):
     """dot_iq4_nl for weights in ggufrun.quants.repack's interleaved layout (Q4_0's): w [N/8, K/32 * 144]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], IQ4_NL)
-    if _pair_tiles(qs.shape[0], IQ4_NL):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
+    if _vnni_tiles(qs.shape[0], IQ4_NL):  # the quants + 128, for the VNNI tiles
+        xu = _plus128(qs)
+        for c in prange((G + per - 1) // per):
+            call_worker("_rows_iq4_nl_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+    elif _pair_tiles(qs.shape[0], IQ4_NL):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(IQ4_NL))
         for c in prange((G + per - 1) // per):
             call_worker("_rows_iq4_nl_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))

@@ -4336,21 +4336,27 @@ st_btile6 = _st_btile_ab(
 Acc16 = types.UniTuple(F32x16, 16)  # a tile's 16 rows of 16 float32 accumulators, in registers
 
 
-@intrinsic
-def acc16_zero(typingctx):
-    def codegen(context, builder, sig, args):
-        return context.make_tuple(builder, sig.return_type, [_splat(_v16f32, 0.0)] * 16)
+def _acc_zero(ty):
+    """Intrinsic () -> ty (a tuple of 16-lane float32 or int32 vectors: Acc16, AccI16, Acc8), every lane zero."""
+    vty = _v16f32 if ty.dtype == F32x16 else _v16i32
 
-    return Acc16(), codegen
+    @intrinsic
+    def zero(typingctx):
+        def codegen(context, builder, sig, args):
+            return context.make_tuple(builder, sig.return_type, [ir.Constant(vty, None)] * ty.count)
+
+        return ty(), codegen
+
+    return zero
 
 
-def _acc16_rows(context, builder, sig, args, at):
-    """Array `x`'s element i0 + r * stride for r = 0..15, clamped to index `last` (a partial tile's rows repeat the
-    last one): args[at:at + 4] = x, i0, stride, last."""
+def _acc_rows(context, builder, sig, args, at, n):
+    """Array `x`'s element i0 + r * stride for r = 0..n-1, clamped to index `last` (a partial tile's rows repeat the
+    last one), broadcast to 16 lanes: args[at:at + 4] = x, i0, stride, last."""
     x = context.make_array(sig.args[at])(context, builder, args[at])
     i0, stride, last = (context.cast(builder, args[at + k], sig.args[at + k], types.intp) for k in (1, 2, 3))
     out = []
-    for r in range(16):
+    for r in range(n):
         i = builder.add(i0, builder.mul(stride, ir.Constant(_i64, r)))
         i = builder.select(builder.icmp_signed("<", i, last), i, last)
         out.append(_bsplat(builder, _v16f32, builder.load(builder.gep(x.data, [i]))))
@@ -4367,7 +4373,7 @@ def acc16_sums(typingctx, acc, c, coff, dw, dx, i0, stride, last):
     def codegen(context, builder, sig, args):
         p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
         out = []
-        for r, x in enumerate(_acc16_rows(context, builder, sig, args, 4)):
+        for r, x in enumerate(_acc_rows(context, builder, sig, args, 4, 16)):
             s = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), _v16i32.as_pointer()))
             f = builder.sitofp(s, _v16f32)
             out.append(
@@ -4378,57 +4384,83 @@ def acc16_sums(typingctx, acc, c, coff, dw, dx, i0, stride, last):
     return Acc16(acc, c, coff, dw, dx, i0, stride, last), codegen
 
 
-@intrinsic
-def acc16_mins(typingctx, acc, mw, sx, i0, stride, last):
-    """acc[r] += mw * sx[i0 + r stride]: Q4_1's m-term FMA for 16 activation rows."""
-    if acc != Acc16 or mw != F32x16:
-        return None
+def _acc_mins(ty):
+    """Intrinsic (acc, mw, sx, i0, stride, last) -> acc[r] + mw * sx[i0 + r stride] for each row r of ty (Acc16,
+    Acc8): Q4_1's m-term FMA."""
 
-    def codegen(context, builder, sig, args):
-        rows = _acc16_rows(context, builder, sig, args, 2)
-        out = [
-            _z_call(builder, "llvm.fma.v16f32", args[1], x, builder.extract_value(args[0], r))
-            for r, x in enumerate(rows)
-        ]
-        return context.make_tuple(builder, sig.return_type, out)
+    @intrinsic
+    def mins(typingctx, acc, mw, sx, i0, stride, last):
+        if acc != ty or mw != F32x16:
+            return None
 
-    return Acc16(acc, mw, sx, i0, stride, last), codegen
+        def codegen(context, builder, sig, args):
+            rows = _acc_rows(context, builder, sig, args, 2, ty.count)
+            out = [
+                _z_call(builder, "llvm.fma.v16f32", args[1], x, builder.extract_value(args[0], r))
+                for r, x in enumerate(rows)
+            ]
+            return context.make_tuple(builder, sig.return_type, out)
+
+        return ty(acc, mw, sx, i0, stride, last), codegen
+
+    return mins
 
 
-@intrinsic
-def acc16_store(typingctx, acc, accm, out, off, stride, rows, lanes):
-    """Rows r < `rows` of acc + accm to byte off + r * stride of out: 16 float32 each, or the low 8 if lanes == 8."""
-    if acc != Acc16 or accm != Acc16 or not _is_ptr_args(out, off):
-        return None
+def _acc_store(ty):
+    """Intrinsic (acc, accm, out, off, stride, rows, lanes): rows r < `rows` of acc + accm (ty: Acc16, Acc8) to byte
+    off + r * stride of out, 16 float32 each, or the low 8 if lanes == 8."""
 
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
-        stride, rows, lanes = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (4, 5, 6))
-        full = builder.icmp_signed("==", lanes, ir.Constant(_i64, 16))
-        for r in range(16):
-            v = builder.fadd(builder.extract_value(args[0], r), builder.extract_value(args[1], r))
-            at = builder.gep(p, [builder.mul(stride, ir.Constant(_i64, r))])
-            with builder.if_then(builder.icmp_signed("<", ir.Constant(_i64, r), rows)):
-                with builder.if_else(full) as (whole, low):
-                    with whole:
-                        builder.store(v, builder.bitcast(at, _v16f32.as_pointer()), align=4)
-                    with low:
-                        lo = builder.shuffle_vector(v, v, ir.Constant(_v8i32, list(range(8))))
-                        builder.store(lo, builder.bitcast(at, _v8f32.as_pointer()), align=4)
-        return context.get_dummy_value()
+    @intrinsic
+    def store(typingctx, acc, accm, out, off, stride, rows, lanes):
+        if acc != ty or accm != ty or not _is_ptr_args(out, off):
+            return None
 
-    return types.none(acc, accm, out, off, stride, rows, lanes), codegen
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
+            stride, rows, lanes = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (4, 5, 6))
+            full = builder.icmp_signed("==", lanes, ir.Constant(_i64, 16))
+            for r in range(ty.count):
+                v = builder.fadd(builder.extract_value(args[0], r), builder.extract_value(args[1], r))
+                at = builder.gep(p, [builder.mul(stride, ir.Constant(_i64, r))])
+                with builder.if_then(builder.icmp_signed("<", ir.Constant(_i64, r), rows)):
+                    with builder.if_else(full) as (whole, low):
+                        with whole:
+                            builder.store(v, builder.bitcast(at, _v16f32.as_pointer()), align=4)
+                        with low:
+                            lo = builder.shuffle_vector(v, v, ir.Constant(_v8i32, list(range(8))))
+                            builder.store(lo, builder.bitcast(at, _v8f32.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.none(acc, accm, out, off, stride, rows, lanes), codegen
+
+    return store
+
+
+def _acci_store(ty):
+    """Intrinsic (acc, a, off): the int32 vectors of acc (ty: AccI16, AccI8) to bytes off, off + 64, ... of a."""
+
+    @intrinsic
+    def store(typingctx, acc, a, off):
+        if acc != ty or not _is_ptr_args(a, off):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+            for r in range(ty.count):
+                at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), _v16i32.as_pointer())
+                builder.store(builder.extract_value(args[0], r), at, align=4)
+            return context.get_dummy_value()
+
+        return types.none(acc, a, off), codegen
+
+    return store
+
+
+acc16_zero, acc16_mins, acc16_store = _acc_zero(Acc16), _acc_mins(Acc16), _acc_store(Acc16)
 
 
 AccI16 = types.UniTuple(I32x16, 16)  # a tile's 16 rows of 16 int32 sums (a super-block's, K-quants)
-
-
-@intrinsic
-def acc16i_zero(typingctx):
-    def codegen(context, builder, sig, args):
-        return context.make_tuple(builder, sig.return_type, [_splat(_v16i32, 0)] * 16)
-
-    return AccI16(), codegen
+acc16i_zero, acc16i_store = _acc_zero(AccI16), _acci_store(AccI16)
 
 
 @intrinsic
@@ -4449,22 +4481,6 @@ def acc16i_madd(typingctx, acc, c, coff, sc):
     return AccI16(acc, c, coff, sc), codegen
 
 
-@intrinsic
-def acc16i_store(typingctx, acc, a, off):
-    """The 16 rows of acc to bytes off, off + 64, ... of a."""
-    if acc != AccI16 or not _is_ptr_args(a, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-        for r in range(16):
-            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), _v16i32.as_pointer())
-            builder.store(builder.extract_value(args[0], r), at, align=4)
-        return context.get_dummy_value()
-
-    return types.none(acc, a, off), codegen
-
-
 @njit(inline="always", **DOT)
 def _amx_tiles(M, kind):
     """Whether a launcher runs a product of M activation rows on the AMX tiles (the flag use_amx sets, read once).
@@ -4481,11 +4497,12 @@ def _amx_given(out, qs, kind):
 
 
 @njit(inline="always", **DOT)
-def _amx_last_rows(q1, M, K):
-    """The activation quants of the last M % 16 rows (q1: [M, K] flat) at the start of a 16-row tile of their own
-    (tile_load reads 16 rows; the padding rows' sums are computed and never stored)."""
-    tail = M % 16
-    part = np.empty(16 * K, np.int8)
+def _last_rows(q1, M, K, n):
+    """The activation quants of the last M % n rows (q1: [M, K] flat, M >= n) at the start of n rows of their own: the
+    AMX tiles' 16 (tile_load reads 16 rows), the VNNI tiles' 8 (vnni8_step, vnni8_block); the padding rows' sums are
+    computed and never stored."""
+    tail = M % n
+    part = np.zeros_like(q1[: n * K])
     src = (M - tail) * K
     for i in range(tail * K):  # a plain loop, which LLVM makes a memcpy: the slice assignment ran ~1 byte a cycle
         part[i] = q1[src + i]
@@ -4536,7 +4553,7 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb)
     sums32 = np.empty(512, np.int32)  # two blocks' int32 sums, 16 x 16 each
     q1, d1, s1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1)
-    part = _amx_last_rows(q1, M, K)
+    part = _last_rows(q1, M, K, 16)
     last = M * nb - 1
     tile_config(AMX_CONFIG)
     for m0 in range(0, M, 16):  # each 16 activation rows read once per work item, its pairs' B tiles from L2
@@ -4622,6 +4639,17 @@ def _unpack_k16(kind, w, g0, g1, nsb):
 
 
 @njit(inline="always", **DOT)
+def _k_row_step(kind, w, oa, ob, b32, bo, dx, dw, dmw, isums, acc, r, n):
+    """A K-quant super-block's float steps for activation row r of a tile of n (_rowsk_amx's 16, _rowsk_vnni's 8),
+    _group_k_z16_one's per lane: acc row r (the d terms) += float(row r of the int32 sums isums) * dw * dx; for Q4_K /
+    Q5_K acc row n + r (the dmin terms) += float(the mins . the row's block sums at byte bo of b32) * dmw * -dx."""
+    if _has_min(kind):
+        mn = kmin_z16(w, oa + 96, ob + 96, b32, bo)
+        st_z(acc, 64 * (n + r), fma_z(ld_f32z(acc, 64 * (n + r)), fcvt_z(mn), fscale_z(dmw, -dx)))
+    st_z(acc, 64 * r, fma_z(ld_f32z(acc, 64 * r), fcvt_z(ld_i32z(isums, 64 * r)), fscale_z(dw, dx)))
+
+
+@njit(inline="always", **DOT)
 def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
     """_rowsk_x8 on the AMX tiles for Q4_K, Q5_K, Q6_K and IQ4_XS: the work item's codes unpacked once into one B tile
     per pair of groups and scale group (32 values; Q6_K 16, with AMX_CONFIG16's shapes; IQ4_XS: the code book's signed
@@ -4640,7 +4668,7 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
     sums32, isums = np.empty(512, np.int32), np.empty(256, np.int32)
     acc = np.empty(512, np.float32)  # per tile row: the d terms (rows 0-15), then the dmin terms (16-31)
     q1, d1 = qs.reshape(-1), d.reshape(-1)
-    part = _amx_last_rows(q1, M, K)
+    part = _last_rows(q1, M, K, 16)
     tile_config(AMX_CONFIG16 if kind == Q6_K else AMX_CONFIG)
     for m0 in range(0, M, 16):  # each 16 activation rows read once per work item, its pairs' B tiles from L2
         rows = min(16, M - m0)
@@ -4673,11 +4701,9 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
                 dmw = ld_f16x16(w, oa + 16, ob + 16) if _has_min(kind) else dw  # dmin (Q4_K, Q5_K)
                 for r in range(16):
                     m = min(m0 + r, M - 1)
-                    i = m * nsb + b
-                    if _has_min(kind):
-                        mn = kmin_z16(w, oa + 96, ob + 96, b32, 4 * (m * n32 + 8 * b))
-                        st_z(acc, 64 * (16 + r), fma_z(ld_f32z(acc, 64 * (16 + r)), fcvt_z(mn), fscale_z(dmw, -d1[i])))
-                    st_z(acc, 64 * r, fma_z(ld_f32z(acc, 64 * r), fcvt_z(ld_i32z(isums, 64 * r)), fscale_z(dw, d1[i])))
+                    _k_row_step(
+                        kind, w, oa, ob, b32, 4 * (m * n32 + 8 * b), d1[m * nsb + b], dw, dmw, isums, acc, r, 16
+                    )
             for r in range(rows):
                 v = fadd_z(ld_f32z(acc, 64 * r), ld_f32z(acc, 64 * (16 + r)))
                 if gb > g:
@@ -4754,20 +4780,7 @@ def acc8i_splat(typingctx, v):
     return AccI8(v), codegen
 
 
-@intrinsic
-def acc8i_store(typingctx, acc, a, off):
-    """The 8 vectors of acc to bytes off, off + 64, ... of a."""
-    if acc != AccI8 or not _is_ptr_args(a, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-        for r in range(8):
-            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), _v16i32.as_pointer())
-            builder.store(builder.extract_value(args[0], r), at, align=4)
-        return context.get_dummy_value()
-
-    return types.none(acc, a, off), codegen
+acc8i_store = _acci_store(AccI8)
 
 
 def _vnni8(n4: int):
@@ -4833,18 +4846,6 @@ vnni_wneg, vnni_wneg16 = _vnni_wneg(8), _vnni_wneg(4)
 
 
 @njit(inline="always", **DOT)
-def _vnni_last_rows(q1, M, K):
-    """The quants + 128 of the last M % 8 activation rows at the start of 8 rows of their own (vnni8_step and
-    vnni8_block read 8; the padding rows' sums are never stored)."""
-    tail = M % 8
-    part = np.zeros_like(q1[: 8 * K])
-    src = (M - tail) * K
-    for i in range(tail * K):
-        part[i] = q1[src + i]
-    return part
-
-
-@njit(inline="always", **DOT)
 def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
     """_rowsk_x8 on the VNNI tiles (section note): the work item's codes unpacked once (_unpack_k16) with each
     super-block's -128 correction per weight row (wneg); per 8 activation rows, pair of groups and super-block, the
@@ -4869,7 +4870,7 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
     isums = np.empty(128, np.int32)
     acc = np.empty(256, np.float32)  # per activation row: the d terms (rows 0-7), then the dmin terms (8-15)
     q1, d1 = qu.reshape(-1), d.reshape(-1)
-    part = _vnni_last_rows(q1, M, K)
+    part = _last_rows(q1, M, K, 8)
     for m0 in range(0, M, 8):  # each 8 activation rows read once per work item, its pairs' tiles from L2
         rows = min(8, M - m0)
         x, xo = (q1, m0 * K) if rows == 8 else (part, 0)
@@ -4892,11 +4893,8 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
                 dw = ld_f16x16(w, oa, ob)
                 dmw = ld_f16x16(w, oa + 16, ob + 16) if _has_min(kind) else dw  # dmin (Q4_K, Q5_K)
                 for r in range(rows):
-                    i = (m0 + r) * nsb + b
-                    if _has_min(kind):
-                        mn = kmin_z16(w, oa + 96, ob + 96, b32, 4 * ((m0 + r) * n32 + 8 * b))
-                        st_z(acc, 64 * (8 + r), fma_z(ld_f32z(acc, 64 * (8 + r)), fcvt_z(mn), fscale_z(dmw, -d1[i])))
-                    st_z(acc, 64 * r, fma_z(ld_f32z(acc, 64 * r), fcvt_z(ld_i32z(isums, 64 * r)), fscale_z(dw, d1[i])))
+                    m = m0 + r
+                    _k_row_step(kind, w, oa, ob, b32, 4 * (m * n32 + 8 * b), d1[m * nsb + b], dw, dmw, isums, acc, r, 8)
             for r in range(rows):
                 v = fadd_z(ld_f32z(acc, 64 * r), ld_f32z(acc, 64 * (8 + r)))
                 if gb > g:
@@ -4906,27 +4904,7 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
 
 
 Acc8 = types.UniTuple(F32x16, 8)  # 8 activation rows' float32 accumulators for 16 weight rows, in registers
-
-
-@intrinsic
-def acc8_zero(typingctx):
-    def codegen(context, builder, sig, args):
-        return context.make_tuple(builder, sig.return_type, [_splat(_v16f32, 0.0)] * 8)
-
-    return Acc8(), codegen
-
-
-def _acc8_rows(context, builder, sig, args, at):
-    """Array `x`'s element i0 + r * stride for r = 0..7, clamped to index `last` (the padding rows of a partial 8
-    repeat the last one), broadcast: args[at:at + 4] = x, i0, stride, last."""
-    x = context.make_array(sig.args[at])(context, builder, args[at])
-    i0, stride, last = (context.cast(builder, args[at + k], sig.args[at + k], types.intp) for k in (1, 2, 3))
-    out = []
-    for r in range(8):
-        i = builder.add(i0, builder.mul(stride, ir.Constant(_i64, r)))
-        i = builder.select(builder.icmp_signed("<", i, last), i, last)
-        out.append(_bsplat(builder, _v16f32, builder.load(builder.gep(x.data, [i]))))
-    return out
+acc8_zero, acc8_mins, acc8_store = _acc_zero(Acc8), _acc_mins(Acc8), _acc_store(Acc8)
 
 
 @intrinsic
@@ -4953,7 +4931,7 @@ def vnni8_block(typingctx, acc, bt, toff, x, xoff, xstride, start, dw, dx, i0, s
                 xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
                 raw[r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[r], xv, wv)
         out = []
-        for r, d in enumerate(_acc8_rows(context, builder, sig, args, 8)):
+        for r, d in enumerate(_acc_rows(context, builder, sig, args, 8, 8)):
             f = builder.sitofp(raw[r], _v16f32)
             out.append(
                 _z_call(builder, "llvm.fma.v16f32", f, builder.fmul(args[7], d), builder.extract_value(args[0], r))
@@ -4961,48 +4939,6 @@ def vnni8_block(typingctx, acc, bt, toff, x, xoff, xstride, start, dw, dx, i0, s
         return context.make_tuple(builder, sig.return_type, out)
 
     return Acc8(acc, bt, toff, x, xoff, xstride, start, dw, dx, i0, stride, last), codegen
-
-
-@intrinsic
-def acc8_mins(typingctx, acc, mw, sx, i0, stride, last):
-    """acc[r] += mw * sx[i0 + r stride]: Q4_1's m-term FMA for 8 activation rows (acc16_mins's)."""
-    if acc != Acc8 or mw != F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        rows = _acc8_rows(context, builder, sig, args, 2)
-        out = [
-            _z_call(builder, "llvm.fma.v16f32", args[1], x, builder.extract_value(args[0], r))
-            for r, x in enumerate(rows)
-        ]
-        return context.make_tuple(builder, sig.return_type, out)
-
-    return Acc8(acc, mw, sx, i0, stride, last), codegen
-
-
-@intrinsic
-def acc8_store(typingctx, acc, accm, out, off, stride, rows, lanes):
-    """Rows r < `rows` of acc + accm to byte off + r * stride of out: 16 float32 each, or the low 8 if lanes == 8."""
-    if acc != Acc8 or accm != Acc8 or not _is_ptr_args(out, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
-        stride, rows, lanes = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (4, 5, 6))
-        full = builder.icmp_signed("==", lanes, ir.Constant(_i64, 16))
-        for r in range(8):
-            v = builder.fadd(builder.extract_value(args[0], r), builder.extract_value(args[1], r))
-            at = builder.gep(p, [builder.mul(stride, ir.Constant(_i64, r))])
-            with builder.if_then(builder.icmp_signed("<", ir.Constant(_i64, r), rows)):
-                with builder.if_else(full) as (whole, low):
-                    with whole:
-                        builder.store(v, builder.bitcast(at, _v16f32.as_pointer()), align=4)
-                    with low:
-                        lo = builder.shuffle_vector(v, v, ir.Constant(_v8i32, list(range(8))))
-                        builder.store(lo, builder.bitcast(at, _v8f32.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return types.none(acc, accm, out, off, stride, rows, lanes), codegen
 
 
 @njit(inline="always", **DOT_PARALLEL)
@@ -5033,7 +4969,7 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
     for t in range(nb * npair):
         st_z(wneg, 64 * t, vnni_wneg(izero_z(), btiles, 512 * t, one))
     q1, d1, s1 = xu.reshape(-1), d.reshape(-1), s.reshape(-1)
-    part = _vnni_last_rows(q1, M, K)
+    part = _last_rows(q1, M, K, 8)
     last = M * nb - 1
     for m0 in range(0, M, 8):  # each 8 activation rows read once per work item, its pairs' tiles from L2
         rows = min(8, M - m0)

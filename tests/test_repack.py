@@ -330,6 +330,7 @@ def test_vnni_tiles_give_the_same_bits(qtype):
         w8, kernel = repack(w, qtype)
         lo = dot.VNNI_MIN_ROWS if qtype in K_TYPES else dot.VNNI_MIN_ROWS_32
         for m in (lo - 1, lo, lo + 7, lo + 13, 128):
+            assert dot._vnni_tiles(m, qtype.value) == (m >= lo)  # the products below do take the VNNI tiles
             x = rng.standard_normal((m, k)).astype(np.float32)
             x[3, :32] = 0.0  # a block of zeros (d = 0)
             x[5] *= 1e3  # large quants against the 128 offset

@@ -343,6 +343,33 @@ def test_vnni_tiles_give_the_same_bits(qtype):
             assert np.array_equal(want.view(np.int32), one.view(np.int32)), (m, n, k)
 
 
+@pytest.mark.skipif(not dot.HAS_ZMM, reason="rows of 8 run on AVX-512 VNNI CPUs")
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL])
+def test_rows_of_8_give_the_same_bits(qtype):
+    """Rows of 8 (dot._rows_z8: 8 activation rows at a time on decode's 16-row code vectors, from Z8_MIN_ROWS, Q4_1's
+    from Z8_MIN_ROWS_Q4_1, up to the VNNI / AMX tiles' minimum): one 8, several (the first 8 keep the decoded codes
+    for the others), a partial last 8, an odd last group, against the file layout's kernel and decode's one-row
+    kernel, bit for bit; one row fewer than the minimum takes the pair tiles, the same bits again."""
+    rng = np.random.default_rng(int(qtype) + 100)
+    lo = dot.Z8_MIN_ROWS_Q4_1 if qtype == T.Q4_1 else dot.Z8_MIN_ROWS
+    rows = [m for m in (lo - 1, lo, lo + 5, 2 * lo, 2 * lo + 3, dot.Z8_MAX_ROWS - 1) if m < dot.Z8_MAX_ROWS]
+    for n, k in ((40, 96), (64, 2048), (1048, 256)):
+        w = _random_blocks(qtype, n, k, rng)
+        w8, kernel = repack(w, qtype)
+        for m in rows:
+            assert dot._z8_tiles(m, qtype.value) == (m >= lo)  # the products at and above lo do take the rows of 8
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            x[3, :32] = 0.0  # a block of zeros (d = 0)
+            x[5] *= 1e3  # large quants
+            qx = Q.quantize_activations(x, qtype)
+            want, got, one = (np.full((m, n), np.nan, np.float32) for _ in range(3))
+            Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
+            kernel(w8, *qx.arrays, got)
+            ONE_ROW[kernel](w8, *qx.arrays, one)
+            assert np.array_equal(want.view(np.int32), got.view(np.int32)), (m, n, k, np.abs(want - got).max())
+            assert np.array_equal(want.view(np.int32), one.view(np.int32)), (m, n, k)
+
+
 @pytest.mark.skipif(not dot.AMX_PERMITTED, reason="this CPU or kernel gives no AMX tiles (Sapphire Rapids+, Linux)")
 def test_amx_switched_while_products_run():
     """use_amx flipped from another thread between a launcher's choice and its workers' never changes a product's

@@ -2695,12 +2695,16 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 2 rows on, the launcher passes its pair layouts
     (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
     rows on, the tile unit (_rows_amx); without AMX, from VNNI_MIN_ROWS_32 rows on, the VNNI tiles (_rows_vnni, the
-    launcher passing the quants + 128 as qs)."""
+    launcher passing the quants + 128 as qs); below those, from Z8_MIN_ROWS rows (Q4_1: Z8_MIN_ROWS_Q4_1) on, rows of 8
+    on decode's code vectors (_rows_z8, the activations as they are)."""
     if _vnni_given(out, qs, kind):
         _rows_vnni(kind, bsize, w, d, s, qs, out, g0, g1)
         return
     if _amx_given(out, qs, kind):
         _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1)
+        return
+    if _z8_given(out, qs, kind):
+        _rows_z8(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
     if _pairs_given(out.shape[0], kind):
         _rows_z(kind, bsize, w, d, s, qs, sums, out, g0, g1)
@@ -3819,8 +3823,8 @@ isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I
 @njit(inline="always", **DOT)
 def _pair_tiles(M, kind):
     """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). Not where the
-    AMX tiles (_amx_tiles) or the VNNI tiles (_vnni_tiles) take the product."""
-    return _pairs_given(M, kind) and not _amx_tiles(M, kind) and not _vnni_tiles(M, kind)
+    AMX tiles (_amx_tiles), the VNNI tiles (_vnni_tiles) or the rows of 8 (_z8_tiles) take the product."""
+    return _pairs_given(M, kind) and not _amx_tiles(M, kind) and not _vnni_tiles(M, kind) and not _z8_tiles(M, kind)
 
 
 @njit(inline="always", **DOT)
@@ -4499,9 +4503,12 @@ def _amx_given(out, qs, kind):
 @njit(inline="always", **DOT)
 def _last_rows(q1, M, K, n):
     """The activation quants of the last M % n rows (q1: [M, K] flat, M >= n) at the start of n rows of their own: the
-    AMX tiles' 16 (tile_load reads 16 rows), the VNNI tiles' 8 (vnni8_step, vnni8_block); the padding rows' sums are
-    computed and never stored."""
+    AMX tiles' 16 (tile_load reads 16 rows), the VNNI tiles' and the rows of 8's 8 (vnni8_step, vnni8_block,
+    vnni8_codes); the padding rows' sums are computed and never stored. q1 itself where M is whole tiles of n (the
+    callers read it only for a partial last tile)."""
     tail = M % n
+    if tail == 0:  # whole tiles only: nothing reads it (and nothing to allocate a work item)
+        return q1
     part = np.zeros_like(q1[: n * K])
     src = (M - tail) * K
     for i in range(tail * K):  # a plain loop, which LLVM makes a memcpy: the slice assignment ran ~1 byte a cycle
@@ -4985,6 +4992,175 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
             if kind == Q4_1:
                 for b in range(nb):
                     accm = acc8_mins(accm, ld_f32z(mws, dt + 64 * b), s1, m0 * nb + b, nb, last)
+            acc8_store(acc, accm, out, 4 * (m0 * N + 8 * g), 4 * N, rows, 16 if gb > g else 8)
+
+
+# ---- Rows of 8 on decode's vectors: batched decode of the 32-value types ---------------------------------------
+# From Z8_MIN_ROWS activation rows up to the VNNI / AMX tiles' minimum (a server's batched decode steps, short
+# prompts), the 32-value types (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL) take decode's 16-row code vectors (codes_z16,
+# codes5_z16, iq4_codes_z16, codes8_z16: two groups of 8 interleaved rows, lane = weight row, unsigned codes; no
+# unpacking pass) against 8 activation rows at a time: per block and row 8 vpdpbusd from -offset x the row's block sum
+# (the activation quants broadcast 4 at a time), then the d-term FMA, the 8 rows' accumulators in registers
+# (vnni8_codes). Each row takes _group_x8_z16_one's integer and float steps in the same order, so the same bits as
+# decode and every other route. The pair tiles, which this replaces there, put 2 activation rows x 8 weight rows in a
+# vector and keep their accumulators in L1; per block and 16 weight rows they widen the codes once per pair and
+# read-modify-write every pair's accumulator.
+# -----------------------------------------------------------------------------------------------------------------
+
+Z8_MIN_ROWS_Q4_1 = 8  # Q4_1 (the pair tiles keep two accumulators a pair, the d and m terms, in L1)
+Z8_MIN_ROWS = 32  # Q4_0, Q5_0, Q8_0, IQ4_NL
+Z8_MAX_ROWS = AMX_MIN_ROWS if AMX_CPU else VNNI_MIN_ROWS_32  # from here the AMX / VNNI tiles take the product
+
+
+@njit(inline="always", **DOT)
+def _z8_tiles(M, kind):
+    """Whether a launcher runs a product of M activation rows of a 32-value type on rows of 8 (_rows_z8), passing
+    the activations as they are."""
+    lo = Z8_MIN_ROWS_Q4_1 if kind == Q4_1 else Z8_MIN_ROWS
+    return HAS_ZMM and _x8_32(kind) and lo <= M < Z8_MAX_ROWS
+
+
+@njit(inline="always", **DOT)
+def _z8_given(out, qs, kind):
+    """In a worker: whether its launcher chose rows of 8 (the activation rows as they are, not as pairs)."""
+    return _z8_tiles(out.shape[0], kind) and qs.shape[0] == out.shape[0]
+
+
+def _vnni8_codes(nibbles: bool):
+    """Intrinsic (acc, codes, x, xoff, xstride, sums, neg, dw, dx, i0, stride, last) -> Acc8: one 32-value block of
+    16 weight rows (codes: decode's CodesZ8 of two groups, unsigned) for 8 activation rows. Row r's int32 sums start
+    at -neg x sums[i] (i = i0 + r stride, clamped to `last`: a partial tile's rows repeat the last one), take 8
+    vpdpbusd (code vector j against the row's 4 quants of value v_j at byte xoff + r xstride + v_j of x, broadcast;
+    v_j = 16 (j % 2) + 4 (j // 2) for the nibble types' codes, 4 j for Q8_0's), then acc[r] += float(sums) * (dw *
+    dx[i]): _group_x8_z16_one's steps (dot_z16 / dot8_z16, isubs_z, its FMA) for 8 rows."""
+
+    @intrinsic
+    def block(typingctx, acc, codes, x, xoff, xstride, sums, neg, dw, dx, i0, stride, last):
+        if acc != Acc8 or codes != CodesZ8 or not _is_ptr_args(x, xoff) or dw != F32x16:
+            return None
+        if not all(isinstance(t, types.Integer) for t in (xstride, neg, i0, stride, last)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            px = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
+            xs = context.cast(builder, args[4], sig.args[4], types.intp)
+            sa = context.make_array(sig.args[5])(context, builder, args[5])
+            da = context.make_array(sig.args[8])(context, builder, args[8])
+            i0, stride, last = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (9, 10, 11))
+            neg = builder.sub(ir.Constant(_i32, 0), context.cast(builder, args[6], sig.args[6], types.int32))
+            rows, raw, dr = [], [], []
+            for r in range(8):
+                rows.append(builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]))
+                i = builder.add(i0, builder.mul(stride, ir.Constant(_i64, r)))
+                i = builder.select(builder.icmp_signed("<", i, last), i, last)
+                raw.append(_bsplat(builder, _v16i32, builder.mul(neg, builder.load(builder.gep(sa.data, [i])))))
+                dr.append(_bsplat(builder, _v16f32, builder.load(builder.gep(da.data, [i]))))
+            for j in range(8):
+                v = 16 * (j % 2) + 4 * (j // 2) if nibbles else 4 * j
+                u = builder.bitcast(builder.extract_value(args[1], j), _v16i32)
+                for r in range(8):
+                    raw[r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[r], u, _z_bcast4(builder, rows[r], v))
+            out = []
+            for r in range(8):
+                f = builder.sitofp(raw[r], _v16f32)
+                m = builder.fmul(args[7], dr[r])
+                out.append(_z_call(builder, "llvm.fma.v16f32", f, m, builder.extract_value(args[0], r)))
+            return context.make_tuple(builder, sig.return_type, out)
+
+        return Acc8(acc, codes, x, xoff, xstride, sums, neg, dw, dx, i0, stride, last), codegen
+
+    return block
+
+
+vnni8_codes, vnni8_codes8 = _vnni8_codes(True), _vnni8_codes(False)
+
+
+@intrinsic
+def st_codes_z(typingctx, codes, a, off):
+    """The 8 vectors of codes (CodesZ8) to bytes off, off + 64, ... of a."""
+    if codes != CodesZ8 or not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
+        for j in range(8):
+            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * j)]), ir.VectorType(_i8, 64).as_pointer())
+            builder.store(builder.extract_value(args[0], j), at, align=1)
+        return context.get_dummy_value()
+
+    return types.none(codes, a, off), codegen
+
+
+@intrinsic
+def ld_codes_z(typingctx, a, off):
+    """CodesZ8 from bytes off, off + 64, ... of a (st_codes_z's)."""
+    if not _is_ptr_args(a, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
+        out = []
+        for j in range(8):
+            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * j)]), ir.VectorType(_i8, 64).as_pointer())
+            out.append(builder.load(at, align=1))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return CodesZ8(a, off), codegen
+
+
+@njit(inline="always", **DOT)
+def _z16_codes(kind, w, oa, ob):
+    """A 32-value block of groups A (byte oa) and B (byte ob) as decode decodes it (_group_x8_z16_one): 16 rows'
+    unsigned codes, 8 vectors."""
+    if kind == Q8_0:
+        return codes8_z16(w, oa + 16, ob + 16)
+    if kind == Q5_0:
+        return codes5_z16(w, oa + 16, ob + 16)
+    if kind == IQ4_NL:
+        return iq4_codes_z16(w, oa + 16, ob + 16)
+    c = 32 if kind == Q4_1 else 16
+    return codes_z16(w, oa + c, ob + c)
+
+
+@njit(inline="always", **DOT)
+def _rows_z8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
+    """_rows_x8 on rows of 8 (section note) for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL: per pair of groups (16 weight
+    rows; an odd last group as both halves, its 8 columns stored) and 8 activation rows, each block's codes as
+    decode decodes them (_z16_codes) and vnni8_codes. The first 8 rows prefetch the pair's blocks as the pair tiles
+    do (_tile_prefetch) and, where more rows follow, leave the decoded codes in an L1 scratch (512 bytes a block) for
+    them."""
+    rb = w.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nb = K // 32
+    off = _offset32(kind)
+    q1, d1, s1, sums1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1), sums.reshape(-1)
+    part = _last_rows(q1, M, K, 8)
+    keep = M > 8
+    codes = np.empty(512 * nb, np.int8) if keep else q1  # (one tile of rows: nothing kept, nothing allocated)
+    last = M * nb - 1
+    for g in range(g0, g1, 2):
+        gb = min(g + 1, g1 - 1)
+        for m0 in range(0, M, 8):
+            rows = min(8, M - m0)
+            x, xo = (q1, m0 * K) if rows == 8 else (part, 0)
+            acc, accm = acc8_zero(), acc8_zero()
+            for b in range(nb):
+                oa, ob = g * rb + b * bsize, gb * rb + b * bsize
+                if m0 == 0:
+                    _tile_prefetch(w, oa, bsize)
+                    _tile_prefetch(w, ob, bsize)
+                    u = _z16_codes(kind, w, oa, ob)
+                    if keep:
+                        st_codes_z(u, codes, 512 * b)
+                else:
+                    u = ld_codes_z(codes, 512 * b)
+                dw, i, xb = ld_f16x16(w, oa, ob), m0 * nb + b, xo + 32 * b
+                if kind == Q8_0:
+                    acc = vnni8_codes8(acc, u, x, xb, K, sums1, off, dw, d1, i, nb, last)
+                else:
+                    acc = vnni8_codes(acc, u, x, xb, K, sums1, off, dw, d1, i, nb, last)
+                if kind == Q4_1:
+                    accm = acc8_mins(accm, ld_f16x16(w, oa + 16, ob + 16), s1, i, nb, last)
             acc8_store(acc, accm, out, 4 * (m0 * N + 8 * g), 4 * N, rows, 16 if gb > g else 8)
 
 
@@ -6329,6 +6505,8 @@ def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
         _rows_vnni(IQ4_NL, 144, w, d, s, qs, out, g0, g1)
     elif _amx_given(out, qs, IQ4_NL):
         _rows_amx(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
+    elif _z8_given(out, qs, IQ4_NL):
+        _rows_z8(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     elif _pairs_given(out.shape[0], IQ4_NL):  # the activations as pairs (dot_iq4_nl_x8)
         _rows_z(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     else:  # one row (the interleaved IQ4_NL layout exists only where pair tiles do)

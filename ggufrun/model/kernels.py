@@ -1437,7 +1437,8 @@ def _swiglu_row(g, u, out):
 
 
 @numba.njit(inline="always", **JIT)
-def _geglu_row(g, u, table):
+def _geglu_row(g, u, table, out):
+    """out = gelu(g) * u through the table (out may be g itself)."""
     for i in range(g.shape[0]):
         x = g[i]
         if x <= -10.0:
@@ -1446,7 +1447,7 @@ def _geglu_row(g, u, table):
             y = x
         else:
             y = table[_f32_to_f16(x)]
-        g[i] = y * u[i]
+        out[i] = y * u[i]
 
 
 @numba.njit(**JIT)
@@ -1458,8 +1459,8 @@ def swiglu(gate, up):
 
 @numba.njit(**JIT)
 def swiglu_halves(gate_up, out):
-    """out = silu(gate) * up for rows [gate | up] of gate_up (a decode step's experts' fused products): gate_up
-    float32 [M, 2 n], out [M, n]; swiglu's float operations."""
+    """out = silu(gate) * up for rows [gate | up] of gate_up (fused products: a decode step's experts, a batched
+    step's ffn_gate_up): gate_up float32 [M, 2 n], out [M, n]; swiglu's float operations."""
     n = out.shape[1]
     for m in range(out.shape[0]):
         _swiglu_row(gate_up[m, :n], gate_up[m, n:], out[m])
@@ -1469,7 +1470,16 @@ def swiglu_halves(gate_up, out):
 def geglu(gate, up, table):
     """gate = gelu_tanh(gate) * up, in place, through the half-precision table as llama.cpp computes it."""
     for m in range(gate.shape[0]):
-        _geglu_row(gate[m], up[m], table)
+        _geglu_row(gate[m], up[m], table, gate[m])
+
+
+@numba.njit(**JIT)
+def geglu_halves(gate_up, out, table):
+    """out = gelu_tanh(gate) * up for rows [gate | up] of gate_up (a batched step's ffn_gate_up): gate_up float32
+    [M, 2 n], out [M, n]; geglu's float operations."""
+    n = out.shape[1]
+    for m in range(out.shape[0]):
+        _geglu_row(gate_up[m, :n], gate_up[m, n:], table, out[m])
 
 
 GLU_ROWS = 4  # rows per work item of swiglu_rows / geglu_rows
@@ -1484,7 +1494,7 @@ def _swiglu_part(gate, up, m0, m1):
 @numba.njit(**JIT)
 def _geglu_part(gate, up, table, m0, m1):
     for m in range(m0, m1):
-        _geglu_row(gate[m], up[m], table)
+        _geglu_row(gate[m], up[m], table, gate[m])
 
 
 @launcher(_swiglu_part, JIT_PARALLEL)

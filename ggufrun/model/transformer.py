@@ -60,6 +60,13 @@ BATCH_PROJECTOR_ROWS = 64
 # AMD EPYC Zen 4 VM, 2 threads, a layer's Q / K / V in cache, best of 7 x 300: 2 / 4 / 8 / 16 rows 35.9 / 24.6 / 43.3 /
 # 59.1 -> 25.7 / 21.4 / 31.9 / 53.9 us with the copies; more rows would copy more than the two calls cost.
 FUSED_QKV_ROWS = 16
+# Passes of up to this many rows (decode, batched decode steps of up to 8 sequences) take gate and up from the one
+# ffn_gate_up product, SwiGLU / GEGLU reading its two halves into gate (swiglu_halves, geglu_halves: no copies).
+# Intel Ice Lake VM, 2 threads, alternating processes, dev/step_profile.py: 8 rows, SmolLM2's gate / up 3.19 / 3.08 ->
+# 2.93 / 2.82 ms a step (Q4_1 3,072 x 576 on the rows of 8), Gemma3's 2.91 / 2.88 -> 2.81 / 2.70; at 16 rows SmolLM2's
+# gained as much (5.23 / 5.18 -> 4.83 / 4.48) but Gemma3's Q5_0 4,096 x 640 on the pair tiles ran slower than its two
+# halves (4.97 / 4.66 -> 7.59 / 6.45 ms), though faster alone in cache (2 x 190 -> 250-280 us)
+FUSED_FFN_ROWS = 8
 # the multi-row kernels Transformer.pending can hold: the tiled products with their parallel quantizers and SwiGLU /
 # GEGLU (Projector.tiles says whether a pass may call them)...
 TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8_K")} | {
@@ -88,7 +95,9 @@ class RunState:
     gate: np.ndarray  # [n_batch, n_ff] (then act(gate) * up, in place)
     up: np.ndarray  # [n_batch, n_ff]
     qkv_rows: np.ndarray  # [FUSED_QKV_ROWS, q + k + v] a step's Q, K, V from one product (LayerWeights.attn_qkv)
-    gate_up1: np.ndarray  # [1, 2 n_ff] its gate and up (LayerWeights.ffn_gate_up)
+    gate_up_rows: (
+        np.ndarray
+    )  # [FUSED_FFN_ROWS, 2 n_ff] a step's gate and up from one product (LayerWeights.ffn_gate_up)
     head_scores: np.ndarray  # [n_head, n_ctx + KV_PAD] attention scores, then probabilities (decode)
     block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx + KV_PAD] the same for blocks of queries (prefill)
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
@@ -127,7 +136,7 @@ class RunState:
             qkv_rows=np.zeros(
                 (FUSED_QKV_ROWS, c.n_head * c.head_dim_k + c.n_head_kv * (c.head_dim_k + c.head_dim_v)), f32
             ),
-            gate_up1=np.zeros((1, 2 * c.n_ff), f32),
+            gate_up_rows=np.zeros((FUSED_FFN_ROWS, 2 * c.n_ff), f32),
             head_scores=np.zeros((c.n_head, n_ctx + kernels.KV_PAD), f32),
             # one slot per thread Numba may ever run (the thread count can change between calls)
             block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx + kernels.KV_PAD), f32),
@@ -199,13 +208,12 @@ class Transformer:
         # process still compiles (runtime.compile_kernels; a quants.jit.Background); until they are ready, a pass of
         # several rows runs attend_one per query row and each product's dot_one (the same bits)
         self.pending = None
-        # a decode step's Q / K / V and gate / up: views of RunState.qkv_rows' first row and gate_up1 ([1, n],
-        # C-contiguous); a batched step's Q / K / V are copied from qkv_rows to q, k, v (_attention_block)
+        # a decode step's Q / K / V: views of RunState.qkv_rows' first row ([1, n], C-contiguous); a batched step's
+        # are copied from qkv_rows to q, k, v (_attention_block)
         nq, nk = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k
-        qkv1, gate_up1 = self.state.qkv_rows[:1], self.state.gate_up1
+        qkv1 = self.state.qkv_rows[:1]
         self._qkv_split = (nq, nq + nk)
         self._qkv1 = (qkv1[:, :nq], qkv1[:, nq : nq + nk], qkv1[:, nq + nk :])
-        self._gate_up1 = (gate_up1[:, : c.n_ff], gate_up1[:, c.n_ff :])
         eg = self.state.expert_gate_up[:1]
         self._expert_gate_up1 = (eg[:, : c.n_ff_exp], eg[:, c.n_ff_exp :])
         self._project = Projector(self.n_batch)
@@ -268,6 +276,14 @@ class Transformer:
                 a, b = KVCache.group(self.config, 2, scratch.dtype, 2)
                 self.forward_batch([(a, [0]), (b, [0])])
         self.forward([0], cache=scratch)  # decode kernels
+        pending = self.pending
+        if pending is None or pending.ready(TILED):  # (else a helper compiles it, and passes go without meanwhile)
+            # passes of more than FUSED_FFN_ROWS rows' SwiGLU / GEGLU, which the passes of 2 rows above do not reach
+            g, u = np.zeros((2, 32), np.float32), np.zeros((2, 32), np.float32)
+            if self._gelu_table is not None:
+                kernels.geglu_rows(g, u, self._gelu_table)
+            else:
+                kernels.swiglu_rows(g, u)
 
     # ---- forward ----
 
@@ -603,17 +619,22 @@ class Transformer:
         if lw.ffn_gate_inp is not None:
             self._moe(lw, m, project)
         else:
-            if m == 1 and lw.ffn_gate_up is not None:  # decode: gate and up from one product
-                gate, up = self._gate_up1
-                project(h, (lw.ffn_gate_up, s.gate_up1))
+            gate = s.gate[:m]
+            if m <= FUSED_FFN_ROWS and lw.ffn_gate_up is not None:  # decode, batched steps: one product
+                gate_up = s.gate_up_rows[:m]
+                project(h, (lw.ffn_gate_up, gate_up))
+                if self._gelu_table is not None:
+                    kernels.geglu_halves(gate_up, gate, self._gelu_table)
+                else:
+                    kernels.swiglu_halves(gate_up, gate)
             else:
-                gate, up = s.gate[:m], s.up[:m]
+                up = s.up[:m]
                 project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
-            rows = project.tiles and m > 1  # the parallel ones, compiled with the tiles (TILED)
-            if self._gelu_table is not None:
-                (kernels.geglu_rows if rows else kernels.geglu)(gate, up, self._gelu_table)
-            else:
-                (kernels.swiglu_rows if rows else kernels.swiglu)(gate, up)
+                rows = project.tiles and m > 1  # the parallel ones, compiled with the tiles (TILED)
+                if self._gelu_table is not None:
+                    (kernels.geglu_rows if rows else kernels.geglu)(gate, up, self._gelu_table)
+                else:
+                    (kernels.swiglu_rows if rows else kernels.swiglu)(gate, up)
             project(gate, (lw.ffn_down, o))
         add_norm = kernels.add_norm_rows if project.tiles and m > 1 else kernels.add_norm  # (TILED)
         add_norm(s.x[:m], o, lw.post_ffw_norm, next_norm, c.rms_eps, h)

@@ -2695,8 +2695,8 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 2 rows on, the launcher passes its pair layouts
     (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
     rows on, the tile unit (_rows_amx); without AMX, from VNNI_MIN_ROWS_32 rows on, the VNNI tiles (_rows_vnni, the
-    launcher passing the quants + 128 as qs); below those, rows of 8 on decode's code vectors (_rows_z8, from _z8_min
-    rows on, the activations as they are)."""
+    launcher passing the quants + 128 as qs); below those, from Z8_MIN_ROWS rows on, rows of 8 on decode's code
+    vectors (_rows_z8, the activations as they are)."""
     if _vnni_given(out, qs, kind):
         _rows_vnni(kind, bsize, w, d, s, qs, out, g0, g1)
         return
@@ -5007,31 +5007,19 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
 # read-modify-write every pair's accumulator.
 # -----------------------------------------------------------------------------------------------------------------
 
-# activation rows from which the rows of 8 take a product (Ice Lake, 2 threads, alternating processes; below them
-# the pair tiles ran as fast): Q4_1 from 8 (the pair tiles keep two accumulators a pair, the d and m terms, in L1;
-# SmolLM2's step, commit notes), Q8_0 from 16 (its 49,152 x 576 / 262,144 x 640 outputs at 16 rows 2.7-4.5 /
-# 14.1-15.2 -> 2.2-2.6 / 13.4-13.6 ms), Q4_0, Q5_0 and IQ4_NL from 32 (Q5_0 2,048 x 640 at 16 rows even)
-Z8_MIN_ROWS_Q4_1 = 8
-Z8_MIN_ROWS_Q8_0 = 16
-Z8_MIN_ROWS = 32
+# activation rows from which the rows of 8 take a product. Ice Lake, 2 threads, alternating processes, in Gemma3's and
+# SmolLM2's batched steps (dev/step_profile.py): Q4_1 1,536 x 576 at 8 / 16 rows 3.40-3.38 / 6.70-6.82 -> 3.03-3.10 /
+# 5.05-5.09 ms a step, Q5_0 2,048 x 640 at 16 rows 7.64-7.73 -> 4.60-5.46, Q8_0 262,144 x 640 at 8 rows 9.66-9.73 ->
+# 9.02-9.30; products alone at 32 / 64 rows 10-30% faster (commit notes). Fewer rows keep the pair tiles.
+Z8_MIN_ROWS = 8
 Z8_MAX_ROWS = AMX_MIN_ROWS if AMX_CPU else VNNI_MIN_ROWS_32  # from here the AMX / VNNI tiles take the product
-
-
-@njit(inline="always", **DOT)
-def _z8_min(kind):
-    """The fewest activation rows the rows of 8 take for a 32-value type."""
-    if kind == Q4_1:
-        return Z8_MIN_ROWS_Q4_1
-    if kind == Q8_0:
-        return Z8_MIN_ROWS_Q8_0
-    return Z8_MIN_ROWS
 
 
 @njit(inline="always", **DOT)
 def _z8_tiles(M, kind):
     """Whether a launcher runs a product of M activation rows of a 32-value type on rows of 8 (_rows_z8), passing
     the activations as they are."""
-    return HAS_ZMM and _x8_32(kind) and _z8_min(kind) <= M < Z8_MAX_ROWS
+    return HAS_ZMM and _x8_32(kind) and Z8_MIN_ROWS <= M < Z8_MAX_ROWS
 
 
 @njit(inline="always", **DOT)

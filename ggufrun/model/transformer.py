@@ -60,13 +60,14 @@ BATCH_PROJECTOR_ROWS = 64
 # AMD EPYC Zen 4 VM, 2 threads, a layer's Q / K / V in cache, best of 7 x 300: 2 / 4 / 8 / 16 rows 35.9 / 24.6 / 43.3 /
 # 59.1 -> 25.7 / 21.4 / 31.9 / 53.9 us with the copies; more rows would copy more than the two calls cost.
 FUSED_QKV_ROWS = 16
-# Passes of up to this many rows (decode, batched decode steps of up to 8 sequences) take gate and up from the one
-# ffn_gate_up product, SwiGLU / GEGLU reading its two halves into gate (swiglu_halves, geglu_halves: no copies).
-# Intel Ice Lake VM, 2 threads, alternating processes, dev/step_profile.py: 8 rows, SmolLM2's gate / up 3.19 / 3.08 ->
-# 2.93 / 2.82 ms a step (Q4_1 3,072 x 576 on the rows of 8), Gemma3's 2.91 / 2.88 -> 2.81 / 2.70; at 16 rows SmolLM2's
-# gained as much (5.23 / 5.18 -> 4.83 / 4.48) but Gemma3's Q5_0 4,096 x 640 on the pair tiles ran slower than its two
-# halves (4.97 / 4.66 -> 7.59 / 6.45 ms), though faster alone in cache (2 x 190 -> 250-280 us)
-FUSED_FFN_ROWS = 8
+# Passes of up to this many rows (decode, batched decode steps) take gate and up from the one ffn_gate_up product,
+# SwiGLU / GEGLU reading its two halves into gate (swiglu_halves, geglu_halves: no copies). Intel Ice Lake VM, 2
+# threads, alternating processes, dev/step_profile.py, gate / up a step: 8 rows SmolLM2 3.19 / 3.08 -> 2.93 / 2.82 ms
+# (Q4_1 3,072 x 576), Gemma3 2.91 / 2.88 -> 2.81 / 2.70; 16 rows SmolLM2 5.25 -> 4.70 (the step 22.80 -> 21.89),
+# Gemma3 4.07 -> 3.85 (Q5_0 4,096 x 640 on the rows of 8; the step 32.11 -> 31.38). On the pair tiles, before Q5_0
+# took the rows of 8 at 16 rows, Gemma3's fused product had run slower than its halves there (4.97 / 4.66 -> 7.59 /
+# 6.45 ms).
+FUSED_FFN_ROWS = 16
 # the multi-row kernels Transformer.pending can hold: the tiled products with their parallel quantizers and SwiGLU /
 # GEGLU (Projector.tiles says whether a pass may call them)...
 TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8_K")} | {

@@ -315,6 +315,21 @@ def test_amx_tiles_give_the_same_bits(qtype):
             assert np.array_equal(want.view(np.int32), tiles.view(np.int32)), (m, n, k)
 
 
+def _assert_kernels_agree(qtype, w, w8, kernel, m, n, k, rng):
+    """m random activation rows (with a block of zeros, d = 0, and a row of large quants against the codes' offsets)
+    through the file layout's kernel, the interleaved layout's `kernel` and its one-row kernel: the same bits."""
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[3, :32] = 0.0
+    x[5] *= 1e3
+    qx = Q.quantize_activations(x, qtype)
+    want, got, one = (np.full((m, n), np.nan, np.float32) for _ in range(3))
+    Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
+    kernel(w8, *qx.arrays, got)
+    ONE_ROW[kernel](w8, *qx.arrays, one)
+    assert np.array_equal(want.view(np.int32), got.view(np.int32)), (m, n, k, np.abs(want - got).max())
+    assert np.array_equal(want.view(np.int32), one.view(np.int32)), (m, n, k)
+
+
 @pytest.mark.skipif(not dot.VNNI_TILES, reason="the VNNI tiles run on AVX-512 VNNI CPUs without AMX")
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
 def test_vnni_tiles_give_the_same_bits(qtype):
@@ -331,16 +346,7 @@ def test_vnni_tiles_give_the_same_bits(qtype):
         lo = dot.VNNI_MIN_ROWS if qtype in K_TYPES else dot.VNNI_MIN_ROWS_32
         for m in (lo - 1, lo, lo + 7, lo + 13, 128):
             assert dot._vnni_tiles(m, qtype.value) == (m >= lo)  # the products below do take the VNNI tiles
-            x = rng.standard_normal((m, k)).astype(np.float32)
-            x[3, :32] = 0.0  # a block of zeros (d = 0)
-            x[5] *= 1e3  # large quants against the 128 offset
-            qx = Q.quantize_activations(x, qtype)
-            want, got, one = (np.full((m, n), np.nan, np.float32) for _ in range(3))
-            Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
-            kernel(w8, *qx.arrays, got)
-            ONE_ROW[kernel](w8, *qx.arrays, one)
-            assert np.array_equal(want.view(np.int32), got.view(np.int32)), (m, n, k, np.abs(want - got).max())
-            assert np.array_equal(want.view(np.int32), one.view(np.int32)), (m, n, k)
+            _assert_kernels_agree(qtype, w, w8, kernel, m, n, k, rng)
 
 
 @pytest.mark.skipif(not dot.HAS_ZMM, reason="rows of 8 run on AVX-512 VNNI CPUs")
@@ -358,16 +364,7 @@ def test_rows_of_8_give_the_same_bits(qtype):
         w8, kernel = repack(w, qtype)
         for m in rows:
             assert dot._z8_tiles(m, qtype.value) == (m >= lo)  # the products at and above lo do take the rows of 8
-            x = rng.standard_normal((m, k)).astype(np.float32)
-            x[3, :32] = 0.0  # a block of zeros (d = 0)
-            x[5] *= 1e3  # large quants
-            qx = Q.quantize_activations(x, qtype)
-            want, got, one = (np.full((m, n), np.nan, np.float32) for _ in range(3))
-            Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
-            kernel(w8, *qx.arrays, got)
-            ONE_ROW[kernel](w8, *qx.arrays, one)
-            assert np.array_equal(want.view(np.int32), got.view(np.int32)), (m, n, k, np.abs(want - got).max())
-            assert np.array_equal(want.view(np.int32), one.view(np.int32)), (m, n, k)
+            _assert_kernels_agree(qtype, w, w8, kernel, m, n, k, rng)
 
 
 @pytest.mark.skipif(not dot.AMX_PERMITTED, reason="this CPU or kernel gives no AMX tiles (Sapphire Rapids+, Linux)")

@@ -96,9 +96,7 @@ class RunState:
     gate: np.ndarray  # [n_batch, n_ff] (then act(gate) * up, in place)
     up: np.ndarray  # [n_batch, n_ff]
     qkv_rows: np.ndarray  # [FUSED_QKV_ROWS, q + k + v] a step's Q, K, V from one product (LayerWeights.attn_qkv)
-    gate_up_rows: (
-        np.ndarray
-    )  # [FUSED_FFN_ROWS, 2 n_ff] a step's gate and up from one product (LayerWeights.ffn_gate_up)
+    gate_up_rows: np.ndarray  # [FUSED_FFN_ROWS, 2 n_ff] a step's gate and up in one product (ffn_gate_up)
     head_scores: np.ndarray  # [n_head, n_ctx + KV_PAD] attention scores, then probabilities (decode)
     block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx + KV_PAD] the same for blocks of queries (prefill)
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]

@@ -4354,17 +4354,22 @@ def _acc_zero(ty):
     return zero
 
 
-def _acc_rows(context, builder, sig, args, at, n):
-    """Array `x`'s element i0 + r * stride for r = 0..n-1, clamped to index `last` (a partial tile's rows repeat the
-    last one), broadcast to 16 lanes: args[at:at + 4] = x, i0, stride, last."""
-    x = context.make_array(sig.args[at])(context, builder, args[at])
-    i0, stride, last = (context.cast(builder, args[at + k], sig.args[at + k], types.intp) for k in (1, 2, 3))
+def _row_elems(context, builder, sig, args, xi, ii, n):
+    """Array args[xi]'s element i0 + r * stride for r = 0..n-1, clamped to index `last` (a partial tile's rows repeat
+    the last one), as scalars: args[ii:ii + 3] = i0, stride, last."""
+    x = context.make_array(sig.args[xi])(context, builder, args[xi])
+    i0, stride, last = (context.cast(builder, args[ii + k], sig.args[ii + k], types.intp) for k in (0, 1, 2))
     out = []
     for r in range(n):
         i = builder.add(i0, builder.mul(stride, ir.Constant(_i64, r)))
         i = builder.select(builder.icmp_signed("<", i, last), i, last)
-        out.append(_bsplat(builder, _v16f32, builder.load(builder.gep(x.data, [i]))))
+        out.append(builder.load(builder.gep(x.data, [i])))
     return out
+
+
+def _acc_rows(context, builder, sig, args, at, n):
+    """_row_elems of float array x broadcast to 16 lanes: args[at:at + 4] = x, i0, stride, last."""
+    return [_bsplat(builder, _v16f32, v) for v in _row_elems(context, builder, sig, args, at, at + 1, n)]
 
 
 @intrinsic
@@ -5046,17 +5051,12 @@ def _vnni8_codes(nibbles: bool):
         def codegen(context, builder, sig, args):
             px = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
             xs = context.cast(builder, args[4], sig.args[4], types.intp)
-            sa = context.make_array(sig.args[5])(context, builder, args[5])
-            da = context.make_array(sig.args[8])(context, builder, args[8])
-            i0, stride, last = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (9, 10, 11))
             neg = builder.sub(ir.Constant(_i32, 0), context.cast(builder, args[6], sig.args[6], types.int32))
-            rows, raw, dr = [], [], []
-            for r in range(8):
-                rows.append(builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]))
-                i = builder.add(i0, builder.mul(stride, ir.Constant(_i64, r)))
-                i = builder.select(builder.icmp_signed("<", i, last), i, last)
-                raw.append(_bsplat(builder, _v16i32, builder.mul(neg, builder.load(builder.gep(sa.data, [i])))))
-                dr.append(_bsplat(builder, _v16f32, builder.load(builder.gep(da.data, [i]))))
+            rows = [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(8)]
+            raw = [
+                _bsplat(builder, _v16i32, builder.mul(neg, v)) for v in _row_elems(context, builder, sig, args, 5, 9, 8)
+            ]
+            dr = [_bsplat(builder, _v16f32, v) for v in _row_elems(context, builder, sig, args, 8, 9, 8)]
             for j in range(8):
                 v = 16 * (j % 2) + 4 * (j // 2) if nibbles else 4 * j
                 u = builder.bitcast(builder.extract_value(args[1], j), _v16i32)
@@ -5112,8 +5112,8 @@ def ld_codes_z(typingctx, a, off):
 
 @njit(inline="always", **DOT)
 def _z16_codes(kind, w, oa, ob):
-    """A 32-value block of groups A (byte oa) and B (byte ob) as decode decodes it (_group_x8_z16_one): 16 rows'
-    unsigned codes, 8 vectors."""
+    """A 32-value block of groups A (byte oa) and B (byte ob) as decode (_group_x8_z16_one) and the rows of 8
+    decode it: 16 rows' unsigned codes, 8 vectors."""
     if kind == Q8_0:
         return codes8_z16(w, oa + 16, ob + 16)
     if kind == Q5_0:
@@ -5508,15 +5508,8 @@ def _group_x8_z16_one(kind, bsize, w, ga, gb, d1, s1, sums1, qs, nb, off, m):
         oa, ob = ga + b * bsize, gb + b * bsize
         if m == 0:
             pair, ahead = _prefetch_ahead_pair(w, pair, ahead, nb * bsize, bsize)
-        if kind == Q8_0:
-            p = dot8_z16(codes8_z16(w, oa + 16, ob + 16), qs, xo + 32 * b)
-        elif kind == Q5_0:
-            p = dot_z16(codes5_z16(w, oa + 16, ob + 16), qs, xo + 32 * b)
-        elif kind == IQ4_NL:
-            p = dot_z16(iq4_codes_z16(w, oa + 16, ob + 16), qs, xo + 32 * b)
-        else:
-            c = 32 if kind == Q4_1 else 16
-            p = dot_z16(codes_z16(w, oa + c, ob + c), qs, xo + 32 * b)
+        u = _z16_codes(kind, w, oa, ob)
+        p = dot8_z16(u, qs, xo + 32 * b) if kind == Q8_0 else dot_z16(u, qs, xo + 32 * b)
         p = isubs_z(p, off * sums1[bo + b])
         accd = fma_z(accd, fcvt_z(p), fscale_z(ld_f16x16(w, oa, ob), d1[bo + b]))
         if kind == Q4_1:

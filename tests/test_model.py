@@ -324,6 +324,38 @@ def test_parallel_glu_gives_the_serial_bits():
         assert np.array_equal(a.view(np.int32), b.view(np.int32)), m
 
 
+def test_geglu_is_the_table_lookup_and_the_halves_kernels_agree():
+    """kernels.geglu (16 lanes a step on AVX-512, the rest one at a time) against NumPy's own lookup of gelu_table
+    (0 at or below -10, x at or above 10, else the entry of x's half-precision bits), on widths with and without a
+    partial vector, NaN and the limits included; and swiglu_halves / geglu_halves, serial and with the rows shared
+    among the threads (a batched step's), against swiglu / geglu on the same halves."""
+    rng = np.random.default_rng(8)
+    table = kernels.gelu_table()
+    for n in (7, 16, 300, 2048):
+        g = (rng.standard_normal((3, n)) * 6).astype(np.float32)
+        g[0, : min(n, 6)] = [-10.0, 10.0, np.nan, -np.inf, np.inf, 65504.0 * 2][: min(n, 6)]
+        u = rng.standard_normal((3, n)).astype(np.float32)
+        with np.errstate(all="ignore"):
+            looked_up = table[g.astype(np.float16).view(np.uint16)]
+        want = np.where(g <= -10.0, np.float32(0.0), np.where(g >= 10.0, g, looked_up)) * u
+        got = g.copy()
+        kernels.geglu(got, u, table)
+        assert np.array_equal(got.view(np.int32), want.astype(np.float32).view(np.int32)), n
+    for m in (1, 3, 16):
+        g, u = (rng.standard_normal((m, 200)) * 5).astype(np.float32), rng.standard_normal((m, 200)).astype(np.float32)
+        gate_up = np.concatenate([g, u], axis=1)
+        for glu, halves, rows, args in (
+            (kernels.swiglu, kernels.swiglu_halves, kernels.swiglu_halves_rows, ()),
+            (kernels.geglu, kernels.geglu_halves, kernels.geglu_halves_rows, (table,)),
+        ):
+            want = g.copy()
+            glu(want, u, *args)
+            for f in (halves, rows):
+                out = np.full_like(g, np.nan)
+                f(gate_up, out, *args)
+                assert np.array_equal(out.view(np.int32), want.view(np.int32)), (m, f)
+
+
 def test_parallel_add_norm_gives_the_serial_bits():
     """kernels.add_norm_rows (prefill's, rows shared among the threads) against add_norm, with and without the
     post-norm (Gemma's), on row counts that do and do not fill its work items."""

@@ -71,7 +71,8 @@ FUSED_FFN_ROWS = 16
 # the multi-row kernels Transformer.pending can hold: the tiled products with their parallel quantizers and SwiGLU /
 # GEGLU (Projector.tiles says whether a pass may call them)...
 TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8_K")} | {
-    kernels.swiglu_rows, kernels.geglu_rows, kernels.add_norm_rows,
+    kernels.swiglu_rows, kernels.geglu_rows, kernels.swiglu_halves_rows, kernels.geglu_halves_rows,
+    kernels.add_norm_rows,
 }  # fmt: skip
 # ...and prefill attention, and the batched decode steps' (a server's slots: _decode_groups)
 ROWS = frozenset({kernels.attend_rows, kernels.qkv_rope_store_rows, kernels.qkv_rope_store_group, kernels.attend_group})
@@ -622,10 +623,11 @@ class Transformer:
             if m <= FUSED_FFN_ROWS and lw.ffn_gate_up is not None:  # decode, batched steps: one product
                 gate_up = s.gate_up_rows[:m]
                 project(h, (lw.ffn_gate_up, gate_up))
+                rows = project.tiles and m > 1  # the parallel ones, compiled with the tiles (TILED)
                 if self._gelu_table is not None:
-                    kernels.geglu_halves(gate_up, gate, self._gelu_table)
+                    (kernels.geglu_halves_rows if rows else kernels.geglu_halves)(gate_up, gate, self._gelu_table)
                 else:
-                    kernels.swiglu_halves(gate_up, gate)
+                    (kernels.swiglu_halves_rows if rows else kernels.swiglu_halves)(gate_up, gate)
             else:
                 up = s.up[:m]
                 project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))

@@ -274,6 +274,24 @@ def _prefetch(typingctx, a, i):
     return types.none(a, i), codegen
 
 
+@intrinsic
+def _prefetch_store(typingctx, a, i):
+    """Start fetching the cache line of element i (flat index into a C-contiguous array) into every level, for writing
+    (llvm.prefetch rw 1, locality 3: prefetchw; no fault, no effect on any value)."""
+    if not (isinstance(a, types.Array) and a.layout == "C"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        ptr = builder.bitcast(_elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), i8p)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(a, i), codegen
+
+
 def _kv_load(v):  # pragma: no cover - replaced by the overload in compiled code
     raise NotImplementedError
 
@@ -558,6 +576,14 @@ GROUP_STORE_ROWS = 2  # decode rows per work item of qkv_rope_store_group
 @numba.njit(**JIT)
 def _qkv_rope_store_part(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, rows, slots,
                          positions, k_group, v_group, i0, i1):  # fmt: skip
+    n_kv, hd_k, stride, hd_v = k_group.shape[1], k_group.shape[2], k_group.shape[3], v_group.shape[3]
+    for i in range(i0, i1):  # every line the item's rows write, asked for at once (the stores would wait in turn)
+        kc, vc, p = k_group[slots[i]], v_group[slots[i]], positions[i]
+        for r in range(n_kv * hd_k):
+            _prefetch_store(kc, r * stride + p)
+        for g in range(n_kv):
+            for e in range((g * v_group.shape[2] + p) * hd_v, (g * v_group.shape[2] + p + 1) * hd_v, 32):
+                _prefetch_store(vc, e)
     for i in range(i0, i1):
         _qkv_rope_store_row(q, k, v, rows[i], positions[i], q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
                             q_scale, k_group[slots[i]], v_group[slots[i]])  # fmt: skip
@@ -573,7 +599,10 @@ def qkv_rope_store_group(
     [n_slots, n_kv, hd_k, n_ctx] / v_group [n_slots, n_kv, n_ctx, hd_v]. One call per layer instead of one per
     sequence, the rows shared among the threads (each row's new key lands in hd_k cache lines, one per key row: ~5 us
     a row, 2.7 ms of SmolLM2's 21 ms step of 16 sequences when serial); each row gets qkv_rope_store's operations,
-    so the same bits."""
+    so the same bits. A work item first asks for every line its rows will write (_prefetch_store), whose misses then
+    overlap instead of waiting behind each other's stores: Ice Lake, 2 threads, 16 sequences at 64 positions,
+    alternating processes (dev/step_profile.py), SmolLM2 1.166-1.169 -> 0.989-1.081 ms a step, Gemma3 1.014 ->
+    0.902."""
     n = rows.shape[0]
     run_items("_qkv_rope_store_part", (q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
                                        rows, slots, positions, k_group, v_group), n, GROUP_STORE_ROWS)  # fmt: skip

@@ -533,7 +533,7 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     """Compile (or load from Numba's on-disk cache) every kernel `transformer` uses; return the seconds it took.
 
     A forward pass in recording mode (quants.jit.record_calls, microseconds) lists the kernels and argument types
-    the prefill and decode passes use (and the greedy sampler's kernels.exp_sum). They are then compiled in
+    the prefill and decode passes use (and the greedy sampler's kernels.exp_total). They are then compiled in
     jit.balanced's order (long kernels at both ends), with a progress line per real compilation (CompileProgress)
     and, from the first one on, helper processes (one per extra thread) compiling the list from its end into the
     same on-disk cache; this process loads what they did. `helpers` (start_compile_helpers) are helpers started
@@ -554,7 +554,7 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
     """
     from numba.core import event
 
-    from .model.kernels import exp_sum, greedy_rows
+    from .model.kernels import exp_sum, exp_total, greedy_rows
     from .model.transformer import BATCH_SAMPLING, ROWS, TILED
     from .quants import jit
 
@@ -574,7 +574,7 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
         import numpy as np
 
         transformer.warmup()
-        exp_sum(np.zeros(8, np.float32), np.float32(0.0))
+        exp_total(np.zeros(40, np.float32), np.float32(0.0))
         greedy_rows(np.zeros((2, 8), np.float32), np.arange(2), np.zeros(2, np.int64), np.zeros(2))  # batched steps
 
     def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C

@@ -301,9 +301,9 @@ class Sampler:
         x, best = self._prepare(logits, history, constraint)  # float32 [n_vocab], its argmax
         m = float(x[best])
         if p.temperature == 0.0:
-            from .model.kernels import exp_sum  # Numba: loaded with the first model, not by `import ggufrun`
+            from .model.kernels import exp_total  # Numba: loaded with the first model, not by `import ggufrun`
 
-            return best, -math.log(exp_sum(x, np.float32(m)))  # x is this sampler's work buffer
+            return best, -math.log(exp_total(x, np.float32(m)))
 
         ids = self._filter(x, m)  # int64 [n_kept], or None = the whole vocabulary
         inv_t = 1.0 / p.temperature
@@ -420,8 +420,8 @@ def sample_greedy_rows(
     """Sampler.sample's (token, log-probability) for rows `rows` (int64) of logits float32 [M, n_vocab], the row of
     samplers[i] at rows[i], each greedy as is (Sampler.greedy_as_is): each row's logit_bias added in place, then all
     rows at once on the compute threads (kernels.greedy_rows: the same bits); None for a row whose logits are not
-    finite: its sampler, given the row as it is left, raises the error it raises alone (a finite bias added again, and
-    the exp of the finite values, make no value that is not finite finite). Overwrites those rows."""
+    finite: its sampler, given the row as it is left, raises the error it raises alone (a finite bias added again makes
+    no value that is not finite finite). Those rows keep the biases added."""
     from .model.kernels import greedy_rows  # Numba: loaded with the first model, not by `import ggufrun`
     from .runtime import on_compute_thread
 

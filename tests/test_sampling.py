@@ -586,13 +586,36 @@ def test_reported_logprobs_are_the_raw_distribution_not_the_sampled_one():
     assert reported.logprob < sampled_lp  # the sampled distribution is much sharper
 
 
+def test_exp_total_is_exp_sums_sum_without_writing():
+    """kernels.exp_total (16-lane exps straight into the sums) against exp_sum (the exps written, then summed): the same
+    float64 bits, at lengths around the 32-value steps, with values whose exps clamp to 0 / go subnormal (x - m at and
+    below -104, -87 .. -104), exactly 0, and large positive ones (overflow to inf); NaN makes both NaN; x unchanged."""
+    from ggufrun.model.kernels import exp_sum, exp_total
+
+    rng = np.random.default_rng(11)
+    for n in (1, 31, 32, 33, 95, 1000, 49_152):
+        x = (rng.standard_normal(n) * 30).astype(np.float32)
+        x[: min(n, 8)] = np.array([-104.0, -104.5, -300.0, -90.0, -87.3, 0.0, 95.0, -0.0], np.float32)[: min(n, 8)]
+        top = x[np.isfinite(x)].max()  # m past the top: every exp tiny or subnormal, so the clamp at -104 shows
+        for m in (np.float32(0.0), np.float32(top), np.float32(-3.5), np.float32(top + 90), np.float32(top + 101)):
+            kept = x.copy()
+            got = exp_total(x, m)
+            want = exp_sum(x.copy(), m)
+            assert np.array_equal(x.view(np.int32), kept.view(np.int32))
+            assert np.float64(got).view(np.int64) == np.float64(want).view(np.int64), (n, m, got, want)
+        if n > 40:
+            y = x.copy()
+            y[37] = np.nan
+            assert math.isnan(exp_total(y, np.float32(0.0))) and math.isnan(exp_sum(y.copy(), np.float32(0.0)))
+
+
 @pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 4095, 4097, 262_144])
 def test_greedy_rows_argmax_and_sum_at_every_length(n):
     """kernels.greedy_rows' vector passes (the maximum 32 values a step, its first index 16 compares a step, the float64
     sum in 8-lane sums) at lengths around the vectors' sizes: np.argmax's index wherever the maximum sits (first, in a
     tie across two blocks, last, second to last); the sum of the row's exps (exp_sum leaves them in the row) within
-    1e-12 of float64 NumPy's sum of the same values, the bits exp_sum gives alone; a NaN past the first 32 values makes
-    the sum NaN."""
+    1e-12 of float64 NumPy's sum of the same values, the bits exp_sum gives alone, the rows left as they were; a NaN
+    past the first 32 values makes the sum NaN."""
     from ggufrun.model.kernels import exp_sum, greedy_rows
 
     rng = np.random.default_rng(n)
@@ -608,7 +631,9 @@ def test_greedy_rows_argmax_and_sum_at_every_length(n):
         rows.append(x)
     logits = np.stack(rows)
     best, sums = np.zeros(len(rows), np.int64), np.zeros(len(rows))
-    greedy_rows(logits.copy(), np.arange(len(rows), dtype=np.int64), best, sums)
+    given = logits.copy()
+    greedy_rows(given, np.arange(len(rows), dtype=np.int64), best, sums)
+    assert np.array_equal(given.view(np.int32), logits.view(np.int32))
     for i, x in enumerate(rows):
         assert best[i] == np.argmax(x)
         e = x.copy()

@@ -369,6 +369,63 @@ def _expf(x):
     return j * bits_f32((n1 + np.int32(127)) << np.int32(23)) * bits_f32((n2 + np.int32(127)) << np.int32(23))
 
 
+@intrinsic
+def _exp_sub16(typingctx, v, m):
+    """_expf(v - m) in each of 16 lanes: _expf's float32 operations in its order on every lane (the clamp passing a
+    NaN on, as max / min do; every FMA one llvm.fma), so the bits _expf gives each value."""
+    if v != F32x16 or m != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32x16 = ir.VectorType(ir.IntType(32), 16)
+
+        def splat(c):
+            return ir.Constant(_v16f32, [float(c)] * 16)
+
+        def fma(a, b, c):
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v16f32, [_v16f32] * 3), "llvm.fma.v16f32"
+            )
+            return builder.call(fn, [a, b, c])
+
+        mv = builder.insert_element(ir.Constant(_v16f32, ir.Undefined), args[1], ir.Constant(ir.IntType(32), 0))
+        mv = builder.shuffle_vector(mv, mv, ir.Constant(i32x16, [0] * 16))
+        x = builder.fsub(args[0], mv)
+        x = builder.select(builder.fcmp_ordered("<", x, splat(-104.0)), splat(-104.0), x)
+        x = builder.select(builder.fcmp_ordered(">", x, splat(89.0)), splat(89.0), x)
+        c1, c2, c3, c4, c5 = (splat(c) for c in _EXP_C)
+        z = fma(x, splat(_EXP_LOG2E), splat(_EXP_SHIFT))
+        n = builder.fsub(z, splat(_EXP_SHIFT))
+        neg = builder.fneg(n)
+        b = fma(neg, splat(_EXP_LN2_LO), fma(neg, splat(_EXP_LN2_HI), x))
+        u = builder.fmul(b, b)
+        j = fma(fma(fma(c5, b, c4), u, fma(c3, b, c2)), u, fma(c1, b, splat(1.0)))
+        ni = builder.fptosi(n, i32x16)
+        n1 = builder.ashr(ni, ir.Constant(i32x16, [1] * 16))
+        n2 = builder.sub(ni, n1)
+        bias, at = ir.Constant(i32x16, [127] * 16), ir.Constant(i32x16, [23] * 16)
+        s1 = builder.bitcast(builder.shl(builder.add(n1, bias), at), _v16f32)
+        s2 = builder.bitcast(builder.shl(builder.add(n2, bias), at), _v16f32)
+        return builder.fmul(builder.fmul(j, s1), s2)
+
+    return F32x16(F32x16, types.float32), codegen
+
+
+@intrinsic
+def _f64_half(typingctx, v, k):
+    """Lanes 8k..8k+7 of 16 float32 widened to 8 float64 (exact)."""
+    if v != F32x16 or not isinstance(k, types.IntegerLiteral):
+        return None
+    at = k.literal_value
+
+    def codegen(context, builder, sig, args):
+        half = builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(ir.IntType(32), 8),
+                                                                    list(range(8 * at, 8 * at + 8))))  # fmt: skip
+        return builder.fpext(half, _v8f64)
+
+    return F64x8(F32x16, k), codegen
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _inv_sum(total):
     """float(1 / total) for a float64 sum, as ggml's softmax scales (no approximate reciprocal)."""
@@ -638,6 +695,26 @@ def exp_sum(x, m):
     return t
 
 
+@numba.njit(**ATT)
+def exp_total(x, m):
+    """exp_sum's return value, bit for bit (the same exps, the same float64 sums in the same order), with x left as it
+    is: each 32 values' exps go from registers into the sums instead of through x and back (_exp_sub16). A greedy
+    token's log-probability (ggufrun.sampling), which needs the sum only. Ice Lake, 2 threads, in-process alternating
+    calls, greedy_rows (min of 30): Gemma3's 262,144 logits, 1 / 16 rows 0.217 / 2.104 -> 0.185 / 1.703 ms; SmolLM2's
+    49,152, 0.042 / 0.318 -> 0.034 / 0.260 ms."""
+    n = x.shape[0]
+    n32 = n - n % 32
+    a0, a1, a2, a3 = _fzero64(), _fzero64(), _fzero64(), _fzero64()
+    for j in range(0, n32, 32):
+        e0, e1 = _exp_sub16(_ld_f32x16(x, j), m), _exp_sub16(_ld_f32x16(x, j + 16), m)
+        a0, a1 = _fadd64(a0, _f64_half(e0, 0)), _fadd64(a1, _f64_half(e0, 1))
+        a2, a3 = _fadd64(a2, _f64_half(e1, 0)), _fadd64(a3, _f64_half(e1, 1))
+    t = _hsum64(_fadd64(_fadd64(a0, a1), _fadd64(a2, a3)))
+    for j in range(n32, n):
+        t += _expf(x[j] - m)
+    return t
+
+
 @numba.njit(inline="always", **ATT)
 def _first_index(x, v):
     """The first index below n - 1 of x holding v, else n - 1 (the scan `while b < n - 1 and x[b] != v`; with v the
@@ -660,8 +737,8 @@ def _greedy_part(logits, rows, best, sums, i0, i1):
         x = logits[rows[i]]
         v = _max_of(x)
         best[i] = _first_index(x, v)  # the first of equal maxima, as np.argmax
-        # a row whose maximum is +-inf or NaN is left as it is, for the sampler's error
-        sums[i] = exp_sum(x, v) if math.isfinite(v) else math.nan
+        # a row whose maximum is +-inf or NaN gets NaN, for the sampler's error
+        sums[i] = exp_total(x, v) if math.isfinite(v) else math.nan
 
 
 @launcher(_greedy_part, ATT_PARALLEL)
@@ -669,7 +746,8 @@ def greedy_rows(logits, rows, best, sums):
     """For row rows[i] of logits float32 [M, n_vocab]: best[i] its argmax (the first of equal maxima), sums[i] the
     float64 sum of exp(logit - max) (exp_sum: -log(sums[i]) is the token's log-probability), NaN where the maximum is
     not finite; the bits of ggufrun.sampling's greedy Sampler, a row per work item on the threads (a batched decode
-    step's greedy rows: Gemma3's 262,144 logits, 16 rows 3.96 -> 2.87 ms). The rows are overwritten by exp_sum."""
+    step's greedy rows: Gemma3's 262,144 logits, 16 rows 3.96 -> 2.87 ms). The rows are left as they are
+    (exp_total)."""
     run_items("_greedy_part", (logits, rows, best, sums), rows.shape[0], 1)
 
 

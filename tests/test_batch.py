@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import mmap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -304,6 +305,10 @@ def test_greedy_rows_of_a_step_are_sampled_together_with_their_solo_bits(tiny, m
     own sampler. Every chunk (text, token, logprob) is what the request gets alone."""
     import ggufrun.batch as batch
 
+    deadline = time.monotonic() + 300  # a fresh Numba cache: the background helper compiles greedy_rows last
+    while not tiny.transformer.batch_sampling_ready():
+        assert time.monotonic() < deadline, "kernels.greedy_rows never became ready"
+        time.sleep(0.05)
     seen = []
     at_once = batch.sample_greedy_rows
     monkeypatch.setattr(batch, "sample_greedy_rows", lambda *a: seen.append(len(a[1])) or at_once(*a))

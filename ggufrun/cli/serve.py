@@ -1,6 +1,7 @@
 """`ggufrun serve [MODEL]`: an OpenAI-compatible HTTP server (ggufrun.server.create_app) under uvicorn.
 
-Needs the server extra (Starlette + uvicorn): `pip install -e ".[server]"` in a ggufrun checkout. `--cors ORIGIN`
+Needs the server extra (Starlette + uvicorn, with httptools and uvloop, which uvicorn takes when they are installed:
+see pyproject.toml): `pip install -e ".[server]"` in a ggufrun checkout. `--cors ORIGIN`
 (repeatable, off by default) lets browser pages from ORIGIN call the API (create_app's cors_origins).
 `--parallel N`: requests generated at once, as slots of one continuous-batching engine (ggufrun.batch); the
 default is batch.default_slots: 8, fewer when 8 full KV caches of n_ctx positions would take more than half the

@@ -250,46 +250,36 @@ def _eq_first16(typingctx, a, i, v):
     return types.int64(a, i, v), codegen
 
 
-@intrinsic
-def _prefetch(typingctx, a, i):
-    """Start loading the cache line of element i (flat index into a C-contiguous array) into L2 and the levels below
-    it, not L1 (llvm.prefetch, locality 2: prefetcht1; no fault, no effect on any value). attend_group's next work
-    item is ~20 KB of keys and values (SmolLM2, 65 positions), as large as the current item's, which L1 (32 KB)
-    then could not hold beside it: loaded into every level (prefetcht0) it evicted what the current item was reading.
-    AMD EPYC Zen 4, 2 threads, each layer's K/V out of cache (scratch attcold, n_ctx 4,096, alternating processes):
-    8 sequences of SmolLM2's heads 46.7-54.6 -> 36.1-42.4 us a layer, 16 of Gemma3's 171-206 -> 130-134 us; in the
-    models' batched steps (cProfile, 50 steps, n_ctx 4,096) SmolLM2 8 rows 1.16-1.26 -> 1.02-1.12 ms a step,
-    Gemma3 16 rows 1.54-1.60 -> 1.34-1.42 ms."""
-    if not (isinstance(a, types.Array) and a.layout == "C"):
-        return None
+def _prefetch_hint(rw: int, locality: int):
+    """Intrinsic (a, i): start fetching the cache line of element i (flat index into a C-contiguous array), for reading
+    (rw 0) or writing (rw 1), into the cache levels `locality` says (llvm.prefetch: no fault, no effect on a value)."""
 
-    def codegen(context, builder, sig, args):
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        ptr = builder.bitcast(_elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), i8p)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
+    @intrinsic
+    def hint(typingctx, a, i):
+        if not (isinstance(a, types.Array) and a.layout == "C"):
+            return None
 
-    return types.none(a, i), codegen
+        def codegen(context, builder, sig, args):
+            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+            ptr = builder.bitcast(_elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), i8p)
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+            builder.call(fn, [ptr, ir.Constant(i32, rw), ir.Constant(i32, locality), ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+
+        return types.none(a, i), codegen
+
+    return hint
 
 
-@intrinsic
-def _prefetch_store(typingctx, a, i):
-    """Start fetching the cache line of element i (flat index into a C-contiguous array) into every level, for writing
-    (llvm.prefetch rw 1, locality 3: prefetchw; no fault, no effect on any value)."""
-    if not (isinstance(a, types.Array) and a.layout == "C"):
-        return None
-
-    def codegen(context, builder, sig, args):
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        ptr = builder.bitcast(_elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), i8p)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [ptr, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.none(a, i), codegen
+# _prefetch: into L2 and the levels below it, not L1 (locality 2: prefetcht1). attend_group's next work item is ~20 KB
+# of keys and values (SmolLM2, 65 positions), as large as the current item's, which L1 (32 KB) then could not hold
+# beside it: loaded into every level (prefetcht0) it evicted what the current item was reading. AMD EPYC Zen 4, 2
+# threads, each layer's K/V out of cache (scratch attcold, n_ctx 4,096, alternating processes): 8 sequences of
+# SmolLM2's heads 46.7-54.6 -> 36.1-42.4 us a layer, 16 of Gemma3's 171-206 -> 130-134 us; in the models' batched
+# steps (cProfile, 50 steps, n_ctx 4,096) SmolLM2 8 rows 1.16-1.26 -> 1.02-1.12 ms a step, Gemma3 16 rows 1.54-1.60 ->
+# 1.34-1.42 ms. _prefetch_store: a line about to be written, into every level (rw 1, locality 3: prefetchw).
+_prefetch, _prefetch_store = _prefetch_hint(0, 2), _prefetch_hint(1, 3)
 
 
 def _kv_load(v):  # pragma: no cover - replaced by the overload in compiled code

@@ -628,8 +628,8 @@ def _qkv_rope_store_part(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, c
         kc, vc, p = k_group[slots[i]], v_group[slots[i]], positions[i]
         for r in range(n_kv * hd_k):
             _prefetch_store(kc, r * stride + p)
-        for g in range(n_kv):
-            for e in range((g * v_group.shape[2] + p) * hd_v, (g * v_group.shape[2] + p + 1) * hd_v, 32):
+        for g in range(n_kv):  # (a 64-byte line holds 64 // itemsize values: f16 or f32)
+            for e in range((g * v_group.shape[2] + p) * hd_v, (g * v_group.shape[2] + p + 1) * hd_v, 64 // vc.itemsize):
                 _prefetch_store(vc, e)
     for i in range(i0, i1):
         _qkv_rope_store_row(q, k, v, rows[i], positions[i], q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
@@ -1600,6 +1600,22 @@ def _geglu_row(g, u, table, out):
 
 
 @numba.njit(**JIT)
+def _swiglu_halves_part(gate_up, out, m0, m1):
+    """Rows m0..m1-1 of swiglu_halves (its serial kernel and swiglu_halves_rows' work items)."""
+    n = out.shape[1]
+    for m in range(m0, m1):
+        _swiglu_row(gate_up[m, :n], gate_up[m, n:], out[m])
+
+
+@numba.njit(**JIT)
+def _geglu_halves_part(gate_up, out, table, m0, m1):
+    """Rows m0..m1-1 of geglu_halves."""
+    n = out.shape[1]
+    for m in range(m0, m1):
+        _geglu_row(gate_up[m, :n], gate_up[m, n:], table, out[m])
+
+
+@numba.njit(**JIT)
 def swiglu(gate, up):
     """gate = silu(gate) * up, in place (ggml_vec_swiglu_f32).  gate, up: float32 [M, n_ff]."""
     for m in range(gate.shape[0]):
@@ -1610,9 +1626,7 @@ def swiglu(gate, up):
 def swiglu_halves(gate_up, out):
     """out = silu(gate) * up for rows [gate | up] of gate_up (fused products: a decode step's experts, a batched
     step's ffn_gate_up): gate_up float32 [M, 2 n], out [M, n]; swiglu's float operations."""
-    n = out.shape[1]
-    for m in range(out.shape[0]):
-        _swiglu_row(gate_up[m, :n], gate_up[m, n:], out[m])
+    _swiglu_halves_part(gate_up, out, 0, out.shape[0])
 
 
 @numba.njit(**JIT)
@@ -1626,9 +1640,7 @@ def geglu(gate, up, table):
 def geglu_halves(gate_up, out, table):
     """out = gelu_tanh(gate) * up for rows [gate | up] of gate_up (a batched step's ffn_gate_up): gate_up float32
     [M, 2 n], out [M, n]; geglu's float operations."""
-    n = out.shape[1]
-    for m in range(out.shape[0]):
-        _geglu_row(gate_up[m, :n], gate_up[m, n:], table, out[m])
+    _geglu_halves_part(gate_up, out, table, 0, out.shape[0])
 
 
 GLU_ROWS = 4  # rows per work item of swiglu_rows / geglu_rows
@@ -1644,20 +1656,6 @@ def _swiglu_part(gate, up, m0, m1):
 def _geglu_part(gate, up, table, m0, m1):
     for m in range(m0, m1):
         _geglu_row(gate[m], up[m], table, gate[m])
-
-
-@numba.njit(**JIT)
-def _swiglu_halves_part(gate_up, out, m0, m1):
-    n = out.shape[1]
-    for m in range(m0, m1):
-        _swiglu_row(gate_up[m, :n], gate_up[m, n:], out[m])
-
-
-@numba.njit(**JIT)
-def _geglu_halves_part(gate_up, out, table, m0, m1):
-    n = out.shape[1]
-    for m in range(m0, m1):
-        _geglu_row(gate_up[m, :n], gate_up[m, n:], table, out[m])
 
 
 @launcher(_swiglu_halves_part, JIT_PARALLEL)

@@ -616,6 +616,7 @@ class Transformer:
         """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))) (or the experts' mix); then h = next_norm(x)."""
         c, s = self.config, self.state
         h, o = s.h[:m], s.o[:m]
+        rows = project.tiles and m > 1  # the parallel kernels, compiled with the tiles (TILED)
         if lw.ffn_gate_inp is not None:
             self._moe(lw, m, project)
         else:
@@ -623,7 +624,6 @@ class Transformer:
             if m <= FUSED_FFN_ROWS and lw.ffn_gate_up is not None:  # decode, batched steps: one product
                 gate_up = s.gate_up_rows[:m]
                 project(h, (lw.ffn_gate_up, gate_up))
-                rows = project.tiles and m > 1  # the parallel ones, compiled with the tiles (TILED)
                 if self._gelu_table is not None:
                     (kernels.geglu_halves_rows if rows else kernels.geglu_halves)(gate_up, gate, self._gelu_table)
                 else:
@@ -631,13 +631,12 @@ class Transformer:
             else:
                 up = s.up[:m]
                 project(h, (lw.ffn_gate, gate), (lw.ffn_up, up))
-                rows = project.tiles and m > 1  # the parallel ones, compiled with the tiles (TILED)
                 if self._gelu_table is not None:
                     (kernels.geglu_rows if rows else kernels.geglu)(gate, up, self._gelu_table)
                 else:
                     (kernels.swiglu_rows if rows else kernels.swiglu)(gate, up)
             project(gate, (lw.ffn_down, o))
-        add_norm = kernels.add_norm_rows if project.tiles and m > 1 else kernels.add_norm  # (TILED)
+        add_norm = kernels.add_norm_rows if rows else kernels.add_norm
         add_norm(s.x[:m], o, lw.post_ffw_norm, next_norm, c.rms_eps, h)
 
     def _moe(self, lw: LayerWeights, m: int, project: Projector) -> None:

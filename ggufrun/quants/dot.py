@@ -758,6 +758,23 @@ def st_i32x8(typingctx, a, off, v):
     return types.none(a, off, I32x8), _store_codegen
 
 
+@njit(inline="always", **DOT)
+def _empty64(n, dtype):
+    """np.empty(n, dtype) starting on a 64-byte boundary, for arrays read as whole 16-lane vectors: Numba aligns arrays
+    to 32 bytes, so by chance (per process, as the allocator places them) every 64-byte load of an unpacked tile row
+    would read two cache lines. Ice Lake, one thread, IQ4_XS 8,192 x 2,048 at 512 rows on the VNNI tiles: 60.5-70.2 ms
+    from process to process, 54.4-55.3 with the tiles aligned."""
+    raw = np.empty(n + 64, dtype)
+    off = ((-raw.ctypes.data) & 63) // raw.itemsize
+    return raw[off : off + n]
+
+
+@njit(inline="always", **DOT)
+def _empty64_rows(rows, cols, dtype):
+    """_empty64 as a [rows, cols] array."""
+    return _empty64(rows * cols, dtype).reshape(rows, cols)
+
+
 def _stack_scratch(elt, numba_elt, n: int):
     """Intrinsic () -> pointer to n `elt` on the stack of the kernel that inlines the call (its entry block): no
     heap allocation per call (numba.carray makes an array of it). Aligned to 64 bytes: the tiles load and store
@@ -2718,7 +2735,7 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     MT = _m_tile(K)
     off = _offset32(kind)
     # per tile row: the 8 lanes of d terms, then the 8 of m terms (Q4_1)
-    acc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)) if M <= X8_STACK_ROWS else np.empty((MT, 16), np.float32)
+    acc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)) if M <= X8_STACK_ROWS else _empty64_rows(MT, 16, np.float32)
     d1, s1, sums1 = d.reshape(-1), s.reshape(-1), sums.reshape(-1)  # flat: the row loop steps one index
     if M == 2:
         for g in range(g0, g1):
@@ -3480,7 +3497,7 @@ def _rowsk_x8(kind, w, qu, d, b16, b32, qs, out, g0, g1):
     if M <= X8_STACK_ROWS:
         acc, isc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)), carray(x8_int_scratch(), (X8_STACK_ROWS, 8))
     else:
-        acc, isc = np.empty((MT, 16), np.float32), np.empty((MT, 8), np.int32)
+        acc, isc = _empty64_rows(MT, 16, np.float32), _empty64_rows(MT, 8, np.int32)
     d1 = d.reshape(-1)
     n16, n32 = b16.shape[1], b32.shape[1]
     for t in range(0, M, MT):
@@ -3928,7 +3945,7 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
             carray(x8_int_scratch(), (X8_STACK_ROWS // 2, 16)),
         )
     else:
-        acc, isc = np.empty((PT, 32), np.float32), np.empty((PT, 16), np.int32)
+        acc, isc = _empty64_rows(PT, 32, np.float32), _empty64_rows(PT, 16, np.int32)
     n16, n32 = b16p.shape[1], b32p.shape[1]
     for t in range(0, P, PT):
         t1 = min(P, t + PT)
@@ -4030,7 +4047,7 @@ def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
     if P <= X8_STACK_ROWS // 2:
         acc = carray(x8_acc_scratch(), (X8_STACK_ROWS // 2, 32))
     else:
-        acc = np.empty((PT, 32), np.float32)
+        acc = _empty64_rows(PT, 32, np.float32)
     for t in range(0, P, PT):
         t1 = min(P, t + PT)
         for g in range(g0, g1):
@@ -4097,8 +4114,8 @@ def _pairs_q8_1(d, s, qs, sums, off):
     operations a block and pair (Q5_0 2,048 x 640 at 64 rows, one thread, in cache, 632 -> 591-600 us for the
     multiply; exact integers, the same bits)."""
     P = (qs.shape[0] + 1) // 2
-    dp, sp = np.empty((P, 2 * d.shape[1]), np.float32), np.empty((P, 2 * s.shape[1]), np.float32)
-    qp, sump = np.empty((P, 2 * qs.shape[1]), np.int8), np.empty((P, 2 * sums.shape[1]), np.int32)
+    dp, sp = _empty64_rows(P, 2 * d.shape[1], np.float32), _empty64_rows(P, 2 * s.shape[1], np.float32)
+    qp, sump = _empty64_rows(P, 2 * qs.shape[1], np.int8), _empty64_rows(P, 2 * sums.shape[1], np.int32)
     q32, qp32 = qs.view(np.int32), qp.view(np.int32)
     if qs.size <= PAIRS_SERIAL_BYTES:  # a few rows (batched decode): not worth a parallel region
         for p in range(P):
@@ -4114,8 +4131,8 @@ def _pairs_q8_k(d, b, qs):
     """Q8_K activations (d [M, K/256], one of bsums16 / bsums32 as b, qs [M, K]) as pairs of rows for _rowsk_z:
     (dp, bp, qp)."""
     P = (qs.shape[0] + 1) // 2
-    dp, bp = np.empty((P, 2 * d.shape[1]), np.float32), np.empty((P, b.shape[1]), np.int32)
-    qp = np.empty((P, 2 * qs.shape[1]), np.int8)
+    dp, bp = _empty64_rows(P, 2 * d.shape[1], np.float32), _empty64_rows(P, b.shape[1], np.int32)
+    qp = _empty64_rows(P, 2 * qs.shape[1], np.int8)
     q32, qp32 = qs.view(np.int32), qp.view(np.int32)
     if qs.size <= PAIRS_SERIAL_BYTES:
         for p in range(P):
@@ -4445,8 +4462,9 @@ def _acc_store(ty):
     return store
 
 
-def _acci_store(ty):
-    """Intrinsic (acc, a, off): the int32 vectors of acc (ty: AccI16, AccI8) to bytes off, off + 64, ... of a."""
+def _acc_put(ty):
+    """Intrinsic (acc, a, off): the vectors of acc (ty: AccI16, AccI8, Acc8) as they are to bytes off, off + 64, ... of
+    a."""
 
     @intrinsic
     def store(typingctx, acc, a, off):
@@ -4456,8 +4474,10 @@ def _acci_store(ty):
         def codegen(context, builder, sig, args):
             p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
             for r in range(ty.count):
-                at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), _v16i32.as_pointer())
-                builder.store(builder.extract_value(args[0], r), at, align=4)
+                v = builder.extract_value(args[0], r)
+                builder.store(
+                    v, builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * r)]), v.type.as_pointer()), align=4
+                )
             return context.get_dummy_value()
 
         return types.none(acc, a, off), codegen
@@ -4469,7 +4489,7 @@ acc16_zero, acc16_mins, acc16_store = _acc_zero(Acc16), _acc_mins(Acc16), _acc_s
 
 
 AccI16 = types.UniTuple(I32x16, 16)  # a tile's 16 rows of 16 int32 sums (a super-block's, K-quants)
-acc16i_zero, acc16i_store = _acc_zero(AccI16), _acci_store(AccI16)
+acc16i_zero, acc16i_store = _acc_zero(AccI16), _acc_put(AccI16)
 
 
 @intrinsic
@@ -4530,8 +4550,8 @@ def _unpack_32x16(kind, bsize, w, g0, g1, nb):
     rb = w.shape[1]
     off = _offset32(kind)
     npair = (g1 - g0 + 1) // 2
-    btiles = np.empty(512 * nb * npair, np.int8)  # per pair of groups: 8 rows x 64 bytes per block
-    dws, mws = np.empty(16 * nb * npair, np.float32), np.empty(16 * nb * npair, np.float32)
+    btiles = _empty64(512 * nb * npair, np.int8)  # per pair of groups: 8 rows x 64 bytes per block
+    dws, mws = _empty64(16 * nb * npair, np.float32), _empty64(16 * nb * npair, np.float32)
     for p in range(npair):
         g = g0 + 2 * p
         gb = min(g + 1, g1 - 1)  # an odd last group as both halves; only its 8 columns are stored
@@ -4563,7 +4583,7 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     nb = K // 32
     npair = (g1 - g0 + 1) // 2
     btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb)
-    sums32 = np.empty(512, np.int32)  # two blocks' int32 sums, 16 x 16 each
+    sums32 = _empty64(512, np.int32)  # two blocks' int32 sums, 16 x 16 each
     q1, d1, s1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1)
     part = _last_rows(q1, M, K, 16)
     last = M * nb - 1
@@ -4615,8 +4635,8 @@ def _unpack_k16(kind, w, g0, g1, nsb):
     sbytes = _kx8_bytes(kind)
     ng = 16 if kind == Q6_K else 8
     npair = (g1 - g0 + 1) // 2
-    btiles = np.empty(4096 * nsb * npair, np.int8)
-    scs = np.empty(16 * ng * nsb * npair, np.int32)
+    btiles = _empty64(4096 * nsb * npair, np.int8)
+    scs = _empty64(16 * ng * nsb * npair, np.int32)
     for p in range(npair):
         g = g0 + 2 * p
         gb = min(g + 1, g1 - 1)
@@ -4656,9 +4676,16 @@ def _k_row_step(kind, w, oa, ob, b32, bo, dx, dw, dmw, isums, acc, r, n):
     _group_k_z16_one's per lane: acc row r (the d terms) += float(row r of the int32 sums isums) * dw * dx; for Q4_K /
     Q5_K acc row n + r (the dmin terms) += float(the mins . the row's block sums at byte bo of b32) * dmw * -dx."""
     if _has_min(kind):
-        mn = kmin_z16(w, oa + 96, ob + 96, b32, bo)
-        st_z(acc, 64 * (n + r), fma_z(ld_f32z(acc, 64 * (n + r)), fcvt_z(mn), fscale_z(dmw, -dx)))
+        _k_min_step(w, oa, ob, b32, bo, dx, dmw, acc, n + r)
     st_z(acc, 64 * r, fma_z(ld_f32z(acc, 64 * r), fcvt_z(ld_i32z(isums, 64 * r)), fscale_z(dw, dx)))
+
+
+@njit(inline="always", **DOT)
+def _k_min_step(w, oa, ob, b32, bo, dx, dmw, acc, r):
+    """Q4_K / Q5_K: row r of acc += float(the mins . an activation row's block sums at byte bo of b32) * dmw * -dx
+    (_k_row_step's dmin term)."""
+    mn = kmin_z16(w, oa + 96, ob + 96, b32, bo)
+    st_z(acc, 64 * r, fma_z(ld_f32z(acc, 64 * r), fcvt_z(mn), fscale_z(dmw, -dx)))
 
 
 @njit(inline="always", **DOT)
@@ -4677,8 +4704,8 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
     ng, tb = 256 // gs, 16 * gs  # scale groups per super-block, bytes per B tile
     npair = (g1 - g0 + 1) // 2
     btiles, scs = _unpack_k16(kind, w, g0, g1, nsb)
-    sums32, isums = np.empty(512, np.int32), np.empty(256, np.int32)
-    acc = np.empty(512, np.float32)  # per tile row: the d terms (rows 0-15), then the dmin terms (16-31)
+    sums32, isums = _empty64(512, np.int32), _empty64(256, np.int32)
+    acc = _empty64(512, np.float32)  # per tile row: the d terms (rows 0-15), then the dmin terms (16-31)
     q1, d1 = qs.reshape(-1), d.reshape(-1)
     part = _last_rows(q1, M, K, 16)
     tile_config(AMX_CONFIG16 if kind == Q6_K else AMX_CONFIG)
@@ -4754,6 +4781,8 @@ VNNI_TILES = HAS_ZMM and not AMX_CPU
 VNNI_MIN_ROWS = 32  # the K-quants
 VNNI_MIN_ROWS_32 = 128  # Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL
 AccI8 = types.UniTuple(I32x16, 8)  # 8 activation rows' int32 sums for 16 weight rows, in registers
+Acc8 = types.UniTuple(F32x16, 8)  # 8 activation rows' float32 accumulators for 16 weight rows, in registers
+acc8_zero, acc8_mins, acc8_store, acc8_put = _acc_zero(Acc8), _acc_mins(Acc8), _acc_store(Acc8), _acc_put(Acc8)
 VNNI_ONES = np.ones(16, np.int32)  # a block's scale for vnni_wneg: the 32-value types scale in float
 
 
@@ -4792,7 +4821,26 @@ def acc8i_splat(typingctx, v):
     return AccI8(v), codegen
 
 
-acc8i_store = _acci_store(AccI8)
+acc8i_store = _acc_put(AccI8)
+
+
+@intrinsic
+def acc8_isums(typingctx, acc, isum, dw, dx, i0, stride, last):
+    """acc[r] += float(isum[r]) * (dw * dx[i0 + r stride], the index clamped to last), r = 0..7: _k_row_step's d-term
+    FMA for 8 activation rows, their int32 sums and float accumulators in registers."""
+    if acc != Acc8 or isum != AccI8 or dw != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        out = []
+        for r, x in enumerate(_acc_rows(context, builder, sig, args, 3, 8)):
+            f = builder.sitofp(builder.extract_value(args[1], r), _v16f32)
+            out.append(
+                _z_call(builder, "llvm.fma.v16f32", f, builder.fmul(args[2], x), builder.extract_value(args[0], r))
+            )
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Acc8(acc, isum, dw, dx, i0, stride, last), codegen
 
 
 def _vnni8(n4: int):
@@ -4861,8 +4909,10 @@ vnni_wneg, vnni_wneg16 = _vnni_wneg(8), _vnni_wneg(4)
 def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
     """_rowsk_x8 on the VNNI tiles (section note): the work item's codes unpacked once (_unpack_k16) with each
     super-block's -128 correction per weight row (wneg); per 8 activation rows, pair of groups and super-block, the
-    8 rows' integer sums in registers (vnni8_step per scale group), then _rowsk_amx's float steps per row (the d and,
-    for Q4_K / Q5_K, the dmin terms, their accumulators in L1)."""
+    8 rows' integer sums in registers (vnni8_step per scale group), then _rowsk_amx's float steps per row: the d terms
+    on the sums in registers (acc8_isums; the rows' accumulators stay in registers over the super-blocks), for Q4_K /
+    Q5_K the dmin terms in L1. Ice Lake, one thread, IQ4_XS 8,192 x 2,048 at 512 rows: the d terms through L1 cost
+    ~9% of the product."""
     rb = w.shape[1]
     M, N, K = qu.shape[0], out.shape[1], qu.shape[1]
     nsb, n32 = K // 256, b32.shape[1]
@@ -4871,7 +4921,7 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
     ng, tb = 256 // gs, 16 * gs  # scale groups per super-block, bytes per tile
     npair = (g1 - g0 + 1) // 2
     btiles, scs = _unpack_k16(kind, w, g0, g1, nsb)
-    wneg = np.empty(16 * nsb * npair, np.int32)
+    wneg = _empty64(16 * nsb * npair, np.int32)
     for p in range(npair):
         for b in range(nsb):
             v = izero_z()
@@ -4879,8 +4929,7 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
                 t, sc = 4096 * (nsb * p + b) + tb * s, ld_i32z(scs, 64 * (ng * (nsb * p + b) + s))
                 v = vnni_wneg16(v, btiles, t, sc) if kind == Q6_K else vnni_wneg(v, btiles, t, sc)
             st_z(wneg, 64 * (nsb * p + b), v)
-    isums = np.empty(128, np.int32)
-    acc = np.empty(256, np.float32)  # per activation row: the d terms (rows 0-7), then the dmin terms (8-15)
+    acc = _empty64(256, np.float32)  # Q4_K / Q5_K, per activation row: the d terms (rows 0-7), the dmin terms (8-15)
     q1, d1 = qu.reshape(-1), d.reshape(-1)
     part = _last_rows(q1, M, K, 8)
     for m0 in range(0, M, 8):  # each 8 activation rows read once per work item, its pairs' tiles from L2
@@ -4890,8 +4939,10 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
             g = g0 + 2 * p
             gb = min(g + 1, g1 - 1)
             bt, st = 4096 * nsb * p, 64 * ng * nsb * p
-            for a in range(0, 1024, 64):
-                st_z(acc, a, fzero_z())
+            if _has_min(kind):
+                for a in range(512, 1024, 64):
+                    st_z(acc, a, fzero_z())
+            facc = acc8_zero()
             for b in range(nsb):
                 isum = acc8i_splat(ld_i32z(wneg, 64 * (nsb * p + b)))
                 for s in range(ng):
@@ -4900,23 +4951,24 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
                         isum = vnni8_step16(isum, btiles, t, x, xs, K, sc)
                     else:
                         isum = vnni8_step(isum, btiles, t, x, xs, K, sc)
-                acc8i_store(isum, isums, 0)
                 oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
-                dw = ld_f16x16(w, oa, ob)
-                dmw = ld_f16x16(w, oa + 16, ob + 16) if _has_min(kind) else dw  # dmin (Q4_K, Q5_K)
+                facc = acc8_isums(facc, isum, ld_f16x16(w, oa, ob), d1, m0 * nsb + b, nsb, (M - 1) * nsb + b)
+                if _has_min(kind):
+                    dmw = ld_f16x16(w, oa + 16, ob + 16)
+                    for r in range(rows):
+                        m = m0 + r
+                        _k_min_step(w, oa, ob, b32, 4 * (m * n32 + 8 * b), d1[m * nsb + b], dmw, acc, 8 + r)
+            lanes = 16 if gb > g else 8
+            if _has_min(kind):
+                acc8_put(facc, acc, 0)
                 for r in range(rows):
-                    m = m0 + r
-                    _k_row_step(kind, w, oa, ob, b32, 4 * (m * n32 + 8 * b), d1[m * nsb + b], dw, dmw, isums, acc, r, 8)
-            for r in range(rows):
-                v = fadd_z(ld_f32z(acc, 64 * r), ld_f32z(acc, 64 * (8 + r)))
-                if gb > g:
-                    st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
-                else:
-                    st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
-
-
-Acc8 = types.UniTuple(F32x16, 8)  # 8 activation rows' float32 accumulators for 16 weight rows, in registers
-acc8_zero, acc8_mins, acc8_store = _acc_zero(Acc8), _acc_mins(Acc8), _acc_store(Acc8)
+                    v = fadd_z(ld_f32z(acc, 64 * r), ld_f32z(acc, 64 * (8 + r)))
+                    if lanes == 16:
+                        st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
+                    else:
+                        st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
+            else:  # + 0.0, as the dmin terms of the other routes' rows
+                acc8_store(facc, acc8_zero(), out, 4 * (m0 * N + 8 * g), 4 * N, rows, lanes)
 
 
 @intrinsic
@@ -4977,7 +5029,7 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
     npair = (g1 - g0 + 1) // 2
     btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb)
     one = ld_i32z(VNNI_ONES, 0)
-    wneg = np.empty(16 * nb * npair, np.int32)
+    wneg = _empty64(16 * nb * npair, np.int32)
     for t in range(nb * npair):
         st_z(wneg, 64 * t, vnni_wneg(izero_z(), btiles, 512 * t, one))
     q1, d1, s1 = xu.reshape(-1), d.reshape(-1), s.reshape(-1)
@@ -5138,7 +5190,7 @@ def _rows_z8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     q1, d1, s1, sums1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1), sums.reshape(-1)
     part = _last_rows(q1, M, K, 8)
     keep = M > 8
-    codes = np.empty(512 * nb, np.int8) if keep else q1  # (one tile of rows: nothing kept, nothing allocated)
+    codes = _empty64(512 * nb, np.int8) if keep else q1  # (one tile of rows: nothing kept, nothing allocated)
     last = M * nb - 1
     for g in range(g0, g1, 2):
         gb = min(g + 1, g1 - 1)
@@ -5987,8 +6039,8 @@ def _tiles32(kind, bsize, w, d, s, qs, sums, out, n0, n8):
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     MT = _m_tile(K)
     off = _offset32(kind)
-    acc = np.empty((MT, 8), np.float32)
-    accm = np.empty((MT, 8), np.float32)
+    acc = _empty64_rows(MT, 8, np.float32)
+    accm = _empty64_rows(MT, 8, np.float32)
     for t in range(0, M, MT):
         t1 = min(M, t + MT)
         for n in range(n0, n8, 8):

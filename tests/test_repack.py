@@ -333,9 +333,10 @@ def _assert_kernels_agree(qtype, w, w8, kernel, m, n, k, rng):
 @pytest.mark.skipif(not dot.VNNI_TILES, reason="the VNNI tiles run on AVX-512 VNNI CPUs without AMX")
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
 def test_vnni_tiles_give_the_same_bits(qtype):
-    """The VNNI tiles (dot._rows_vnni, _rowsk_vnni: 8 activation rows at a time, a partial last 8, an odd last group,
-    work items of several pairs of groups, K up to 8,192) against the file layout's kernel and decode's one-row
-    kernel, bit for bit; one row fewer than the VNNI tiles' minimum takes the pair tiles, the same bits again."""
+    """The VNNI tiles (dot._rows_vnni: 8 activation rows at a time, a partial last 8; _rowsk_vnni: 4 rows against two
+    pairs of groups at a time, a partial last 4, an odd last pair; an odd last group, work items of several pairs of
+    groups, K up to 8,192) against the file layout's kernel and decode's one-row kernel, bit for bit; one row fewer
+    than the VNNI tiles' minimum takes the pair tiles, the same bits again."""
     rng = np.random.default_rng(int(qtype))
     shapes = (
         ((40, 256), (64, 2048), (1048, 256), (24, 8192)) if qtype in K_TYPES else ((40, 96), (64, 2048), (1048, 256))

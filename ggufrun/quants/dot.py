@@ -4528,8 +4528,8 @@ def _amx_given(out, qs, kind):
 @njit(inline="always", **DOT)
 def _last_rows(q1, M, K, n):
     """The activation quants of the last M % n rows (q1: [M, K] flat, M >= n) at the start of n rows of their own: the
-    AMX tiles' 16 (tile_load reads 16 rows), the VNNI tiles' and the rows of 8's 8 (vnni8_step, vnni8_block,
-    vnni8_codes); the padding rows' sums are computed and never stored. q1 itself where M is whole tiles of n (the
+    AMX tiles' 16 (tile_load reads 16 rows), the VNNI tiles' 8 (vnni8_block) or 4 (vnni4x2_step) and the rows of 8's 8
+    (vnni8_codes); the padding rows' sums are computed and never stored. q1 itself where M is whole tiles of n (the
     callers read it only for a partial last tile)."""
     tail = M % n
     if tail == 0:  # whole tiles only: nothing reads it (and nothing to allocate a work item)
@@ -4752,13 +4752,15 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
     tile_release()
 
 
-# ---- VNNI tiles: 8 activation rows x 16 weight rows from unpacked codes (AVX-512 VNNI without AMX) ---------------
+# ---- VNNI tiles: 4-8 activation rows x 16-32 weight rows from unpacked codes (AVX-512 VNNI without AMX) ----------
 # On AVX-512 VNNI CPUs without AMX, products of VNNI_MIN_ROWS (the 32-value types: VNNI_MIN_ROWS_32) or more
 # activation rows take the AMX route's unpacked weights (_unpack_k16 for Q4_K, Q5_K, Q6_K, IQ4_XS; _unpack_32x16 for
 # Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL: a work item's codes once as signed bytes, sized to stay in L2) through vpdpbusd
 # instead of tdpbssd. Row k of a scale group's or block's tile (the 4 codes of values 4k.. of 16 weight rows) is one
 # 64-byte vector: per tile row one load, multiplied against 8 activation rows' 4 quants + 128 (broadcast loads), 8
-# int32 chains in registers (vnni8_step, vnni8_block).
+# int32 chains in registers (vnni8_block); the K-quants take two tiles (32 weight rows) against 4 activation rows, each
+# broadcast feeding both (vnni4x2_step): a C model of the loop ran 2.5-2.7 ns per 16 rows x 32 values x one activation
+# row that way against 3.3 with one tile and 8 rows, the vpdpbusd and vpmulld the same, half the broadcast loads.
 # vpdpbusd takes the unsigned operand first, so the activations come as quant + 128 (Q8_K's qu; _plus128 for Q8_1)
 # and the 128 comes off where the sums start: at -128 x the codes' sum per weight row (times the scales for a K-quant
 # super-block: vnni_wneg, at unpack). The integers are then the AMX route's and the float steps _rowsk_amx's /
@@ -4810,78 +4812,85 @@ def _vnni_given(out, qs, kind):
 
 
 @intrinsic
-def acc8i_splat(typingctx, v):
-    """8 copies of v: where 8 activation rows' sums of a super-block start."""
-    if v != I32x16:
+def acc8i_splat(typingctx, va, vb):
+    """4 copies of va, then 4 of vb: where 4 activation rows' sums of a super-block start for two tiles."""
+    if va != I32x16 or vb != I32x16:
         return None
 
     def codegen(context, builder, sig, args):
-        return context.make_tuple(builder, sig.return_type, [args[0]] * 8)
+        return context.make_tuple(builder, sig.return_type, [args[0]] * 4 + [args[1]] * 4)
 
-    return AccI8(v), codegen
+    return AccI8(va, vb), codegen
 
 
 acc8i_store = _acc_put(AccI8)
 
 
 @intrinsic
-def acc8_isums(typingctx, acc, isum, dw, dx, i0, stride, last):
-    """acc[r] += float(isum[r]) * (dw * dx[i0 + r stride], the index clamped to last), r = 0..7: _k_row_step's d-term
-    FMA for 8 activation rows, their int32 sums and float accumulators in registers."""
-    if acc != Acc8 or isum != AccI8 or dw != F32x16:
+def acc4x2_isums(typingctx, acc, isum, dwa, dwb, dx, i0, stride, last):
+    """acc[h 4 + r] += float(isum[h 4 + r]) * (dw_h * dx[i0 + r stride], the index clamped to last), r = 0..3, for the
+    tiles h = 0, 1 (dw_0 = dwa, dw_1 = dwb): _k_row_step's d-term FMA for 4 activation rows and two tiles, their int32
+    sums and float accumulators in registers."""
+    if acc != Acc8 or isum != AccI8 or dwa != F32x16 or dwb != F32x16:
         return None
 
     def codegen(context, builder, sig, args):
+        xs = _acc_rows(context, builder, sig, args, 4, 4)
         out = []
-        for r, x in enumerate(_acc_rows(context, builder, sig, args, 3, 8)):
+        for r in range(8):
             f = builder.sitofp(builder.extract_value(args[1], r), _v16f32)
-            out.append(
-                _z_call(builder, "llvm.fma.v16f32", f, builder.fmul(args[2], x), builder.extract_value(args[0], r))
-            )
+            scale = builder.fmul(args[2 + r // 4], xs[r % 4])
+            out.append(_z_call(builder, "llvm.fma.v16f32", f, scale, builder.extract_value(args[0], r)))
         return context.make_tuple(builder, sig.return_type, out)
 
-    return Acc8(acc, isum, dw, dx, i0, stride, last), codegen
+    return Acc8(acc, isum, dwa, dwb, dx, i0, stride, last), codegen
 
 
-def _vnni8(n4: int):
-    """Intrinsic (acc, bt, toff, x, xoff, xstride, sc) -> acc[r] + sc * (the tile of n4 rows at byte toff of bt .
-    activation row r's n4 x 4 quants + 128 at byte xoff + r xstride of x), r = 0..7, int32 lanes (one per weight row):
-    n4 vpdpbusd a row in 8 chains, then a vpmulld by the scale group's 16 scales."""
+def _vnni4x2(n4: int):
+    """Intrinsic (acc, bt, ta, tb, x, xoff, xstride, sca, scb) -> acc[h 4 + r] + sc_h * (the tile of n4 rows at byte t_h
+    of bt . activation row r's n4 x 4 quants + 128 at byte xoff + r xstride of x), r = 0..3, tiles h = 0, 1 (t_0 = ta,
+    sc_0 = sca; t_1 = tb, sc_1 = scb), int32 lanes (one per weight row): n4 vpdpbusd a row and tile in 8 chains, each
+    broadcast quant feeding both tiles, then a vpmulld by each tile's 16 scales."""
 
     @intrinsic
-    def step(typingctx, acc, bt, toff, x, xoff, xstride, sc):
-        if acc != AccI8 or not _is_ptr_args(bt, toff) or not _is_ptr_args(x, xoff) or sc != I32x16:
+    def step(typingctx, acc, bt, ta, tb, x, xoff, xstride, sca, scb):
+        if acc != AccI8 or not _is_ptr_args(bt, ta) or not _is_ptr_args(x, xoff) or sca != I32x16 or scb != I32x16:
             return None
-        if not isinstance(xstride, types.Integer):
+        if not isinstance(tb, types.Integer) or not isinstance(xstride, types.Integer):
             return None
 
         def codegen(context, builder, sig, args):
-            pb = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-            px = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
-            stride = context.cast(builder, args[5], sig.args[5], types.intp)
-            rows = [builder.gep(px, [builder.mul(stride, ir.Constant(_i64, r))]) for r in range(8)]
+            tiles = [_ptr(context, builder, sig.args[1], args[1], sig.args[k], args[k], _i8) for k in (2, 3)]
+            px = _ptr(context, builder, sig.args[4], args[4], sig.args[5], args[5], _i8)
+            stride = context.cast(builder, args[6], sig.args[6], types.intp)
+            rows = [builder.gep(px, [builder.mul(stride, ir.Constant(_i64, r))]) for r in range(4)]
             raw = [_splat(_v16i32, 0)] * 8
             for j in range(n4):
-                tile = builder.gep(pb, [ir.Constant(_i64, 64 * j)])
-                wv = builder.load(builder.bitcast(tile, _v16i32.as_pointer()), align=1)
-                for r in range(8):
+                wv = []
+                for pt in tiles:
+                    at = builder.gep(pt, [ir.Constant(_i64, 64 * j)])
+                    wv.append(builder.load(builder.bitcast(at, _v16i32.as_pointer()), align=1))
+                for r in range(4):
                     at = builder.bitcast(builder.gep(rows[r], [ir.Constant(_i64, 4 * j)]), _i32.as_pointer())
                     xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
-                    raw[r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[r], xv, wv)
-            out = [builder.add(builder.extract_value(args[0], r), builder.mul(raw[r], args[6])) for r in range(8)]
+                    for h in range(2):
+                        raw[4 * h + r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[4 * h + r], xv, wv[h])
+            out = [
+                builder.add(builder.extract_value(args[0], r), builder.mul(raw[r], args[7 + r // 4])) for r in range(8)
+            ]
             return context.make_tuple(builder, sig.return_type, out)
 
-        return AccI8(acc, bt, toff, x, xoff, xstride, sc), codegen
+        return AccI8(acc, bt, ta, tb, x, xoff, xstride, sca, scb), codegen
 
     return step
 
 
-vnni8_step, vnni8_step16 = _vnni8(8), _vnni8(4)  # 32-value scale groups; Q6_K's 16-value ones
+vnni4x2_step, vnni4x2_step16 = _vnni4x2(8), _vnni4x2(4)  # 32-value scale groups; Q6_K's 16-value ones
 
 
 def _vnni_wneg(n4: int):
     """Intrinsic (acc, bt, toff, sc) -> acc - 128 sc (sum of each weight row's codes in the tile of n4 rows at byte
-    toff of bt): one scale group's share of the +128 the activations carry into vnni8_step."""
+    toff of bt): one scale group's share of the +128 the activations carry into vnni4x2_step."""
 
     @intrinsic
     def wneg(typingctx, acc, bt, toff, sc):
@@ -4908,11 +4917,14 @@ vnni_wneg, vnni_wneg16 = _vnni_wneg(8), _vnni_wneg(4)
 @njit(inline="always", **DOT)
 def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
     """_rowsk_x8 on the VNNI tiles (section note): the work item's codes unpacked once (_unpack_k16) with each
-    super-block's -128 correction per weight row (wneg); per 8 activation rows, pair of groups and super-block, the
-    8 rows' integer sums in registers (vnni8_step per scale group), then _rowsk_amx's float steps per row: the d terms
-    on the sums in registers (acc8_isums; the rows' accumulators stay in registers over the super-blocks), for Q4_K /
-    Q5_K the dmin terms in L1. Ice Lake, one thread, IQ4_XS 8,192 x 2,048 at 512 rows: the d terms through L1 cost
-    ~9% of the product."""
+    super-block's -128 correction per weight row (wneg); per 4 activation rows, two pairs of groups (32 weight rows; an
+    odd last pair as both, stored once) and super-block, the 4 rows' integer sums for both in registers (vnni4x2_step
+    per scale group: each broadcast quant feeds two vpdpbusd), then _rowsk_amx's float steps per row: the d terms on
+    the sums in registers (acc4x2_isums, the accumulators in registers over the super-blocks), for Q4_K / Q5_K the dmin
+    terms in L1 (_k_min_step). Ice Lake, one thread, IQ4_XS 8,192 x 2,048 at 512 rows, in-process alternating: 8
+    activation rows against one pair with the d terms through L1 60.5-70.2 ms, the d terms in registers 53.5-55.5 ms
+    (a C model of it: 3.3 ns per 16 weight rows x 32 values x one activation row), two pairs and 4 rows 44.2-48.2 ms
+    (C: 2.5-2.7 ns); two threads, 256 rows: IQ4_XS 14.4 -> 11.6 ms, Q4_K 17.2 -> 14.4, Q6_K 14.9 -> 13.5."""
     rb = w.shape[1]
     M, N, K = qu.shape[0], out.shape[1], qu.shape[1]
     nsb, n32 = K // 256, b32.shape[1]
@@ -4929,46 +4941,58 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
                 t, sc = 4096 * (nsb * p + b) + tb * s, ld_i32z(scs, 64 * (ng * (nsb * p + b) + s))
                 v = vnni_wneg16(v, btiles, t, sc) if kind == Q6_K else vnni_wneg(v, btiles, t, sc)
             st_z(wneg, 64 * (nsb * p + b), v)
-    acc = _empty64(256, np.float32)  # Q4_K / Q5_K, per activation row: the d terms (rows 0-7), the dmin terms (8-15)
+    # per row h 4 + r (tile h, activation row r): the d terms (rows 0-7), then the dmin terms (8-15; zero but for
+    # Q4_K / Q5_K, so every kind's rows are d terms + dmin terms, as on the other routes)
+    acc = _empty64(256, np.float32)
+    for a in range(512, 1024, 64):
+        st_z(acc, a, fzero_z())
     q1, d1 = qu.reshape(-1), d.reshape(-1)
-    part = _last_rows(q1, M, K, 8)
-    for m0 in range(0, M, 8):  # each 8 activation rows read once per work item, its pairs' tiles from L2
-        rows = min(8, M - m0)
-        x, xo = (q1, m0 * K) if rows == 8 else (part, 0)
-        for p in range(npair):
-            g = g0 + 2 * p
-            gb = min(g + 1, g1 - 1)
-            bt, st = 4096 * nsb * p, 64 * ng * nsb * p
+    part = _last_rows(q1, M, K, 4)
+    for m0 in range(0, M, 4):  # each 4 activation rows read once per work item, its pairs' tiles from L2
+        rows = min(4, M - m0)
+        x, xo = (q1, m0 * K) if rows == 4 else (part, 0)
+        for p in range(0, npair, 2):
+            pb = min(p + 1, npair - 1)
+            ga, gb = g0 + 2 * p, g0 + 2 * pb  # each tile's first group
+            ga1, gb1 = min(ga + 1, g1 - 1), min(gb + 1, g1 - 1)  # and second (an odd last group as both halves)
             if _has_min(kind):
                 for a in range(512, 1024, 64):
                     st_z(acc, a, fzero_z())
             facc = acc8_zero()
             for b in range(nsb):
-                isum = acc8i_splat(ld_i32z(wneg, 64 * (nsb * p + b)))
+                isum = acc8i_splat(ld_i32z(wneg, 64 * (nsb * p + b)), ld_i32z(wneg, 64 * (nsb * pb + b)))
                 for s in range(ng):
-                    t, xs, sc = bt + 4096 * b + tb * s, xo + 256 * b + gs * s, ld_i32z(scs, st + 64 * (ng * b + s))
+                    ta, tb2, xs = 4096 * (nsb * p + b) + tb * s, 4096 * (nsb * pb + b) + tb * s, xo + 256 * b + gs * s
+                    sca = ld_i32z(scs, 64 * (ng * (nsb * p + b) + s))
+                    scb = ld_i32z(scs, 64 * (ng * (nsb * pb + b) + s))
                     if kind == Q6_K:
-                        isum = vnni8_step16(isum, btiles, t, x, xs, K, sc)
+                        isum = vnni4x2_step16(isum, btiles, ta, tb2, x, xs, K, sca, scb)
                     else:
-                        isum = vnni8_step(isum, btiles, t, x, xs, K, sc)
-                oa, ob = g * rb + b * sbytes, gb * rb + b * sbytes
-                facc = acc8_isums(facc, isum, ld_f16x16(w, oa, ob), d1, m0 * nsb + b, nsb, (M - 1) * nsb + b)
+                        isum = vnni4x2_step(isum, btiles, ta, tb2, x, xs, K, sca, scb)
+                oa, oa1, ob, ob1 = (
+                    ga * rb + b * sbytes,
+                    ga1 * rb + b * sbytes,
+                    gb * rb + b * sbytes,
+                    gb1 * rb + b * sbytes,
+                )
+                dwa, dwb = ld_f16x16(w, oa, oa1), ld_f16x16(w, ob, ob1)
+                facc = acc4x2_isums(facc, isum, dwa, dwb, d1, m0 * nsb + b, nsb, (M - 1) * nsb + b)
                 if _has_min(kind):
-                    dmw = ld_f16x16(w, oa + 16, ob + 16)
+                    dma, dmb = ld_f16x16(w, oa + 16, oa1 + 16), ld_f16x16(w, ob + 16, ob1 + 16)
                     for r in range(rows):
                         m = m0 + r
-                        _k_min_step(w, oa, ob, b32, 4 * (m * n32 + 8 * b), d1[m * nsb + b], dmw, acc, 8 + r)
-            lanes = 16 if gb > g else 8
-            if _has_min(kind):
-                acc8_put(facc, acc, 0)
+                        bo, dx = 4 * (m * n32 + 8 * b), d1[m * nsb + b]
+                        _k_min_step(w, oa, oa1, b32, bo, dx, dma, acc, 8 + r)
+                        _k_min_step(w, ob, ob1, b32, bo, dx, dmb, acc, 12 + r)
+            acc8_put(facc, acc, 0)
+            for h in range(2 if pb > p else 1):
+                g, g2 = (ga, ga1) if h == 0 else (gb, gb1)
                 for r in range(rows):
-                    v = fadd_z(ld_f32z(acc, 64 * r), ld_f32z(acc, 64 * (8 + r)))
-                    if lanes == 16:
+                    v = fadd_z(ld_f32z(acc, 64 * (4 * h + r)), ld_f32z(acc, 64 * (8 + 4 * h + r)))
+                    if g2 > g:
                         st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
                     else:
                         st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
-            else:  # + 0.0, as the dmin terms of the other routes' rows
-                acc8_store(facc, acc8_zero(), out, 4 * (m0 * N + 8 * g), 4 * N, rows, lanes)
 
 
 @intrinsic
@@ -6142,6 +6166,8 @@ def _x8_chunk(G, group_bytes, M, K, kind):
     else:
         per = max(X8_GROUPS, X8_TILE_BYTES // group_bytes)
     per = max(X8_GROUPS, min(per, G // X8_MIN_ITEMS))
+    if _vnni_tiles(M, kind) and not _x8_32(kind):  # whole pairs of pairs (_rowsk_vnni takes 32 weight rows at a time)
+        return max(4, per - per % 4)
     return per - per % 2  # whole pairs of groups (the AMX tiles take 16 weight rows at a time)
 
 

@@ -4528,7 +4528,7 @@ def _amx_given(out, qs, kind):
 @njit(inline="always", **DOT)
 def _last_rows(q1, M, K, n):
     """The activation quants of the last M % n rows (q1: [M, K] flat, M >= n) at the start of n rows of their own: the
-    AMX tiles' 16 (tile_load reads 16 rows), the VNNI tiles' 8 (vnni8_block) or 4 (vnni4x2_step) and the rows of 8's 8
+    AMX tiles' 16 (tile_load reads 16 rows), the VNNI tiles' 4 (vnni4x2_step, vnni4x2_block) and the rows of 8's 8
     (vnni8_codes); the padding rows' sums are computed and never stored. q1 itself where M is whole tiles of n (the
     callers read it only for a partial last tile)."""
     tail = M % n
@@ -4757,10 +4757,10 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
 # activation rows take the AMX route's unpacked weights (_unpack_k16 for Q4_K, Q5_K, Q6_K, IQ4_XS; _unpack_32x16 for
 # Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL: a work item's codes once as signed bytes, sized to stay in L2) through vpdpbusd
 # instead of tdpbssd. Row k of a scale group's or block's tile (the 4 codes of values 4k.. of 16 weight rows) is one
-# 64-byte vector: per tile row one load, multiplied against 8 activation rows' 4 quants + 128 (broadcast loads), 8
-# int32 chains in registers (vnni8_block); the K-quants take two tiles (32 weight rows) against 4 activation rows, each
-# broadcast feeding both (vnni4x2_step): a C model of the loop ran 2.5-2.7 ns per 16 rows x 32 values x one activation
-# row that way against 3.3 with one tile and 8 rows, the vpdpbusd and vpmulld the same, half the broadcast loads.
+# 64-byte vector: per tile row one load, two tiles (32 weight rows) against 4 activation rows' 4 quants + 128 (broadcast
+# loads, each feeding both tiles' vpdpbusd), 8 int32 chains in registers (vnni4x2_step, vnni4x2_block). A C model of the
+# K-quant loop ran 2.5-2.7 ns per 16 rows x 32 values x one activation row that way against 3.3 with one tile against
+# 8 rows (the same vpdpbusd and vpmulld, twice the broadcast loads).
 # vpdpbusd takes the unsigned operand first, so the activations come as quant + 128 (Q8_K's qu; _plus128 for Q8_1)
 # and the 128 comes off where the sums start: at -128 x the codes' sum per weight row (times the scales for a K-quant
 # super-block: vnni_wneg, at unpack). The integers are then the AMX route's and the float steps _rowsk_amx's /
@@ -4768,22 +4768,22 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
 # per 32 values, activation row and 16 weight rows 8 vpdpbusd and a vpmulld (2 uops; the K-quants' scales) or a
 # convert, multiply and FMA (the 32-value types), where the pair tiles spend about as many port-0 operations but also
 # decode and keep their lanes in L1. llama.cpp's ggml-cpu/tiled kernels take the same route (codes unpacked to bytes,
-# 8 weight rows x 16 activation rows a band). A C model of the K-quant loop (one thread, 8,960 x 1,536 at 256 rows,
-# work items of 256 weight rows) ran 3.35 ns per 16 rows x 32 values x one activation row, against 5.3 for the pair
-# tiles' whole product. CPUs with AMX keep the AMX tiles (or, refused them, the pair tiles): VNNI_TILES is a property
-# of the CPU, so a launcher and its workers always agree on the route.
+# 8 weight rows x 16 activation rows a band). A C model of the K-quant loop with one tile against 8 rows (one thread,
+# 8,960 x 1,536 at 256 rows, work items of 256 weight rows) ran 3.35 ns per 16 rows x 32 values x one activation row,
+# against 5.3 for the pair tiles' whole product. CPUs with AMX keep the AMX tiles (or, refused them, the pair
+# tiles): VNNI_TILES is a property of the CPU, so a launcher and its workers always agree on the route.
 # -----------------------------------------------------------------------------------------------------------------
 
 VNNI_TILES = HAS_ZMM and not AMX_CPU
-# activation rows from which products take the VNNI tiles. Ice Lake, 2 threads, alternating processes: Q4_K 8,960 x
-# 1,536 at 16 / 32 / 64 rows 176 -> 130 / 168 -> 185 / 182 -> 199 GMAC/s (pair tiles -> VNNI tiles); the 32-value
-# types gain less (8 vpdpbusd and 3 float operations a block and row) and unpack as many bytes: Q8_0 2,048 x 2,048 at 32
-# rows 138-157 -> 117-134, at 128 rows 138-144 -> 139-192; at 256 rows Q8_0 8,192 x 2,048 149-168 -> 182-187, Q5_0
-# 4,864 x 896 170 -> 191
-VNNI_MIN_ROWS = 32  # the K-quants
-VNNI_MIN_ROWS_32 = 128  # Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL
-AccI8 = types.UniTuple(I32x16, 8)  # 8 activation rows' int32 sums for 16 weight rows, in registers
-Acc8 = types.UniTuple(F32x16, 8)  # 8 activation rows' float32 accumulators for 16 weight rows, in registers
+# activation rows from which products take the VNNI tiles (two tiles against 4 rows). Ice Lake, 2 threads, in-process
+# alternating, us (pair tiles or, for the 32-value types, rows of 8 -> VNNI tiles): Q4_K 1,536 x 1,536 at 8 / 12 / 16
+# / 24 rows 143 / 190 / 235 / 324 -> 158 / 192 / 225 / 269, 8,960 x 1,536 at 8 / 16 rows 642 / 1,163 -> 708 / 1,031,
+# Q6_K 1,536 x 8,960 at 16 rows 1,387 -> 1,094; Q8_0 2,048 x 2,048 at 16 / 32 / 64 rows 350 / 619 / 1,808 -> 353 / 551
+# / 1,333, Q4_1 1,536 x 576 at 16 rows 97 -> 108, Q8_0 49,152 x 576 (SmolLM2's output) 2,236 -> 2,598
+VNNI_MIN_ROWS = 16  # the K-quants
+VNNI_MIN_ROWS_32 = 32  # Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL
+AccI8 = types.UniTuple(I32x16, 8)  # int32 sums of 4 activation rows x 2 tiles of 16 weight rows, in registers
+Acc8 = types.UniTuple(F32x16, 8)  # float32 accumulators: 4 rows x 2 tiles (VNNI tiles) or 8 rows x 1 (rows of 8)
 acc8_zero, acc8_mins, acc8_store, acc8_put = _acc_zero(Acc8), _acc_mins(Acc8), _acc_store(Acc8), _acc_put(Acc8)
 VNNI_ONES = np.ones(16, np.int32)  # a block's scale for vnni_wneg: the 32-value types scale in float
 
@@ -4995,40 +4995,6 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
                         st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
 
 
-@intrinsic
-def vnni8_block(typingctx, acc, bt, toff, x, xoff, xstride, start, dw, dx, i0, stride, last):
-    """One 32-value block for 8 activation rows: the int32 sums start at `start` (the block's -128 sum of codes per
-    weight row), 8 vpdpbusd a row (the tile at byte toff of bt against row r's quants + 128 at byte xoff + r xstride
-    of x), then acc[r] += float(sums) * (dw * dx[i0 + r stride]): acc16_sums's FMA, 8 rows."""
-    if acc != Acc8 or not _is_ptr_args(bt, toff) or not _is_ptr_args(x, xoff) or start != I32x16 or dw != F32x16:
-        return None
-    if not isinstance(xstride, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        pb = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-        px = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], _i8)
-        xs = context.cast(builder, args[5], sig.args[5], types.intp)
-        rows = [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(8)]
-        raw = [args[6]] * 8
-        for j in range(8):
-            tile = builder.gep(pb, [ir.Constant(_i64, 64 * j)])
-            wv = builder.load(builder.bitcast(tile, _v16i32.as_pointer()), align=1)
-            for r in range(8):
-                at = builder.bitcast(builder.gep(rows[r], [ir.Constant(_i64, 4 * j)]), _i32.as_pointer())
-                xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
-                raw[r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[r], xv, wv)
-        out = []
-        for r, d in enumerate(_acc_rows(context, builder, sig, args, 8, 8)):
-            f = builder.sitofp(raw[r], _v16f32)
-            out.append(
-                _z_call(builder, "llvm.fma.v16f32", f, builder.fmul(args[7], d), builder.extract_value(args[0], r))
-            )
-        return context.make_tuple(builder, sig.return_type, out)
-
-    return Acc8(acc, bt, toff, x, xoff, xstride, start, dw, dx, i0, stride, last), codegen
-
-
 @njit(inline="always", **DOT_PARALLEL)
 def _plus128(qs):
     """The activation quants qs (int8 [M, K]) + 128 as bytes (the same type): the VNNI tiles' unsigned operand."""
@@ -5042,12 +5008,70 @@ def _plus128(qs):
     return xu
 
 
+@intrinsic
+def vnni4x2_block(typingctx, acc, bt, ta, tb, x, xoff, xstride, starta, startb, dwa, dwb, dx, i0, stride, last):
+    """One 32-value block for 4 activation rows and two tiles (h = 0: ta, starta, dwa; h = 1: tb, startb, dwb): the
+    int32 sums start at start_h (the block's -128 sum of codes per weight row), 8 vpdpbusd a row and tile (the tile at
+    byte t_h of bt against row r's quants + 128 at byte xoff + r xstride of x, each broadcast feeding both tiles), then
+    acc[h 4 + r] += float(sums) * (dw_h * dx[i0 + r stride]): acc16_sums's FMA, 4 rows x 2 tiles."""
+    if acc != Acc8 or not _is_ptr_args(bt, ta) or not _is_ptr_args(x, xoff) or not isinstance(tb, types.Integer):
+        return None
+    if starta != I32x16 or startb != I32x16 or dwa != F32x16 or dwb != F32x16 or not isinstance(xstride, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tiles = [_ptr(context, builder, sig.args[1], args[1], sig.args[k], args[k], _i8) for k in (2, 3)]
+        px = _ptr(context, builder, sig.args[4], args[4], sig.args[5], args[5], _i8)
+        xs = context.cast(builder, args[6], sig.args[6], types.intp)
+        rows = [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(4)]
+        raw = [args[7]] * 4 + [args[8]] * 4
+        for j in range(8):
+            wv = []
+            for pt in tiles:
+                at = builder.gep(pt, [ir.Constant(_i64, 64 * j)])
+                wv.append(builder.load(builder.bitcast(at, _v16i32.as_pointer()), align=1))
+            for r in range(4):
+                at = builder.bitcast(builder.gep(rows[r], [ir.Constant(_i64, 4 * j)]), _i32.as_pointer())
+                xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
+                for h in range(2):
+                    raw[4 * h + r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[4 * h + r], xv, wv[h])
+        dx = _acc_rows(context, builder, sig, args, 11, 4)
+        out = []
+        for r in range(8):
+            f = builder.sitofp(raw[r], _v16f32)
+            scale = builder.fmul(args[9 + r // 4], dx[r % 4])
+            out.append(_z_call(builder, "llvm.fma.v16f32", f, scale, builder.extract_value(args[0], r)))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    sig = Acc8(acc, bt, ta, tb, x, xoff, xstride, starta, startb, dwa, dwb, dx, i0, stride, last)
+    return sig, codegen
+
+
+@intrinsic
+def acc4x2_mins(typingctx, acc, mwa, mwb, sx, i0, stride, last):
+    """acc[h 4 + r] + mw_h * sx[i0 + r stride] for r = 0..3, tiles h = 0, 1 (mw_0 = mwa, mw_1 = mwb): Q4_1's m-term
+    FMA for 4 rows x 2 tiles."""
+    if acc != Acc8 or mwa != F32x16 or mwb != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        xs = _acc_rows(context, builder, sig, args, 3, 4)
+        out = [
+            _z_call(builder, "llvm.fma.v16f32", args[1 + r // 4], xs[r % 4], builder.extract_value(args[0], r))
+            for r in range(8)
+        ]
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Acc8(acc, mwa, mwb, sx, i0, stride, last), codegen
+
+
 @njit(inline="always", **DOT)
 def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
     """_rows_x8 on the VNNI tiles (section note) for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL, xu the activation quants + 128
     (_plus128): the work item's codes unpacked once (_unpack_32x16) with each block's -128 correction per weight row;
-    per 8 activation rows and pair of groups, per block 8 vpdpbusd a row from that correction, then _rows_amx's FMAs
-    (acc16_sums, acc16_mins), the 8 rows' accumulators in registers."""
+    per 4 activation rows and two pairs of groups (32 weight rows), per block 8 vpdpbusd a row and pair from that
+    correction, each broadcast quant feeding both (vnni4x2_block), then _rows_amx's FMAs (acc16_sums, acc16_mins), the
+    accumulators in registers."""
     M, N, K = xu.shape[0], out.shape[1], xu.shape[1]
     nb = K // 32
     npair = (g1 - g0 + 1) // 2
@@ -5057,23 +5081,34 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
     for t in range(nb * npair):
         st_z(wneg, 64 * t, vnni_wneg(izero_z(), btiles, 512 * t, one))
     q1, d1, s1 = xu.reshape(-1), d.reshape(-1), s.reshape(-1)
-    part = _last_rows(q1, M, K, 8)
+    part = _last_rows(q1, M, K, 4)
     last = M * nb - 1
-    for m0 in range(0, M, 8):  # each 8 activation rows read once per work item, its pairs' tiles from L2
-        rows = min(8, M - m0)
-        x, xo = (q1, m0 * K) if rows == 8 else (part, 0)
-        for p in range(npair):
-            g = g0 + 2 * p
-            gb = min(g + 1, g1 - 1)
-            bt, dt = 512 * nb * p, 64 * nb * p
+    sums = _empty64(256, np.float32)  # per row h 4 + r (tile h, activation row r): the d terms, then the m terms
+    for m0 in range(0, M, 4):  # each 4 activation rows read once per work item, its pairs' tiles from L2
+        rows = min(4, M - m0)
+        x, xo = (q1, m0 * K) if rows == 4 else (part, 0)
+        for p in range(0, npair, 2):
+            pb = min(p + 1, npair - 1)  # an odd last pair as both, stored once
             acc, accm = acc8_zero(), acc8_zero()
             for b in range(nb):
-                start, dw = ld_i32z(wneg, dt + 64 * b), ld_f32z(dws, dt + 64 * b)
-                acc = vnni8_block(acc, btiles, bt + 512 * b, x, xo + 32 * b, K, start, dw, d1, m0 * nb + b, nb, last)
+                ta, tb, da, db = 512 * (nb * p + b), 512 * (nb * pb + b), 64 * (nb * p + b), 64 * (nb * pb + b)
+                sa, sb, dwa, dwb = ld_i32z(wneg, da), ld_i32z(wneg, db), ld_f32z(dws, da), ld_f32z(dws, db)
+                i = m0 * nb + b
+                acc = vnni4x2_block(acc, btiles, ta, tb, x, xo + 32 * b, K, sa, sb, dwa, dwb, d1, i, nb, last)
             if kind == Q4_1:
                 for b in range(nb):
-                    accm = acc8_mins(accm, ld_f32z(mws, dt + 64 * b), s1, m0 * nb + b, nb, last)
-            acc8_store(acc, accm, out, 4 * (m0 * N + 8 * g), 4 * N, rows, 16 if gb > g else 8)
+                    mwa, mwb = ld_f32z(mws, 64 * (nb * p + b)), ld_f32z(mws, 64 * (nb * pb + b))
+                    accm = acc4x2_mins(accm, mwa, mwb, s1, m0 * nb + b, nb, last)
+            acc8_put(acc, sums, 0)
+            acc8_put(accm, sums, 512)
+            for h in range(2 if pb > p else 1):
+                g = g0 + 2 * (p + h)
+                for r in range(rows):
+                    v = fadd_z(ld_f32z(sums, 64 * (4 * h + r)), ld_f32z(sums, 512 + 64 * (4 * h + r)))
+                    if g + 1 < g1:
+                        st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
+                    else:  # an odd last group: its 8 columns
+                        st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
 
 
 # ---- Rows of 8 on decode's vectors: batched decode of the 32-value types ---------------------------------------
@@ -6166,7 +6201,7 @@ def _x8_chunk(G, group_bytes, M, K, kind):
     else:
         per = max(X8_GROUPS, X8_TILE_BYTES // group_bytes)
     per = max(X8_GROUPS, min(per, G // X8_MIN_ITEMS))
-    if _vnni_tiles(M, kind) and not _x8_32(kind):  # whole pairs of pairs (_rowsk_vnni takes 32 weight rows at a time)
+    if _vnni_tiles(M, kind):  # whole pairs of pairs (the VNNI tiles take 32 weight rows at a time)
         return max(4, per - per % 4)
     return per - per % 2  # whole pairs of groups (the AMX tiles take 16 weight rows at a time)
 

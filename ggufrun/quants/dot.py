@@ -4823,7 +4823,31 @@ def acc8i_splat(typingctx, va, vb):
     return AccI8(va, vb), codegen
 
 
-acc8i_store = _acc_put(AccI8)
+def _dpbusd_4x2(builder, raw, tiles, rows, n4):
+    """The VNNI tiles' inner loop (codegen): for j < n4, tile row j of both tiles (64 bytes at 64 j of each pointer
+    in `tiles`) against activation row r's 4 quants + 128 at byte 4 j of rows[r] (broadcast once, fed to both tiles'
+    vpdpbusd): raw[h 4 + r] updated in place, r = 0..3, h = 0, 1."""
+    for j in range(n4):
+        wv = []
+        for pt in tiles:
+            at = builder.gep(pt, [ir.Constant(_i64, 64 * j)])
+            wv.append(builder.load(builder.bitcast(at, _v16i32.as_pointer()), align=1))
+        for r in range(4):
+            at = builder.bitcast(builder.gep(rows[r], [ir.Constant(_i64, 4 * j)]), _i32.as_pointer())
+            xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
+            for h in range(2):
+                raw[4 * h + r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[4 * h + r], xv, wv[h])
+
+
+def _fma_4x2(builder, acc, sums, dws, dx):
+    """acc[h 4 + r] + float(sums[h 4 + r]) * (dws[h] * dx[r]) for r = 0..3, h = 0, 1 (codegen; acc an Acc8 value,
+    sums 8 int32 vectors, dx 4 broadcast vectors): the d-term FMA of 4 activation rows and two tiles."""
+    out = []
+    for r in range(8):
+        f = builder.sitofp(sums[r], _v16f32)
+        scale = builder.fmul(dws[r // 4], dx[r % 4])
+        out.append(_z_call(builder, "llvm.fma.v16f32", f, scale, builder.extract_value(acc, r)))
+    return out
 
 
 @intrinsic
@@ -4835,12 +4859,8 @@ def acc4x2_isums(typingctx, acc, isum, dwa, dwb, dx, i0, stride, last):
         return None
 
     def codegen(context, builder, sig, args):
-        xs = _acc_rows(context, builder, sig, args, 4, 4)
-        out = []
-        for r in range(8):
-            f = builder.sitofp(builder.extract_value(args[1], r), _v16f32)
-            scale = builder.fmul(args[2 + r // 4], xs[r % 4])
-            out.append(_z_call(builder, "llvm.fma.v16f32", f, scale, builder.extract_value(args[0], r)))
+        sums = [builder.extract_value(args[1], r) for r in range(8)]
+        out = _fma_4x2(builder, args[0], sums, args[2:4], _acc_rows(context, builder, sig, args, 4, 4))
         return context.make_tuple(builder, sig.return_type, out)
 
     return Acc8(acc, isum, dwa, dwb, dx, i0, stride, last), codegen
@@ -4865,16 +4885,7 @@ def _vnni4x2(n4: int):
             stride = context.cast(builder, args[6], sig.args[6], types.intp)
             rows = [builder.gep(px, [builder.mul(stride, ir.Constant(_i64, r))]) for r in range(4)]
             raw = [_splat(_v16i32, 0)] * 8
-            for j in range(n4):
-                wv = []
-                for pt in tiles:
-                    at = builder.gep(pt, [ir.Constant(_i64, 64 * j)])
-                    wv.append(builder.load(builder.bitcast(at, _v16i32.as_pointer()), align=1))
-                for r in range(4):
-                    at = builder.bitcast(builder.gep(rows[r], [ir.Constant(_i64, 4 * j)]), _i32.as_pointer())
-                    xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
-                    for h in range(2):
-                        raw[4 * h + r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[4 * h + r], xv, wv[h])
+            _dpbusd_4x2(builder, raw, tiles, rows, n4)
             out = [
                 builder.add(builder.extract_value(args[0], r), builder.mul(raw[r], args[7 + r // 4])) for r in range(8)
             ]
@@ -4915,6 +4926,22 @@ vnni_wneg, vnni_wneg16 = _vnni_wneg(8), _vnni_wneg(4)
 
 
 @njit(inline="always", **DOT)
+def _put_4x2(sums, out, m0, rows, g0, g1, p, pb):
+    """The VNNI tiles' results for activation rows m0..m0 + rows - 1 and the pairs of groups p, pb of the work item
+    g0..g1 (pb == p: one pair): row h 4 + r of sums (the d terms of tile h, activation row r) + row 8 + h 4 + r (its
+    m / dmin terms) to out, 16 columns a pair, an odd last group's 8."""
+    N = out.shape[1]
+    for h in range(2 if pb > p else 1):
+        g = g0 + 2 * (p + h)
+        for r in range(rows):
+            v = fadd_z(ld_f32z(sums, 64 * (4 * h + r)), ld_f32z(sums, 64 * (8 + 4 * h + r)))
+            if g + 1 < g1:
+                st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
+            else:  # an odd last group: its 8 columns
+                st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
+
+
+@njit(inline="always", **DOT)
 def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
     """_rowsk_x8 on the VNNI tiles (section note): the work item's codes unpacked once (_unpack_k16) with each
     super-block's -128 correction per weight row (wneg); per 4 activation rows, two pairs of groups (32 weight rows; an
@@ -4926,7 +4953,7 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
     (a C model of it: 3.3 ns per 16 weight rows x 32 values x one activation row), two pairs and 4 rows 44.2-48.2 ms
     (C: 2.5-2.7 ns); two threads, 256 rows: IQ4_XS 14.4 -> 11.6 ms, Q4_K 17.2 -> 14.4, Q6_K 14.9 -> 13.5."""
     rb = w.shape[1]
-    M, N, K = qu.shape[0], out.shape[1], qu.shape[1]
+    M, K = qu.shape
     nsb, n32 = K // 256, b32.shape[1]
     sbytes = _kx8_bytes(kind)
     gs = 16 if kind == Q6_K else 32  # values per scale group and tile
@@ -4985,14 +5012,7 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
                         _k_min_step(w, oa, oa1, b32, bo, dx, dma, acc, 8 + r)
                         _k_min_step(w, ob, ob1, b32, bo, dx, dmb, acc, 12 + r)
             acc8_put(facc, acc, 0)
-            for h in range(2 if pb > p else 1):
-                g, g2 = (ga, ga1) if h == 0 else (gb, gb1)
-                for r in range(rows):
-                    v = fadd_z(ld_f32z(acc, 64 * (4 * h + r)), ld_f32z(acc, 64 * (8 + 4 * h + r)))
-                    if g2 > g:
-                        st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
-                    else:
-                        st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
+            _put_4x2(acc, out, m0, rows, g0, g1, p, pb)
 
 
 @njit(inline="always", **DOT_PARALLEL)
@@ -5025,22 +5045,8 @@ def vnni4x2_block(typingctx, acc, bt, ta, tb, x, xoff, xstride, starta, startb, 
         xs = context.cast(builder, args[6], sig.args[6], types.intp)
         rows = [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(4)]
         raw = [args[7]] * 4 + [args[8]] * 4
-        for j in range(8):
-            wv = []
-            for pt in tiles:
-                at = builder.gep(pt, [ir.Constant(_i64, 64 * j)])
-                wv.append(builder.load(builder.bitcast(at, _v16i32.as_pointer()), align=1))
-            for r in range(4):
-                at = builder.bitcast(builder.gep(rows[r], [ir.Constant(_i64, 4 * j)]), _i32.as_pointer())
-                xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
-                for h in range(2):
-                    raw[4 * h + r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[4 * h + r], xv, wv[h])
-        dx = _acc_rows(context, builder, sig, args, 11, 4)
-        out = []
-        for r in range(8):
-            f = builder.sitofp(raw[r], _v16f32)
-            scale = builder.fmul(args[9 + r // 4], dx[r % 4])
-            out.append(_z_call(builder, "llvm.fma.v16f32", f, scale, builder.extract_value(args[0], r)))
+        _dpbusd_4x2(builder, raw, tiles, rows, 8)
+        out = _fma_4x2(builder, args[0], raw, args[9:11], _acc_rows(context, builder, sig, args, 11, 4))
         return context.make_tuple(builder, sig.return_type, out)
 
     sig = Acc8(acc, bt, ta, tb, x, xoff, xstride, starta, startb, dwa, dwb, dx, i0, stride, last)
@@ -5072,7 +5078,7 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
     per 4 activation rows and two pairs of groups (32 weight rows), per block 8 vpdpbusd a row and pair from that
     correction, each broadcast quant feeding both (vnni4x2_block), then _rows_amx's FMAs (acc16_sums, acc16_mins), the
     accumulators in registers."""
-    M, N, K = xu.shape[0], out.shape[1], xu.shape[1]
+    M, K = xu.shape
     nb = K // 32
     npair = (g1 - g0 + 1) // 2
     btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb)
@@ -5101,14 +5107,7 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
                     accm = acc4x2_mins(accm, mwa, mwb, s1, m0 * nb + b, nb, last)
             acc8_put(acc, sums, 0)
             acc8_put(accm, sums, 512)
-            for h in range(2 if pb > p else 1):
-                g = g0 + 2 * (p + h)
-                for r in range(rows):
-                    v = fadd_z(ld_f32z(sums, 64 * (4 * h + r)), ld_f32z(sums, 512 + 64 * (4 * h + r)))
-                    if g + 1 < g1:
-                        st_z(out, 4 * ((m0 + r) * N + 8 * g), v)
-                    else:  # an odd last group: its 8 columns
-                        st_lo_f32x8(out, 4 * ((m0 + r) * N + 8 * g), v)
+            _put_4x2(sums, out, m0, rows, g0, g1, p, pb)
 
 
 # ---- Rows of 8 on decode's vectors: batched decode of the 32-value types ---------------------------------------

@@ -75,11 +75,12 @@ class _Request:
     """One submitted generation: what it asked for, where it is, and the queue its chunks go to."""
 
     def __init__(self, prompt: np.ndarray, sampler: Sampler, max_tokens: int, reply: ReplyText, cancel, n_ctx,
-                 constraint=None, logprobs: int | None = None):  # fmt: skip
+                 constraint=None, logprobs: int | None = None, token_logprob: bool = True):  # fmt: skip
         self.prompt = prompt  # int64 [n_prompt]
         self.sampler = sampler
         self.constraint = constraint  # a grammar.Constraint masking each step's logits, or None
         self.logprobs = logprobs  # None, or k: report raw log-probabilities and the k best alternatives
+        self.token_logprob = token_logprob  # False: Chunk.logprob None where logprobs is None (greedy: no normaliser)
         self.budget = min(max_tokens, n_ctx - prompt.shape[0] + 1)  # the last token sampled needs no KV slot
         self.reply = reply  # tokens -> text, stop strings, end-of-generation
         self.cancel_event = cancel  # the caller's threading.Event or callable, or None
@@ -265,6 +266,7 @@ class BatchEngine:
         constraint=None,
         logprobs: int | None = None,
         notify=None,
+        token_logprob: bool = True,
     ) -> Stream:
         """Queue a generation of `prompt_ids`; return the Stream of its chunks. Thread-safe.
 
@@ -274,7 +276,10 @@ class BatchEngine:
         every step's logits, advances with each token and ends the reply when done. logprobs: None, or k in 0..20
         for each chunk's raw log-probability, token bytes and k best alternatives (Chunk.top_logprobs). notify: a
         callable the engine's thread calls after queueing each chunk (e.g. an event loop's call_soon_threadsafe of
-        an event's set), so that a consumer can wait without a thread and read with Stream.poll(). Bad values
+        an event's set), so that a consumer can wait without a thread and read with Stream.poll(). token_logprob:
+        False leaves each Chunk.logprob None unless `logprobs` asks for them (Sampler.sample(logprob=False): a greedy
+        request then skips the normaliser, one exp per vocabulary entry a token; the server passes False, as it
+        reports log-probabilities only through `logprobs`). Bad values
         raise here (ValueError / TypeError naming the argument; ContextOverflowError for a prompt that leaves no
         room to generate).
         """
@@ -302,7 +307,7 @@ class BatchEngine:
         check_prompt_fits(ids.shape[0], self.tf.n_ctx)
         sampler = Sampler(params, self.n_vocab)
         request = _Request(ids, sampler, int(max_tokens), reply, cancel, self.tf.n_ctx, constraint,
-                           None if logprobs is None else int(logprobs))  # fmt: skip
+                           None if logprobs is None else int(logprobs), bool(token_logprob))  # fmt: skip
         request.notify = notify
         with self._cond:
             if self._closed:
@@ -424,7 +429,8 @@ class BatchEngine:
             if len(greedy) > 1 and self.tf.batch_sampling_ready():
                 rows = np.array([i for i, _ in greedy], dtype=np.int64)
                 samplers = [r.sampler for _, r in greedy]
-                picked = dict(zip(rows.tolist(), sample_greedy_rows(logits, rows, samplers)))
+                want = [r.token_logprob for _, r in greedy]
+                picked = dict(zip(rows.tolist(), sample_greedy_rows(logits, rows, samplers, want)))
             for i, r in to_sample:
                 if picked.get(i) is not None:
                     sampled.append((r, *picked[i], None))
@@ -452,11 +458,12 @@ class BatchEngine:
     def _pick(self, r: _Request, row: np.ndarray) -> tuple[_Request, int, float, list | None]:
         """One request's token from its logits row, as generate._pick: sampled (through its constraint, which then
         advances), with the raw log-probabilities when asked for."""
-        token, logprob = r.sampler.sample(row, r.history[: r.n_hist], constraint=r.constraint)
+        token, logprob = r.sampler.sample(row, r.history[: r.n_hist], constraint=r.constraint,
+                                          logprob=r.token_logprob and r.logprobs is None)  # fmt: skip
         if r.constraint is not None:
             r.constraint.advance(token)
         if r.logprobs is None:
-            return r, token, logprob, None
+            return r, token, logprob if r.token_logprob else None, None
         lp = token_logprobs(row, token, r.logprobs)
         return r, token, lp.logprob, lp.top()
 

@@ -64,7 +64,8 @@ class Chunk:
     token:         the token sampled at this step (None on a closing chunk that sampled nothing)
     logprob:       its log-probability under the distribution it was sampled from; when the caller asked for
                    `logprobs=k`, under the model's raw distribution instead (log-softmax of the logits, before
-                   bias, penalties and filters: what OpenAI's API reports)
+                   bias, penalties and filters: what OpenAI's API reports); None from a BatchEngine request
+                   submitted with token_logprob=False
     finish_reason: None until the last chunk, then "stop" | "length" | "cancelled" | "tool_calls"
     stats:         on the last chunk only
     top_logprobs:  with `logprobs=k`: the k most likely tokens as (id, raw log-probability, bytes), best first

@@ -287,20 +287,29 @@ class Sampler:
         self.rng = np.random.default_rng(self.params.seed if seed is None else int(seed))
 
     def sample(
-        self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (), *, constraint: Constraint | None = None
-    ) -> tuple[int, float]:
+        self,
+        logits: np.ndarray,
+        history: Sequence[int] | np.ndarray = (),
+        *,
+        constraint: Constraint | None = None,
+        logprob: bool = True,
+    ) -> tuple[int, float | None]:
         """(token, log-probability) for one step. `logits` float [n_vocab] is not modified; `history` is every
         token so far (prompt + generated), read for the penalties and passed to the logits processors.
         `constraint` (ggufrun.grammar.Constraint) masks the tokens its grammar does not allow next; the caller then
         calls `constraint.advance(token)`.
 
         The log-probability is under the distribution the token was drawn from (after every filter and the
-        temperature, renormalised); for greedy, the log-softmax of the biased, penalised, processed logits.
+        temperature, renormalised); for greedy, the log-softmax of the biased, penalised, processed logits. With
+        logprob=False a greedy step gives None instead and skips the normaliser, one exp per vocabulary entry (a
+        sampled step's costs nothing extra: its draw needs the sum).
         """
         p = self.params
         x, best = self._prepare(logits, history, constraint)  # float32 [n_vocab], its argmax
         m = float(x[best])
         if p.temperature == 0.0:
+            if not logprob:
+                return best, None
             from .model.kernels import exp_total  # Numba: loaded with the first model, not by `import ggufrun`
 
             return best, -math.log(exp_total(x, np.float32(m)))
@@ -415,21 +424,23 @@ class Sampler:
 
 
 def sample_greedy_rows(
-    logits: np.ndarray, rows: np.ndarray, samplers: Sequence[Sampler]
-) -> list[tuple[int, float] | None]:
+    logits: np.ndarray, rows: np.ndarray, samplers: Sequence[Sampler], logprob: Sequence[bool] | None = None
+) -> list[tuple[int, float | None] | None]:
     """Sampler.sample's (token, log-probability) for rows `rows` (int64) of logits float32 [M, n_vocab], the row of
     samplers[i] at rows[i], each greedy as is (Sampler.greedy_as_is): each row's logit_bias added in place, then all
     rows at once on the compute threads (kernels.greedy_rows: the same bits); None for a row whose logits are not
     finite: its sampler, given the row as it is left, raises the error it raises alone (a finite bias added again makes
-    no value that is not finite finite). Those rows keep the biases added."""
+    no value that is not finite finite). Those rows keep the biases added. logprob[i] False: that row's
+    log-probability is None, as Sampler.sample(..., logprob=False) gives (default: every row's)."""
     from .model.kernels import greedy_rows  # Numba: loaded with the first model, not by `import ggufrun`
     from .runtime import on_compute_thread
 
     for i, sampler in zip(rows.tolist(), samplers):
         sampler.add_bias(logits[i])
+    want = np.ones(len(rows), dtype=np.uint8) if logprob is None else np.array(logprob, dtype=np.uint8)
     best, sums = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.float64)
-    on_compute_thread(greedy_rows, logits, rows, best, sums)  # the thread that starts every parallel region
-    return [(int(b), -math.log(t)) if math.isfinite(t) else None for b, t in zip(best, sums)]
+    on_compute_thread(greedy_rows, logits, rows, want, best, sums)  # the thread that starts every parallel region
+    return [((int(b), -math.log(t) if w else None) if math.isfinite(t) else None) for b, t, w in zip(best, sums, want)]
 
 
 # --- reported log-probabilities -----------------------------------------------------------------------------------

@@ -237,8 +237,10 @@ class EngineRunner(ModelRunner):
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
         params = self.model._params(sampling.pop("preset", None), dict(sampling))
+        # token_logprob False: the replies carry log-probabilities only where `logprobs` asks (their own path)
         stream = engine.submit(ids, params, max_tokens, stop, cancel=cancel, constraint=constraint,
-                               logprobs=logprobs, notify=lambda: loop.call_soon_threadsafe(ready.set))  # fmt: skip
+                               logprobs=logprobs, notify=lambda: loop.call_soon_threadsafe(ready.set),
+                               token_logprob=False)  # fmt: skip
         # with tools, the reply is parsed for calls at its end: with_tool_calls reads the chunks as they come
         arrived: deque = deque()
         parsed = None if tool_format is None else with_tool_calls((arrived.popleft() for _ in iter(int, 1)),

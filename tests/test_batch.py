@@ -325,6 +325,37 @@ def test_greedy_rows_of_a_step_are_sampled_together_with_their_solo_bits(tiny, m
     assert seen and max(seen) == 4  # the plain and the biased greedy rows, never the penalised or the sampled one
 
 
+def test_token_logprob_off_gives_the_same_chunks_without_logprobs(tiny, monkeypatch):
+    """submit(token_logprob=False) (the server's requests): every chunk's text, token and finish reason as with it on
+    and its logprob None, whether the step sampled its greedy row with others (sample_greedy_rows, which then skips
+    the row's normaliser), alone (a repetition penalty) or from a temperature; with logprobs=k the raw
+    log-probabilities still come."""
+    import ggufrun.batch as batch
+
+    deadline = time.monotonic() + 300
+    while not tiny.transformer.batch_sampling_ready():
+        assert time.monotonic() < deadline, "kernels.greedy_rows never became ready"
+        time.sleep(0.05)
+    seen = []
+    at_once = batch.sample_greedy_rows
+    monkeypatch.setattr(batch, "sample_greedy_rows", lambda *a: seen.append(list(a[3])) or at_once(*a))
+    prompts = _prompts(5, seed=5)
+    sampling = [{}, {}, {"logit_bias": {7: 50.0}}, {"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 4}]
+    expected = [_solo(tiny, p, 10, **s) for p, s in zip(prompts, sampling)]
+    solo_raw = _key(tiny.generate(prompts[0], 10, temperature=0, logprobs=2))
+    with BatchEngine.from_model(tiny, n_slots=6) as engine:
+        steps = Steps(tiny.transformer, monkeypatch, gated=True)
+        streams = [engine.submit(p, SamplingParams(**{"temperature": 0, **s}), 10, token_logprob=False)
+                   for p, s in zip(prompts, sampling)]  # fmt: skip
+        raw = engine.submit(prompts[0], GREEDY, 10, logprobs=2, token_logprob=False)
+        steps.open()
+        got = [_key(s) for s in streams]
+        got_raw = _key(raw)
+    assert got == [[(text, token, None, reason) for text, token, _, reason in e] for e in expected]
+    assert got_raw == solo_raw and all(lp is not None for _, _, lp, _ in solo_raw)
+    assert seen and all(not any(want) for want in seen)  # the greedy rows at once, none with its normaliser
+
+
 def test_a_request_arriving_mid_stream_joins_the_batch(tiny, monkeypatch):
     a_ids, b_ids = _prompts(2, seed=1)
     with BatchEngine.from_model(tiny, n_slots=2) as engine:

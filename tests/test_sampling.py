@@ -270,6 +270,15 @@ def test_greedy_rows_at_once_give_each_samplers_bits():
     rows = np.array([5, 0, 1, 2, 3, 4], np.int64)  # in any order
     got = dict(zip(rows.tolist(), sample_greedy_rows(logits.copy(), rows, [samplers[i] for i in rows])))
     assert [got[i] for i in range(6)] == solo
+    without = sample_greedy_rows(logits.copy(), rows, [samplers[i] for i in rows], [False] * 6)  # no normaliser
+    assert dict(zip(rows.tolist(), without)) == {i: None if s is None else (s[0], None) for i, s in enumerate(solo)}
+    assert [s.sample(row, [], logprob=False) for s, row in zip(samplers[:3], logits)] == [
+        (t, None) for t, _ in solo[:3]
+    ]
+    drawn = Sampler(SamplingParams(temperature=0.8, seed=1), 3000)
+    assert drawn.sample(logits[0], [], logprob=False) == Sampler(SamplingParams(temperature=0.8, seed=1), 3000).sample(
+        logits[0], []
+    )  # a draw needs the sum anyway: its log-probability stays
     after = logits.copy()
     assert sample_greedy_rows(after, np.array([3, 4], np.int64), [biased, biased]) == [None, None]
     with pytest.raises(ValueError, match=r"\+inf"):
@@ -614,8 +623,9 @@ def test_greedy_rows_argmax_and_sum_at_every_length(n):
     """kernels.greedy_rows' vector passes (the maximum 32 values a step, its first index 16 compares a step, the float64
     sum in 8-lane sums) at lengths around the vectors' sizes: np.argmax's index wherever the maximum sits (first, in a
     tie across two blocks, last, second to last); the sum of the row's exps (exp_sum leaves them in the row) within
-    1e-12 of float64 NumPy's sum of the same values, the bits exp_sum gives alone, the rows left as they were; a NaN
-    past the first 32 values makes the sum NaN."""
+    1e-12 of float64 NumPy's sum of the same values, the bits exp_sum gives alone, the rows left as they were; rows
+    whose sum is not wanted get the same argmax and 1.0; a NaN past the first 32 values makes the sum NaN, wanted or
+    not."""
     from ggufrun.model.kernels import exp_sum, greedy_rows
 
     rng = np.random.default_rng(n)
@@ -632,8 +642,12 @@ def test_greedy_rows_argmax_and_sum_at_every_length(n):
     logits = np.stack(rows)
     best, sums = np.zeros(len(rows), np.int64), np.zeros(len(rows))
     given = logits.copy()
-    greedy_rows(given, np.arange(len(rows), dtype=np.int64), best, sums)
+    ones = np.ones(len(rows), np.uint8)
+    greedy_rows(given, np.arange(len(rows), dtype=np.int64), ones, best, sums)
     assert np.array_equal(given.view(np.int32), logits.view(np.int32))
+    best_only, skipped = np.zeros_like(best), np.zeros_like(sums)  # want 0: the argmax alone, the sum left at 1.0
+    greedy_rows(given, np.arange(len(rows), dtype=np.int64), ones * 0, best_only, skipped)
+    assert np.array_equal(best_only, best) and np.all(skipped == 1.0)
     for i, x in enumerate(rows):
         assert best[i] == np.argmax(x)
         e = x.copy()
@@ -643,6 +657,7 @@ def test_greedy_rows_argmax_and_sum_at_every_length(n):
     if n > 40:
         x = base.copy()
         x[35] = np.nan
-        out = np.zeros(1)
-        greedy_rows(x[None].copy(), np.zeros(1, np.int64), np.zeros(1, np.int64), out)
-        assert math.isnan(out[0])
+        for want in (1, 0):  # NaN with or without the sum
+            out = np.zeros(1)
+            greedy_rows(x[None].copy(), np.zeros(1, np.int64), np.full(1, want, np.uint8), np.zeros(1, np.int64), out)
+            assert math.isnan(out[0])

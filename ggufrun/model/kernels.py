@@ -721,24 +721,40 @@ def _first_index(x, v):
     return b
 
 
+@numba.njit(inline="always", **ATT)
+def _has_nan(x):
+    """Whether float32 x holds a NaN (one pass without an early exit, which LLVM vectorises: the check exp_total's
+    sum makes otherwise)."""
+    bad = False
+    for j in range(x.shape[0]):
+        bad |= x[j] != x[j]
+    return bad
+
+
 @numba.njit(**ATT)
-def _greedy_part(logits, rows, best, sums, i0, i1):
+def _greedy_part(logits, rows, want, best, sums, i0, i1):
     for i in range(i0, i1):
         x = logits[rows[i]]
         v = _max_of(x)
         best[i] = _first_index(x, v)  # the first of equal maxima, as np.argmax
         # a row whose maximum is +-inf or NaN gets NaN, for the sampler's error
-        sums[i] = exp_total(x, v) if math.isfinite(v) else math.nan
+        if not math.isfinite(v):
+            sums[i] = math.nan
+        elif want[i]:
+            sums[i] = exp_total(x, v)
+        else:
+            sums[i] = math.nan if _has_nan(x) else 1.0
 
 
 @launcher(_greedy_part, ATT_PARALLEL)
-def greedy_rows(logits, rows, best, sums):
+def greedy_rows(logits, rows, want, best, sums):
     """For row rows[i] of logits float32 [M, n_vocab]: best[i] its argmax (the first of equal maxima), sums[i] the
-    float64 sum of exp(logit - max) (exp_sum: -log(sums[i]) is the token's log-probability), NaN where the maximum is
+    float64 sum of exp(logit - max) (exp_sum: -log(sums[i]) is the token's log-probability) where want[i] (uint8)
+    is set, else 1.0 (no pass over the row's exps: Gemma3's 262,144 logits, ~0.13 ms a row), NaN where the maximum is
     not finite; the bits of ggufrun.sampling's greedy Sampler, a row per work item on the threads (a batched decode
     step's greedy rows: Gemma3's 262,144 logits, 16 rows 3.96 -> 2.87 ms). The rows are left as they are
     (exp_total)."""
-    run_items("_greedy_part", (logits, rows, best, sums), rows.shape[0], 1)
+    run_items("_greedy_part", (logits, rows, want, best, sums), rows.shape[0], 1)
 
 
 @numba.njit(**ATT)

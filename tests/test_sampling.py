@@ -624,8 +624,8 @@ def test_greedy_rows_argmax_and_sum_at_every_length(n):
     sum in 8-lane sums) at lengths around the vectors' sizes: np.argmax's index wherever the maximum sits (first, in a
     tie across two blocks, last, second to last); the sum of the row's exps (exp_sum leaves them in the row) within
     1e-12 of float64 NumPy's sum of the same values, the bits exp_sum gives alone, the rows left as they were; rows
-    whose sum is not wanted get the same argmax and 1.0; a NaN past the first 32 values makes the sum NaN, wanted or
-    not."""
+    whose sum is not wanted get the same argmax and 1.0; a NaN anywhere (in the first 32 values, past them, in the
+    last n % 32) makes the sum NaN, wanted or not."""
     from ggufrun.model.kernels import exp_sum, greedy_rows
 
     rng = np.random.default_rng(n)
@@ -654,9 +654,9 @@ def test_greedy_rows_argmax_and_sum_at_every_length(n):
         assert exp_sum(e, np.float32(8.0)) == sums[i]
         want = e.astype(np.float64).sum()  # the same float32 exps, summed by NumPy
         assert abs(sums[i] - want) <= 1e-12 * want and sums[i] >= 1.0
-    if n > 40:
+    for at in sorted({0, 35 % n, n - 1}):  # a NaN in the first 32 values, past them, in the last n % 32
         x = base.copy()
-        x[35] = np.nan
+        x[at] = np.nan
         for want in (1, 0):  # NaN with or without the sum
             out = np.zeros(1)
             greedy_rows(x[None].copy(), np.zeros(1, np.int64), np.full(1, want, np.uint8), np.zeros(1, np.int64), out)

@@ -575,8 +575,8 @@ def compile_kernels(transformer, n_threads: int, verbose: bool = False, helpers=
 
         transformer.warmup()
         exp_total(np.zeros(40, np.float32), np.float32(0.0))
-        two = np.zeros((2, 8), np.float32), np.arange(2), np.ones(2, np.uint8), np.zeros(2, np.int64), np.zeros(2)
-        greedy_rows(*two)  # batched steps
+        rows = np.arange(2)  # batched steps' greedy rows, their normalisers wanted
+        greedy_rows(np.zeros((2, 8), np.float32), rows, np.ones(2, np.uint8), np.zeros(2, np.int64), np.zeros(2))
 
     def compile_all() -> None:  # on the compute thread, whose OpenMP workers never take Ctrl-C
         started = None

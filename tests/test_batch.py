@@ -299,19 +299,31 @@ def test_eight_concurrent_submissions_get_their_solo_chunks(tiny):
     assert engine.decode_rows > engine.steps  # some steps advanced several sequences
 
 
-def test_greedy_rows_of_a_step_are_sampled_together_with_their_solo_bits(tiny, monkeypatch):
-    """A step's greedy rows with nothing but a logit_bias to change their logits are sampled at once
-    (sampling.sample_greedy_rows); a request with a repetition penalty or a seeded temperature beside them keeps its
-    own sampler. Every chunk (text, token, logprob) is what the request gets alone."""
+def _greedy_rows_seen(tiny, monkeypatch, record) -> list:
+    """Once the batched greedy sampler is ready (a fresh Numba cache: the background helper compiles greedy_rows
+    last), every call the engine makes to sample_greedy_rows appends record(rows, want) to the list returned."""
     import ggufrun.batch as batch
 
-    deadline = time.monotonic() + 300  # a fresh Numba cache: the background helper compiles greedy_rows last
+    deadline = time.monotonic() + 300
     while not tiny.transformer.batch_sampling_ready():
         assert time.monotonic() < deadline, "kernels.greedy_rows never became ready"
         time.sleep(0.05)
     seen = []
     at_once = batch.sample_greedy_rows
-    monkeypatch.setattr(batch, "sample_greedy_rows", lambda *a: seen.append(len(a[1])) or at_once(*a))
+
+    def spy(logits, rows, samplers, want=None):
+        seen.append(record(rows, want))
+        return at_once(logits, rows, samplers, want)
+
+    monkeypatch.setattr(batch, "sample_greedy_rows", spy)
+    return seen
+
+
+def test_greedy_rows_of_a_step_are_sampled_together_with_their_solo_bits(tiny, monkeypatch):
+    """A step's greedy rows with nothing but a logit_bias to change their logits are sampled at once
+    (sampling.sample_greedy_rows); a request with a repetition penalty or a seeded temperature beside them keeps its
+    own sampler. Every chunk (text, token, logprob) is what the request gets alone."""
+    seen = _greedy_rows_seen(tiny, monkeypatch, lambda rows, want: len(rows))
     prompts = _prompts(6, seed=3)
     sampling = [{}, {}, {}, {"logit_bias": {7: 50.0}}, {"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 4}]
     expected = [_solo(tiny, p, 12, **s) for p, s in zip(prompts, sampling)]
@@ -330,15 +342,7 @@ def test_token_logprob_off_gives_the_same_chunks_without_logprobs(tiny, monkeypa
     and its logprob None, whether the step sampled its greedy row with others (sample_greedy_rows, which then skips
     the row's normaliser), alone (a repetition penalty) or from a temperature; with logprobs=k the raw
     log-probabilities still come."""
-    import ggufrun.batch as batch
-
-    deadline = time.monotonic() + 300
-    while not tiny.transformer.batch_sampling_ready():
-        assert time.monotonic() < deadline, "kernels.greedy_rows never became ready"
-        time.sleep(0.05)
-    seen = []
-    at_once = batch.sample_greedy_rows
-    monkeypatch.setattr(batch, "sample_greedy_rows", lambda *a: seen.append(list(a[3])) or at_once(*a))
+    seen = _greedy_rows_seen(tiny, monkeypatch, lambda rows, want: list(want))
     prompts = _prompts(5, seed=5)
     sampling = [{}, {}, {"logit_bias": {7: 50.0}}, {"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 4}]
     expected = [_solo(tiny, p, 10, **s) for p, s in zip(prompts, sampling)]

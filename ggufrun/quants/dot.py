@@ -2794,7 +2794,7 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
         _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
     if _z8_given(out, qs, kind):
-        _rows_z8(kind, bsize, w, d, s, qs, sums, out, g0, g1)
+        _rows_zq(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
     if _pairs_given(out.shape[0], kind):
         _rows_z(kind, bsize, w, d, s, qs, sums, out, g0, g1)
@@ -5193,6 +5193,16 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
 # decode and every other route. The pair tiles, which this replaces there, put 2 activation rows x 8 weight rows in a
 # vector and keep their accumulators in L1; per block and 16 weight rows they widen the codes once per pair and
 # read-modify-write every pair's accumulator.
+# A work item's groups go four at a time (_rows_zq, two pairs: 32 weight rows), block by block, every activation row
+# against both pairs' codes in registers: one broadcast quad of quants feeds two vpdpbusd instead of one. On this
+# Ice Lake a vpdpbusd that needs a load of its own (a broadcast memory operand, or a vpbroadcastd in front) issues at
+# most one a cycle; two vpdpbusd on one broadcast issue two a cycle (dev/vnni_rates.c: 0.32 against 0.19-0.20 ns
+# each). The rows' d-term accumulators wait in L1 between blocks (a load and a store a row, pair and block); Q4_1's m
+# terms follow the blocks in registers, 8 rows at a time. Ice Lake, 1 thread, the same product repeated, min of
+# alternating processes (ns per 16 weight rows x 32 values x 1 row): Q4_1 3,072 x 576 at 16 / 8 rows 4.5-4.9 / 5.3-7.7
+# -> 3.6-3.7 / 4.2, Q4_1 576 x 1,536 at 16 rows 4.7 -> 3.6, Q8_0 1,536 x 576 4.6-5.3 -> 3.8-4.5; Q8_0 262,144 x 640
+# (Gemma3's output) at 16 rows on 2 threads 5.0-7.8 -> 4.5. A C model of the loop (dev/vnni_rates.c) runs at 3.4-3.6
+# ns in L2, 3.0-3.1 in L1; with the m terms as a second read-modify-write per row 3.9-4.6.
 # -----------------------------------------------------------------------------------------------------------------
 
 # activation rows from which the rows of 8 take a product. Ice Lake, 2 threads, alternating processes, in Gemma3's and
@@ -5347,6 +5357,98 @@ def _rows_z8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
                 if kind == Q4_1:
                     accm = acc8_mins(accm, ld_f16x16(w, oa + 16, ob + 16), s1, i, nb, last)
             acc8_store(acc, accm, out, 4 * (m0 * N + 8 * g), 4 * N, rows, 16 if gb > g else 8)
+
+
+def _dots2_z(nibbles: bool):
+    """Intrinsic (ua, ub, x, xoff, init) -> (sa, sb): one 32-value block of two pairs of groups (ua, ub: decode's
+    CodesZ8, unsigned) against one activation row's 32 quants at byte xoff of x: from `init` in every lane, 8 vpdpbusd
+    a pair, each broadcast quad of quants (value v_j, as vnni8_codes) feeding both pairs' vpdpbusd: vnni8_codes's
+    integers for one row and two pairs."""
+
+    @intrinsic
+    def dots(typingctx, ua, ub, x, xoff, init):
+        if ua != CodesZ8 or ub != CodesZ8 or not _is_ptr_args(x, xoff) or not isinstance(init, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
+            raw = _bsplat(builder, _v16i32, context.cast(builder, args[4], sig.args[4], types.int32))
+            sa = sb = raw
+            for j in range(8):
+                xv = _z_bcast4(builder, p, 16 * (j % 2) + 4 * (j // 2) if nibbles else 4 * j)
+                a = builder.bitcast(builder.extract_value(args[0], j), _v16i32)
+                b = builder.bitcast(builder.extract_value(args[1], j), _v16i32)
+                sa = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", sa, a, xv)
+                sb = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", sb, b, xv)
+            return context.make_tuple(builder, sig.return_type, [sa, sb])
+
+        return types.UniTuple(I32x16, 2)(ua, ub, x, xoff, init), codegen
+
+    return dots
+
+
+dots2_z, dots2_z8 = _dots2_z(True), _dots2_z(False)
+
+
+@njit(inline="always", **DOT)
+def _dots2(kind, ua, ub, x, xoff, init):
+    if kind == Q8_0:
+        return dots2_z8(ua, ub, x, xoff, init)
+    return dots2_z(ua, ub, x, xoff, init)
+
+
+@njit(inline="always", **DOT)
+def _rows_zq(kind, bsize, w, d, s, qs, sums, out, g0, g1):
+    """_rows_z8's products with two pairs of groups (32 weight rows) at a time, block by block: each block's codes of
+    the two pairs decoded once into registers (_z16_codes), then every activation row's integers (_dots2: each
+    broadcast quad of quants feeds both pairs' vpdpbusd) and its d-term FMAs, the row's accumulators waiting in L1
+    between blocks; Q4_1's m terms after the blocks, 8 rows at a time in registers (acc8_mins). The same integer and
+    float steps per row in the same order as _rows_z8, so the same bits; groups after the last whole four take
+    _rows_z8."""
+    rb = w.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
+    nb = K // 32
+    neg = -_offset32(kind)
+    q1, d1, s1, sums1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1), sums.reshape(-1)
+    last = M * nb - 1
+    acc = _empty64(32 * M, np.float32)  # row r: pair a's 16 lanes (d terms), then pair b's
+    tiles = (M + 7) // 8 * 8
+    mins_a, mins_b = _empty64(16 * tiles, np.float32), _empty64(16 * tiles, np.float32)  # Q4_1's m terms, row r at 64 r
+    gq = g0 + (g1 - g0) // 4 * 4
+    for g in range(g0, gq, 4):
+        for r in range(M):
+            st_z(acc, 128 * r, fzero_z())
+            st_z(acc, 128 * r + 64, fzero_z())
+        for b in range(nb):
+            o0, o1 = g * rb + b * bsize, (g + 1) * rb + b * bsize
+            o2, o3 = (g + 2) * rb + b * bsize, (g + 3) * rb + b * bsize
+            _tile_prefetch(w, o0, bsize)
+            _tile_prefetch(w, o1, bsize)
+            _tile_prefetch(w, o2, bsize)
+            _tile_prefetch(w, o3, bsize)
+            ua, ub = _z16_codes(kind, w, o0, o1), _z16_codes(kind, w, o2, o3)
+            dwa, dwb = ld_f16x16(w, o0, o1), ld_f16x16(w, o2, o3)
+            for r in range(M):
+                i = r * nb + b
+                sa, sb = _dots2(kind, ua, ub, q1, r * K + 32 * b, neg * sums1[i])
+                dx = d1[i]
+                st_z(acc, 128 * r, fma_z(ld_f32z(acc, 128 * r), fcvt_z(sa), fscale_z(dwa, dx)))
+                st_z(acc, 128 * r + 64, fma_z(ld_f32z(acc, 128 * r + 64), fcvt_z(sb), fscale_z(dwb, dx)))
+        for m0 in range(0, M, 8):
+            ma, mb = acc8_zero(), acc8_zero()
+            if kind == Q4_1:
+                for b in range(nb):
+                    o0, o1 = g * rb + b * bsize, (g + 1) * rb + b * bsize
+                    o2, o3 = (g + 2) * rb + b * bsize, (g + 3) * rb + b * bsize
+                    ma = acc8_mins(ma, ld_f16x16(w, o0 + 16, o1 + 16), s1, m0 * nb + b, nb, last)
+                    mb = acc8_mins(mb, ld_f16x16(w, o2 + 16, o3 + 16), s1, m0 * nb + b, nb, last)
+            acc8_put(ma, mins_a, 64 * m0)
+            acc8_put(mb, mins_b, 64 * m0)
+        for r in range(M):
+            st_z(out, 4 * (r * N + 8 * g), fadd_z(ld_f32z(acc, 128 * r), ld_f32z(mins_a, 64 * r)))
+            st_z(out, 4 * (r * N + 8 * g + 16), fadd_z(ld_f32z(acc, 128 * r + 64), ld_f32z(mins_b, 64 * r)))
+    if gq < g1:
+        _rows_z8(kind, bsize, w, d, s, qs, sums, out, gq, g1)
 
 
 # ---- Decode on AVX-512: two groups of 8 interleaved rows (16 rows) per vector -----------------------------------
@@ -6268,12 +6370,12 @@ def _x8_chunk(G, group_bytes, M, K, kind):
     AMX_ITEM_BYTES of them."""
     if _amx_tiles(M, kind) or _vnni_tiles(M, kind):  # a group's B tiles: its 8 rows' codes as K bytes each
         per = max(X8_GROUPS, AMX_ITEM_BYTES // (8 * K))
-    elif M <= X8_STACK_ROWS:
+    elif M <= X8_STACK_ROWS and not _z8_tiles(M, kind):
         return X8_GROUPS
     else:
         per = max(X8_GROUPS, X8_TILE_BYTES // group_bytes)
     per = max(X8_GROUPS, min(per, G // X8_MIN_ITEMS))
-    if _vnni_tiles(M, kind):  # whole pairs of pairs (the VNNI tiles take 32 weight rows at a time)
+    if _vnni_tiles(M, kind) or _z8_tiles(M, kind):  # whole pairs of pairs (32 weight rows at a time)
         return max(4, per - per % 4)
     return per - per % 2  # whole pairs of groups (the AMX tiles take 16 weight rows at a time)
 

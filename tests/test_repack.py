@@ -353,11 +353,10 @@ def test_vnni_tiles_give_the_same_bits(qtype):
 @pytest.mark.skipif(not dot.HAS_ZMM, reason="rows of 8 run on AVX-512 VNNI CPUs")
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL])
 def test_rows_of_8_give_the_same_bits(qtype):
-    """Rows of 8 (from Z8_MIN_ROWS rows up to the VNNI / AMX tiles' minimum: dot._rows_zq, two pairs of groups at a
-    time against every row, and for the groups after the last whole four dot._rows_z8, 8 activation rows at a time on
-    decode's 16-row code vectors): one 8, several (the first 8 keep the decoded codes for the others), a partial last 8,
-    work items of whole fours and with 1 or 3 groups left, against the file layout's kernel and decode's one-row
-    kernel, bit for bit; one row fewer than the minimum takes the pair tiles, the same bits again."""
+    """From Z8_MIN_ROWS rows up to the VNNI / AMX tiles' minimum, two pairs of groups at a time against every
+    activation row (dot._rows_zq, its m terms 8 rows at a time): one 8, several, a partial last 8, work items of whole
+    fours and with 1 or 3 groups left, against the file layout's kernel and decode's one-row kernel, bit for bit; one
+    row fewer than the minimum takes the pair tiles, the same bits again."""
     rng = np.random.default_rng(int(qtype) + 100)
     lo = dot.Z8_MIN_ROWS
     rows = [m for m in (lo - 1, lo, lo + 5, 2 * lo, 2 * lo + 3, dot.Z8_MAX_ROWS - 1) if m < dot.Z8_MAX_ROWS]

@@ -2223,21 +2223,24 @@ def _fp16_normal(dm):
 
 
 @njit(inline="always", **EXACT)
+def _q8_1_pick(dm, amax, cand, inverse, k):
+    """_q8_1_scale's result from the search's choice k, or llama.cpp's rule where a candidate falls outside fp16's
+    normal range (the search then ran on values it does not use)."""
+    if _fp16_normal(dm):
+        return flane(cand, k), flane(inverse, k)
+    return round_f16(dm), (np.float32(127.0) / amax if amax != 0 else np.float32(0.0))
+
+
+@njit(inline="always", **EXACT)
 def _q8_1_scales4(x, m, b):
     """_q8_1_scale of blocks b..b+3 of row m, each step taken for the four blocks together: one block's steps are a
     chain of dependent operations (max, candidates, their inverses, the search, the choice) that the core overlaps
-    with a neighbour's only where both are this close in the code. The same operations per block, so the same bits."""
+    with a neighbour's only where both are this close in the code. The same operations per block, so the same bits;
+    one copy of the search in the compiled code (a block outside the search's range picks llama.cpp's rule after it)."""
     o = b * 32
-    dm0 = _amax(x, m, o, 32) / np.float32(127.0)
-    dm1 = _amax(x, m, o + 32, 32) / np.float32(127.0)
-    dm2 = _amax(x, m, o + 64, 32) / np.float32(127.0)
-    dm3 = _amax(x, m, o + 96, 32) / np.float32(127.0)
-    if not (_fp16_normal(dm0) and _fp16_normal(dm1) and _fp16_normal(dm2) and _fp16_normal(dm3)):
-        s0, i0 = _q8_1_scale(x, m, b)
-        s1, i1 = _q8_1_scale(x, m, b + 1)
-        s2, i2 = _q8_1_scale(x, m, b + 2)
-        s3, i3 = _q8_1_scale(x, m, b + 3)
-        return s0, i0, s1, i1, s2, i2, s3, i3
+    am0, am1, am2, am3 = _amax(x, m, o, 32), _amax(x, m, o + 32, 32), _amax(x, m, o + 64, 32), _amax(x, m, o + 96, 32)
+    dm0, dm1 = am0 / np.float32(127.0), am1 / np.float32(127.0)
+    dm2, dm3 = am2 / np.float32(127.0), am3 / np.float32(127.0)
     c0, v0, r0 = _candidates(dm0)
     c1, v1, r1 = _candidates(dm1)
     c2, v2, r2 = _candidates(dm2)
@@ -2256,8 +2259,11 @@ def _q8_1_scales4(x, m, b):
     k1 = fargmin(fmul_v(fadd_v(fadd_v(a10, a11), fadd_v(a12, a13)), fmul_v(r1, r1)))
     k2 = fargmin(fmul_v(fadd_v(fadd_v(a20, a21), fadd_v(a22, a23)), fmul_v(r2, r2)))
     k3 = fargmin(fmul_v(fadd_v(fadd_v(a30, a31), fadd_v(a32, a33)), fmul_v(r3, r3)))
-    return (flane(c0, k0), flane(v0, k0), flane(c1, k1), flane(v1, k1), flane(c2, k2), flane(v2, k2),
-            flane(c3, k3), flane(v3, k3))  # fmt: skip
+    s0, i0 = _q8_1_pick(dm0, am0, c0, v0, k0)
+    s1, i1 = _q8_1_pick(dm1, am1, c1, v1, k1)
+    s2, i2 = _q8_1_pick(dm2, am2, c2, v2, k2)
+    s3, i3 = _q8_1_pick(dm3, am3, c3, v3, k3)
+    return s0, i0, s1, i1, s2, i2, s3, i3
 
 
 @njit(inline="always", **EXACT)
@@ -2281,7 +2287,7 @@ def _q8_1_store(x, d, s, qs, sums, m, b, scale, inv):
 
 @njit(**EXACT)
 def _quantize_q8_1_rows(x, d, s, qs, sums, m0, m1):
-    """quantize_q8_1 of rows m0..m1-1. Four blocks at a time (_q8_1_scales4; the last nb % 4 two and one at a time):
+    """quantize_q8_1 of rows m0..m1-1. Four blocks at a time (_q8_1_scales4; the last four overlapping the ones before):
     one block's steps (max, candidate scales, their inverses, the search, the choice) form a chain of dependent
     operations, which the core overlaps with other blocks' only where their steps stand close together in the code.
     Ice Lake, one thread, min of 2,000 calls (16 x 576 / 16 x 1,536 / 1 x 576 values): two blocks at a time,
@@ -2289,14 +2295,29 @@ def _quantize_q8_1_rows(x, d, s, qs, sums, m0, m1):
     the search's values loaded by byte offset 9.8-10.3 / 23.1-23.4 / 1.03-1.05 us."""
     nb = x.shape[1] // 32
     for m in range(m0, m1):
-        for b in range(0, nb - 3, 4):
+        if nb < 4:
+            for b in range(nb):
+                scale, inv = _q8_1_scale(x, m, b)
+                _q8_1_store(x, d, s, qs, sums, m, b, scale, inv)
+            continue
+        for b4 in range(0, nb, 4):
+            b = min(b4, nb - 4)  # the last four may overlap the four before: those blocks get the same bits again
             s0, i0, s1, i1, s2, i2, s3, i3 = _q8_1_scales4(x, m, b)
             _q8_1_store(x, d, s, qs, sums, m, b, s0, i0)
             _q8_1_store(x, d, s, qs, sums, m, b + 1, s1, i1)
             _q8_1_store(x, d, s, qs, sums, m, b + 2, s2, i2)
             _q8_1_store(x, d, s, qs, sums, m, b + 3, s3, i3)
-        b = nb - nb % 4
-        if nb % 4 >= 2:
+
+
+@njit(**EXACT)
+def quantize_q8_1(x, d, s, qs, sums):
+    """x float32 [M, K] -> d float32 [M, K/32] (fp16-rounded), s [M, K/32], qs int8 [M, K] (q),
+    sums int32 [M, K/32] (sum of q per block). Two blocks a step (_quantize_q8_1_rows' bits): decode's quantizer,
+    which a first run compiles before its first token, in 1.1 s where the four-block steps take 2.5 (1 x 576 values
+    1.15 us, 1.05 with them: not worth the wait)."""
+    nb = x.shape[1] // 32
+    for m in range(x.shape[0]):
+        for b in range(0, nb - 1, 2):
             scale0, inv0 = _q8_1_scale(x, m, b)
             scale1, inv1 = _q8_1_scale(x, m, b + 1)
             _q8_1_store(x, d, s, qs, sums, m, b, scale0, inv0)
@@ -2304,13 +2325,6 @@ def _quantize_q8_1_rows(x, d, s, qs, sums, m0, m1):
         if nb % 2:
             scale, inv = _q8_1_scale(x, m, nb - 1)
             _q8_1_store(x, d, s, qs, sums, m, nb - 1, scale, inv)
-
-
-@njit(**EXACT)
-def quantize_q8_1(x, d, s, qs, sums):
-    """x float32 [M, K] -> d float32 [M, K/32] (fp16-rounded), s [M, K/32], qs int8 [M, K] (q),
-    sums int32 [M, K/32] (sum of q per block)."""
-    _quantize_q8_1_rows(x, d, s, qs, sums, 0, x.shape[0])
 
 
 @njit(**EXACT)
@@ -2785,8 +2799,8 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 2 rows on, the launcher passes its pair layouts
     (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
     rows on, the tile unit (_rows_amx); without AMX, from VNNI_MIN_ROWS_32 rows on, the VNNI tiles (_rows_vnni, the
-    launcher passing the quants + 128 as qs); below those, from Z8_MIN_ROWS rows on, rows of 8 on decode's code
-    vectors (_rows_z8, the activations as they are)."""
+    launcher passing the quants + 128 as qs); below those, from Z8_MIN_ROWS rows on, two pairs of groups at a time
+    on decode's code vectors (_rows_zq, the activations as they are)."""
     if _vnni_given(out, qs, kind):
         _rows_vnni(kind, bsize, w, d, s, qs, out, g0, g1)
         return
@@ -3913,7 +3927,7 @@ isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I
 @njit(inline="always", **DOT)
 def _pair_tiles(M, kind):
     """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). Not where the
-    AMX tiles (_amx_tiles), the VNNI tiles (_vnni_tiles) or the rows of 8 (_z8_tiles) take the product."""
+    AMX tiles (_amx_tiles), the VNNI tiles (_vnni_tiles) or two pairs at a time (_z8_tiles) take the product."""
     return _pairs_given(M, kind) and not _amx_tiles(M, kind) and not _vnni_tiles(M, kind) and not _z8_tiles(M, kind)
 
 
@@ -4601,8 +4615,8 @@ def _amx_given(out, qs, kind):
 @njit(inline="always", **DOT)
 def _last_rows(q1, M, K, n):
     """The activation quants of the last M % n rows (q1: [M, K] flat, M >= n) at the start of n rows of their own: the
-    AMX tiles' 16 (tile_load reads 16 rows), the VNNI tiles' 4 (vnni4x2_step, vnni4x2_block) and the rows of 8's 8
-    (vnni8_codes); the padding rows' sums are computed and never stored. q1 itself where M is whole tiles of n (the
+    AMX tiles' 16 (tile_load reads 16 rows) and the VNNI tiles' 4 (vnni4x2_step, vnni4x2_block); the padding rows'
+    sums are computed and never stored. q1 itself where M is whole tiles of n (the
     callers read it only for a partial last tile)."""
     tail = M % n
     if tail == 0:  # whole tiles only: nothing reads it (and nothing to allocate a work item)
@@ -4856,8 +4870,8 @@ VNNI_TILES = HAS_ZMM and not AMX_CPU
 VNNI_MIN_ROWS = 16  # the K-quants
 VNNI_MIN_ROWS_32 = 32  # Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL
 AccI8 = types.UniTuple(I32x16, 8)  # int32 sums of 4 activation rows x 2 tiles of 16 weight rows, in registers
-Acc8 = types.UniTuple(F32x16, 8)  # float32 accumulators: 4 rows x 2 tiles (VNNI tiles) or 8 rows x 1 (rows of 8)
-acc8_zero, acc8_mins, acc8_store, acc8_put = _acc_zero(Acc8), _acc_mins(Acc8), _acc_store(Acc8), _acc_put(Acc8)
+Acc8 = types.UniTuple(F32x16, 8)  # float32 accumulators: 4 rows x 2 tiles (VNNI tiles) or 8 rows x 1 (Q4_1's m terms)
+acc8_zero, acc8_mins, acc8_put = _acc_zero(Acc8), _acc_mins(Acc8), _acc_put(Acc8)
 VNNI_ONES = np.ones(16, np.int32)  # a block's scale for vnni_wneg: the 32-value types scale in float
 
 
@@ -5183,130 +5197,52 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
             _put_4x2(sums, out, m0, rows, g0, g1, p, pb)
 
 
-# ---- Rows of 8 on decode's vectors: batched decode of the 32-value types ---------------------------------------
+# ---- Two pairs of groups on decode's vectors: batched decode of the 32-value types ------------------------------
 # From Z8_MIN_ROWS activation rows up to the VNNI / AMX tiles' minimum (a server's batched decode steps, short
 # prompts), the 32-value types (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL) take decode's 16-row code vectors (codes_z16,
 # codes5_z16, iq4_codes_z16, codes8_z16: two groups of 8 interleaved rows, lane = weight row, unsigned codes; no
-# unpacking pass) against 8 activation rows at a time: per block and row 8 vpdpbusd from -offset x the row's block sum
-# (the activation quants broadcast 4 at a time), then the d-term FMA, the 8 rows' accumulators in registers
-# (vnni8_codes). Each row takes _group_x8_z16_one's integer and float steps in the same order, so the same bits as
-# decode and every other route. The pair tiles, which this replaces there, put 2 activation rows x 8 weight rows in a
-# vector and keep their accumulators in L1; per block and 16 weight rows they widen the codes once per pair and
-# read-modify-write every pair's accumulator.
-# A work item's groups go four at a time (_rows_zq, two pairs: 32 weight rows), block by block, every activation row
-# against both pairs' codes in registers: one broadcast quad of quants feeds two vpdpbusd instead of one. On this
-# Ice Lake a vpdpbusd that needs a load of its own (a broadcast memory operand, or a vpbroadcastd in front) issues at
-# most one a cycle; two vpdpbusd on one broadcast issue two a cycle (dev/vnni_rates.c: 0.32 against 0.19-0.20 ns
-# each). The rows' d-term accumulators wait in L1 between blocks (a load and a store a row, pair and block); Q4_1's m
-# terms follow the blocks in registers, 8 rows at a time. Ice Lake, 1 thread, the same product repeated, min of
+# unpacking pass), two pairs of groups (32 weight rows) at a time, block by block (_rows_zq): per block both pairs'
+# codes decoded into registers, then for every activation row 8 broadcast quads of its quants, each feeding both pairs'
+# vpdpbusd, from -offset x the row's block sum, then the d-term FMAs, the row's accumulators waiting in L1 between
+# blocks (a load and a store a row, pair and block); Q4_1's m terms follow the blocks, 8 rows at a time in registers.
+# Each row takes _group_x8_z16_one's integer and float steps in the same order, so the same bits as decode and every
+# other route. Why two pairs: on this Ice Lake a vpdpbusd that needs a load of its own (a broadcast memory operand, or a
+# vpbroadcastd in front) issues at most one a cycle, two vpdpbusd on one broadcast two a cycle (dev/vnni_rates.c: 0.32
+# against 0.19-0.20 ns each); the rows of 8 this replaces (8 activation rows x one pair, the accumulators in registers,
+# one broadcast a vpdpbusd) ran at the first rate. The pair tiles, which take fewer rows, put 2 activation rows x 8
+# weight rows in a vector and keep their accumulators in L1. Ice Lake, 1 thread, the same product repeated, min of
 # alternating processes (ns per 16 weight rows x 32 values x 1 row): Q4_1 3,072 x 576 at 16 / 8 rows 4.5-4.9 / 5.3-7.7
 # -> 3.6-3.7 / 4.2, Q4_1 576 x 1,536 at 16 rows 4.7 -> 3.6, Q8_0 1,536 x 576 4.6-5.3 -> 3.8-4.5; Q8_0 262,144 x 640
-# (Gemma3's output) at 16 rows on 2 threads 5.0-7.8 -> 4.5. A C model of the loop (dev/vnni_rates.c) runs at 3.4-3.6
-# ns in L2, 3.0-3.1 in L1; with the m terms as a second read-modify-write per row 3.9-4.6.
+# (Gemma3's output) at 16 rows on 2 threads 5.0-7.8 -> 4.5. A C model of the loop (dev/vnni_rates.c) runs at 3.4-3.6 ns
+# in L2, 3.0-3.1 in L1; with the m terms as a second read-modify-write per row 3.9-4.6.
 # -----------------------------------------------------------------------------------------------------------------
 
-# activation rows from which the rows of 8 take a product. Ice Lake, 2 threads, alternating processes, in Gemma3's and
-# SmolLM2's batched steps (dev/step_profile.py): Q4_1 1,536 x 576 at 8 / 16 rows 3.40-3.38 / 6.70-6.82 -> 3.03-3.10 /
-# 5.05-5.09 ms a step, Q5_0 2,048 x 640 at 16 rows 7.64-7.73 -> 4.60-5.46, Q8_0 262,144 x 640 at 8 rows 9.66-9.73 ->
-# 9.02-9.30; products alone at 32 / 64 rows 10-30% faster (commit notes). Fewer rows keep the pair tiles.
+# activation rows from which the rows of 8 (now two pairs at a time) take a product. Ice Lake, 2 threads, alternating
+# processes, in Gemma3's and SmolLM2's batched steps (dev/step_profile.py): Q4_1 1,536 x 576 at 8 / 16 rows 3.40-3.38 /
+# 6.70-6.82 -> 3.03-3.10 / 5.05-5.09 ms a step, Q5_0 2,048 x 640 at 16 rows 7.64-7.73 -> 4.60-5.46, Q8_0 262,144 x 640
+# at 8 rows 9.66-9.73 -> 9.02-9.30; products alone at 32 / 64 rows 10-30% faster (commit notes). Fewer rows keep the
+# pair tiles.
 Z8_MIN_ROWS = 8
 Z8_MAX_ROWS = AMX_MIN_ROWS if AMX_CPU else VNNI_MIN_ROWS_32  # from here the AMX / VNNI tiles take the product
 
 
 @njit(inline="always", **DOT)
 def _z8_tiles(M, kind):
-    """Whether a launcher runs a product of M activation rows of a 32-value type on rows of 8 (_rows_z8), passing
-    the activations as they are."""
+    """Whether a launcher runs a product of M activation rows of a 32-value type on two pairs of groups at a time
+    (_rows_zq), passing the activations as they are."""
     return HAS_ZMM and _x8_32(kind) and Z8_MIN_ROWS <= M < Z8_MAX_ROWS
 
 
 @njit(inline="always", **DOT)
 def _z8_given(out, qs, kind):
-    """In a worker: whether its launcher chose rows of 8 (the activation rows as they are, not as pairs)."""
+    """In a worker: whether its launcher chose _rows_zq (the activation rows as they are, not as pairs)."""
     return _z8_tiles(out.shape[0], kind) and qs.shape[0] == out.shape[0]
-
-
-def _vnni8_codes(nibbles: bool):
-    """Intrinsic (acc, codes, x, xoff, xstride, sums, neg, dw, dx, i0, stride, last) -> Acc8: one 32-value block of
-    16 weight rows (codes: decode's CodesZ8 of two groups, unsigned) for 8 activation rows. Row r's int32 sums start
-    at -neg x sums[i] (i = i0 + r stride, clamped to `last`: a partial tile's rows repeat the last one), take 8
-    vpdpbusd (code vector j against the row's 4 quants of value v_j at byte xoff + r xstride + v_j of x, broadcast;
-    v_j = 16 (j % 2) + 4 (j // 2) for the nibble types' codes, 4 j for Q8_0's), then acc[r] += float(sums) * (dw *
-    dx[i]): _group_x8_z16_one's steps (dot_z16 / dot8_z16, isubs_z, its FMA) for 8 rows."""
-
-    @intrinsic
-    def block(typingctx, acc, codes, x, xoff, xstride, sums, neg, dw, dx, i0, stride, last):
-        if acc != Acc8 or codes != CodesZ8 or not _is_ptr_args(x, xoff) or dw != F32x16:
-            return None
-        if not all(isinstance(t, types.Integer) for t in (xstride, neg, i0, stride, last)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            px = _ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], _i8)
-            xs = context.cast(builder, args[4], sig.args[4], types.intp)
-            neg = builder.sub(ir.Constant(_i32, 0), context.cast(builder, args[6], sig.args[6], types.int32))
-            rows = [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(8)]
-            raw = [
-                _bsplat(builder, _v16i32, builder.mul(neg, v)) for v in _row_elems(context, builder, sig, args, 5, 9, 8)
-            ]
-            dr = [_bsplat(builder, _v16f32, v) for v in _row_elems(context, builder, sig, args, 8, 9, 8)]
-            for j in range(8):
-                v = 16 * (j % 2) + 4 * (j // 2) if nibbles else 4 * j
-                u = builder.bitcast(builder.extract_value(args[1], j), _v16i32)
-                for r in range(8):
-                    raw[r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[r], u, _z_bcast4(builder, rows[r], v))
-            out = []
-            for r in range(8):
-                f = builder.sitofp(raw[r], _v16f32)
-                m = builder.fmul(args[7], dr[r])
-                out.append(_z_call(builder, "llvm.fma.v16f32", f, m, builder.extract_value(args[0], r)))
-            return context.make_tuple(builder, sig.return_type, out)
-
-        return Acc8(acc, codes, x, xoff, xstride, sums, neg, dw, dx, i0, stride, last), codegen
-
-    return block
-
-
-vnni8_codes, vnni8_codes8 = _vnni8_codes(True), _vnni8_codes(False)
-
-
-@intrinsic
-def st_codes_z(typingctx, codes, a, off):
-    """The 8 vectors of codes (CodesZ8) to bytes off, off + 64, ... of a."""
-    if codes != CodesZ8 or not _is_ptr_args(a, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
-        for j in range(8):
-            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * j)]), ir.VectorType(_i8, 64).as_pointer())
-            builder.store(builder.extract_value(args[0], j), at, align=1)
-        return context.get_dummy_value()
-
-    return types.none(codes, a, off), codegen
-
-
-@intrinsic
-def ld_codes_z(typingctx, a, off):
-    """CodesZ8 from bytes off, off + 64, ... of a (st_codes_z's)."""
-    if not _is_ptr_args(a, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], _i8)
-        out = []
-        for j in range(8):
-            at = builder.bitcast(builder.gep(p, [ir.Constant(_i64, 64 * j)]), ir.VectorType(_i8, 64).as_pointer())
-            out.append(builder.load(at, align=1))
-        return context.make_tuple(builder, sig.return_type, out)
-
-    return CodesZ8(a, off), codegen
 
 
 @njit(inline="always", **DOT)
 def _z16_codes(kind, w, oa, ob):
-    """A 32-value block of groups A (byte oa) and B (byte ob) as decode (_group_x8_z16_one) and the rows of 8
-    decode it: 16 rows' unsigned codes, 8 vectors."""
+    """A 32-value block of groups A (byte oa) and B (byte ob) as decode (_group_x8_z16_one) and _rows_zq decode it:
+    16 rows' unsigned codes, 8 vectors."""
     if kind == Q8_0:
         return codes8_z16(w, oa + 16, ob + 16)
     if kind == Q5_0:
@@ -5317,53 +5253,11 @@ def _z16_codes(kind, w, oa, ob):
     return codes_z16(w, oa + c, ob + c)
 
 
-@njit(inline="always", **DOT)
-def _rows_z8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
-    """_rows_x8 on rows of 8 (section note) for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL: per pair of groups (16 weight
-    rows; an odd last group as both halves, its 8 columns stored) and 8 activation rows, each block's codes as
-    decode decodes them (_z16_codes) and vnni8_codes. The first 8 rows prefetch the pair's blocks as the pair tiles
-    do (_tile_prefetch) and, where more rows follow, leave the decoded codes in an L1 scratch (512 bytes a block) for
-    them."""
-    rb = w.shape[1]
-    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
-    nb = K // 32
-    off = _offset32(kind)
-    q1, d1, s1, sums1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1), sums.reshape(-1)
-    part = _last_rows(q1, M, K, 8)
-    keep = M > 8
-    codes = _empty64(512 * nb, np.int8) if keep else q1  # (one tile of rows: nothing kept, nothing allocated)
-    last = M * nb - 1
-    for g in range(g0, g1, 2):
-        gb = min(g + 1, g1 - 1)
-        for m0 in range(0, M, 8):
-            rows = min(8, M - m0)
-            x, xo = (q1, m0 * K) if rows == 8 else (part, 0)
-            acc, accm = acc8_zero(), acc8_zero()
-            for b in range(nb):
-                oa, ob = g * rb + b * bsize, gb * rb + b * bsize
-                if m0 == 0:
-                    _tile_prefetch(w, oa, bsize)
-                    _tile_prefetch(w, ob, bsize)
-                    u = _z16_codes(kind, w, oa, ob)
-                    if keep:
-                        st_codes_z(u, codes, 512 * b)
-                else:
-                    u = ld_codes_z(codes, 512 * b)
-                dw, i, xb = ld_f16x16(w, oa, ob), m0 * nb + b, xo + 32 * b
-                if kind == Q8_0:
-                    acc = vnni8_codes8(acc, u, x, xb, K, sums1, off, dw, d1, i, nb, last)
-                else:
-                    acc = vnni8_codes(acc, u, x, xb, K, sums1, off, dw, d1, i, nb, last)
-                if kind == Q4_1:
-                    accm = acc8_mins(accm, ld_f16x16(w, oa + 16, ob + 16), s1, i, nb, last)
-            acc8_store(acc, accm, out, 4 * (m0 * N + 8 * g), 4 * N, rows, 16 if gb > g else 8)
-
-
 def _dots2_z(nibbles: bool):
     """Intrinsic (ua, ub, x, xoff, init) -> (sa, sb): one 32-value block of two pairs of groups (ua, ub: decode's
     CodesZ8, unsigned) against one activation row's 32 quants at byte xoff of x: from `init` in every lane, 8 vpdpbusd
-    a pair, each broadcast quad of quants (value v_j, as vnni8_codes) feeding both pairs' vpdpbusd: vnni8_codes's
-    integers for one row and two pairs."""
+    a pair, each broadcast quad of quants (value v_j = 16 (j % 2) + 4 (j // 2) of the nibble types' code vector j, 4 j
+    of Q8_0's) feeding both pairs' vpdpbusd: _group_x8_z16_one's integers (dot_z16 / dot8_z16) for two pairs."""
 
     @intrinsic
     def dots(typingctx, ua, ub, x, xoff, init):
@@ -5399,12 +5293,12 @@ def _dots2(kind, ua, ub, x, xoff, init):
 
 @njit(inline="always", **DOT)
 def _rows_zq(kind, bsize, w, d, s, qs, sums, out, g0, g1):
-    """_rows_z8's products with two pairs of groups (32 weight rows) at a time, block by block: each block's codes of
-    the two pairs decoded once into registers (_z16_codes), then every activation row's integers (_dots2: each
-    broadcast quad of quants feeds both pairs' vpdpbusd) and its d-term FMAs, the row's accumulators waiting in L1
-    between blocks; Q4_1's m terms after the blocks, 8 rows at a time in registers (acc8_mins). The same integer and
-    float steps per row in the same order as _rows_z8, so the same bits; groups after the last whole four take
-    _rows_z8."""
+    """_rows_x8 from Z8_MIN_ROWS rows (section note) for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL: four groups (two pairs,
+    32 weight rows) at a time, block by block: each block's codes of the two pairs decoded once into registers as
+    decode decodes them (_z16_codes), then every activation row's integers (_dots2: each broadcast quad of quants
+    feeds both pairs' vpdpbusd) and its d-term FMAs, the row's accumulators waiting in L1 between blocks; Q4_1's m
+    terms after the blocks, 8 rows at a time in registers (acc8_mins). A last 1-3 groups repeat the last one in the
+    missing places and store their own columns only."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nb = K // 32
@@ -5414,14 +5308,14 @@ def _rows_zq(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     acc = _empty64(32 * M, np.float32)  # row r: pair a's 16 lanes (d terms), then pair b's
     tiles = (M + 7) // 8 * 8
     mins_a, mins_b = _empty64(16 * tiles, np.float32), _empty64(16 * tiles, np.float32)  # Q4_1's m terms, row r at 64 r
-    gq = g0 + (g1 - g0) // 4 * 4
-    for g in range(g0, gq, 4):
+    for g in range(g0, g1, 4):
+        n = min(4, g1 - g)  # groups g..g + n - 1; the others stand in for the missing ones
+        ga, gb, gc, gd = g * rb, (g + min(1, n - 1)) * rb, (g + min(2, n - 1)) * rb, (g + min(3, n - 1)) * rb
         for r in range(M):
             st_z(acc, 128 * r, fzero_z())
             st_z(acc, 128 * r + 64, fzero_z())
         for b in range(nb):
-            o0, o1 = g * rb + b * bsize, (g + 1) * rb + b * bsize
-            o2, o3 = (g + 2) * rb + b * bsize, (g + 3) * rb + b * bsize
+            o0, o1, o2, o3 = ga + b * bsize, gb + b * bsize, gc + b * bsize, gd + b * bsize
             _tile_prefetch(w, o0, bsize)
             _tile_prefetch(w, o1, bsize)
             _tile_prefetch(w, o2, bsize)
@@ -5438,17 +5332,23 @@ def _rows_zq(kind, bsize, w, d, s, qs, sums, out, g0, g1):
             ma, mb = acc8_zero(), acc8_zero()
             if kind == Q4_1:
                 for b in range(nb):
-                    o0, o1 = g * rb + b * bsize, (g + 1) * rb + b * bsize
-                    o2, o3 = (g + 2) * rb + b * bsize, (g + 3) * rb + b * bsize
+                    o0, o1, o2, o3 = ga + b * bsize, gb + b * bsize, gc + b * bsize, gd + b * bsize
                     ma = acc8_mins(ma, ld_f16x16(w, o0 + 16, o1 + 16), s1, m0 * nb + b, nb, last)
                     mb = acc8_mins(mb, ld_f16x16(w, o2 + 16, o3 + 16), s1, m0 * nb + b, nb, last)
             acc8_put(ma, mins_a, 64 * m0)
             acc8_put(mb, mins_b, 64 * m0)
         for r in range(M):
-            st_z(out, 4 * (r * N + 8 * g), fadd_z(ld_f32z(acc, 128 * r), ld_f32z(mins_a, 64 * r)))
-            st_z(out, 4 * (r * N + 8 * g + 16), fadd_z(ld_f32z(acc, 128 * r + 64), ld_f32z(mins_b, 64 * r)))
-    if gq < g1:
-        _rows_z8(kind, bsize, w, d, s, qs, sums, out, gq, g1)
+            va = fadd_z(ld_f32z(acc, 128 * r), ld_f32z(mins_a, 64 * r))
+            if n >= 2:
+                st_z(out, 4 * (r * N + 8 * g), va)
+            else:
+                st_lo_f32x8(out, 4 * (r * N + 8 * g), va)
+            if n >= 3:
+                vb = fadd_z(ld_f32z(acc, 128 * r + 64), ld_f32z(mins_b, 64 * r))
+                if n == 4:
+                    st_z(out, 4 * (r * N + 8 * g + 16), vb)
+                else:
+                    st_lo_f32x8(out, 4 * (r * N + 8 * g + 16), vb)
 
 
 # ---- Decode on AVX-512: two groups of 8 interleaved rows (16 rows) per vector -----------------------------------
@@ -6788,7 +6688,7 @@ def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
     elif _amx_given(out, qs, IQ4_NL):
         _rows_amx(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     elif _z8_given(out, qs, IQ4_NL):
-        _rows_z8(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
+        _rows_zq(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     elif _pairs_given(out.shape[0], IQ4_NL):  # the activations as pairs (dot_iq4_nl_x8)
         _rows_z(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     else:  # one row (the interleaved IQ4_NL layout exists only where pair tiles do)

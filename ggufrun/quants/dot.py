@@ -2185,6 +2185,12 @@ def _errors4(x, at, inv, a0, a1, a2, a3):
 
 
 @njit(inline="always", **EXACT)
+def _least_error(a0, a1, a2, a3, rel):
+    """The lane of the least squared error, the four chains (_errors4) summed in units of the first scale."""
+    return fargmin(fmul_v(fadd_v(fadd_v(a0, a1), fadd_v(a2, a3)), fmul_v(rel, rel)))
+
+
+@njit(inline="always", **EXACT)
 def _best_scale(x, m, o, n, inv, rel):
     """The lane c (the first of equals) of 8 candidate scales (inv: their inverses as the quantizer takes them,
     q = rint(x * inv); rel: each scale over the first) with the least sum over x[m, o:o+n] of
@@ -2193,21 +2199,7 @@ def _best_scale(x, m, o, n, inv, rel):
     at = 4 * (m * x.shape[1] + o)
     for j in range(0, 4 * n, 16):
         a0, a1, a2, a3 = _errors4(x, at + j, inv, a0, a1, a2, a3)
-    return fargmin(fmul_v(fadd_v(fadd_v(a0, a1), fadd_v(a2, a3)), fmul_v(rel, rel)))
-
-
-@njit(inline="always", **EXACT)
-def _q8_1_scale(x, m, b):
-    """Block b of row m: (its fp16-rounded scale, the inverse the quants are rounded with)."""
-    amax = _amax(x, m, b * 32, 32)
-    dm = amax / np.float32(127.0)
-    if np.float32(6.2e-5) <= dm <= np.float32(63000.0):  # every candidate a normal fp16
-        cand = fround_f16_v(fscale(_scale_steps(), dm))
-        inverse = fdiv_v(fbcast(np.float32(1.0)), cand)
-        c = _best_scale(x, m, b * 32, 32, inverse, fscale(cand, np.float32(1.0) / flane(cand, 0)))
-        return flane(cand, c), flane(inverse, c)
-    inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)  # llama.cpp's rule
-    return round_f16(dm), inv
+    return _least_error(a0, a1, a2, a3, rel)
 
 
 @njit(inline="always", **EXACT)
@@ -2219,7 +2211,26 @@ def _candidates(dm):
 
 @njit(inline="always", **EXACT)
 def _fp16_normal(dm):
+    """Whether every candidate scale of amax / 127 = dm is a normal fp16 (else the search is not taken)."""
     return np.float32(6.2e-5) <= dm <= np.float32(63000.0)
+
+
+@njit(inline="always", **EXACT)
+def _llama_scale(dm, amax):
+    """llama.cpp's rule: the fp16-rounded amax / 127 and the inverse 127 / amax (0 for a block of zeros)."""
+    return round_f16(dm), (np.float32(127.0) / amax if amax != 0 else np.float32(0.0))
+
+
+@njit(inline="always", **EXACT)
+def _q8_1_scale(x, m, b):
+    """Block b of row m: (its fp16-rounded scale, the inverse the quants are rounded with)."""
+    amax = _amax(x, m, b * 32, 32)
+    dm = amax / np.float32(127.0)
+    if _fp16_normal(dm):
+        cand, inverse, rel = _candidates(dm)
+        c = _best_scale(x, m, b * 32, 32, inverse, rel)
+        return flane(cand, c), flane(inverse, c)
+    return _llama_scale(dm, amax)
 
 
 @njit(inline="always", **EXACT)
@@ -2228,7 +2239,7 @@ def _q8_1_pick(dm, amax, cand, inverse, k):
     normal range (the search then ran on values it does not use)."""
     if _fp16_normal(dm):
         return flane(cand, k), flane(inverse, k)
-    return round_f16(dm), (np.float32(127.0) / amax if amax != 0 else np.float32(0.0))
+    return _llama_scale(dm, amax)
 
 
 @njit(inline="always", **EXACT)
@@ -2255,14 +2266,10 @@ def _q8_1_scales4(x, m, b):
         a10, a11, a12, a13 = _errors4(x, row + j + 128, v1, a10, a11, a12, a13)
         a20, a21, a22, a23 = _errors4(x, row + j + 256, v2, a20, a21, a22, a23)
         a30, a31, a32, a33 = _errors4(x, row + j + 384, v3, a30, a31, a32, a33)
-    k0 = fargmin(fmul_v(fadd_v(fadd_v(a00, a01), fadd_v(a02, a03)), fmul_v(r0, r0)))
-    k1 = fargmin(fmul_v(fadd_v(fadd_v(a10, a11), fadd_v(a12, a13)), fmul_v(r1, r1)))
-    k2 = fargmin(fmul_v(fadd_v(fadd_v(a20, a21), fadd_v(a22, a23)), fmul_v(r2, r2)))
-    k3 = fargmin(fmul_v(fadd_v(fadd_v(a30, a31), fadd_v(a32, a33)), fmul_v(r3, r3)))
-    s0, i0 = _q8_1_pick(dm0, am0, c0, v0, k0)
-    s1, i1 = _q8_1_pick(dm1, am1, c1, v1, k1)
-    s2, i2 = _q8_1_pick(dm2, am2, c2, v2, k2)
-    s3, i3 = _q8_1_pick(dm3, am3, c3, v3, k3)
+    s0, i0 = _q8_1_pick(dm0, am0, c0, v0, _least_error(a00, a01, a02, a03, r0))
+    s1, i1 = _q8_1_pick(dm1, am1, c1, v1, _least_error(a10, a11, a12, a13, r1))
+    s2, i2 = _q8_1_pick(dm2, am2, c2, v2, _least_error(a20, a21, a22, a23, r2))
+    s3, i3 = _q8_1_pick(dm3, am3, c3, v3, _least_error(a30, a31, a32, a33, r3))
     return s0, i0, s1, i1, s2, i2, s3, i3
 
 

@@ -4257,12 +4257,14 @@ def _pairs_q8_k(d, b, qs):
 # -----------------------------------------------------------------------------------------------------------------
 
 AMX_CPU = HAS_ZMM and {"amx-tile", "amx-int8"} <= _FEATS
-# activation rows from which products take the tiles: a product costs the tiles about what 16 rows cost from 9 rows
-# on, and the pair tiles (prefetched) less below 16. A batched decode step, Intel Xeon, 2 threads, forward_batch of
-# 16 sequences at 32 -> 9: SmolLM2 25.8 -> 21.1 ms, Gemma3 38.6 -> 27.0; then 9 -> 16 (the AMX flag toggled within
-# one process, medians of 4 rounds, two runs): 12 sequences on the pair tiles against the AMX tiles, SmolLM2 11.0-12.7
-# against 14.9-17.6 ms, Gemma3 19.0-20.1 against 23.7-25.5 ms; at 16 even or the AMX tiles ahead (0.69-1.20)
-AMX_MIN_ROWS = 16
+# activation rows from which products take the tiles: a product costs the tiles what a whole number of 16-row
+# activation tiles costs (24 rows about what 32 do), so below 32 the routes without tiles win: two pairs of groups at a
+# time for the 32-value types (_rows_zq), the VNNI tiles for the K-quants. A batched decode step, Intel Xeon (AMX
+# granted), 2 threads, forward_batch of 16 / 24 sequences at 64 positions, alternating processes, q5 of 40 steps
+# (AMX_MIN_ROWS 16 -> 32): SmolLM2 20.4-27.8 / 55.8-65.8 -> 21.8-26.0 / 29.3-33.8 ms, Gemma3 32.3-39.6 / 60.1-79.7 ->
+# 26.5-38.3 / 35.8-41.2 ms; at 32 and 64 rows even (2026-12-06). Before the rows of 8 and the VNNI tiles ran here, the
+# tiles had won over the pair tiles from 16 rows (at 16 even or the AMX tiles ahead, 0.69-1.20).
+AMX_MIN_ROWS = 32
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64 (asm/prctl.h)
 _AMX_GRANTED = ctypes.c_int8(0)  # what amx_granted() reads: 1 while the tiles are in use
 llb.add_symbol("ggufrun_amx_granted", ctypes.addressof(_AMX_GRANTED))
@@ -4864,11 +4866,12 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
 # decode and keep their lanes in L1. llama.cpp's ggml-cpu/tiled kernels take the same route (codes unpacked to bytes,
 # 8 weight rows x 16 activation rows a band). A C model of the K-quant loop with one tile against 8 rows (one thread,
 # 8,960 x 1,536 at 256 rows, work items of 256 weight rows) ran 3.35 ns per 16 rows x 32 values x one activation row,
-# against 5.3 for the pair tiles' whole product. CPUs with AMX keep the AMX tiles (or, refused them, the pair
-# tiles): VNNI_TILES is a property of the CPU, so a launcher and its workers always agree on the route.
+# against 5.3 for the pair tiles' whole product. CPUs with AMX take the VNNI tiles only below AMX_MIN_ROWS rows (the
+# K-quants from 16); from there the AMX tiles (or, refused them, the pair tiles): the route follows from the CPU and
+# the row count alone, never from the AMX flag, so a launcher and its workers always agree on it.
 # -----------------------------------------------------------------------------------------------------------------
 
-VNNI_TILES = HAS_ZMM and not AMX_CPU
+VNNI_TILES = HAS_ZMM
 # activation rows from which products take the VNNI tiles (two tiles against 4 rows). Ice Lake, 2 threads, in-process
 # alternating, us (pair tiles or, for the 32-value types, rows of 8 -> VNNI tiles): Q4_K 1,536 x 1,536 at 8 / 12 / 16
 # / 24 rows 143 / 190 / 235 / 324 -> 158 / 192 / 225 / 269, 8,960 x 1,536 at 8 / 16 rows 642 / 1,163 -> 708 / 1,031,
@@ -4885,7 +4888,7 @@ VNNI_ONES = np.ones(16, np.int32)  # a block's scale for vnni_wneg: the 32-value
 @njit(inline="always", **DOT)
 def _vnni_tiles(M, kind):
     """Whether a launcher runs a product of M activation rows on the VNNI tiles (the K-quants' layouts have them)."""
-    if not VNNI_TILES:
+    if not VNNI_TILES or (AMX_CPU and M >= AMX_MIN_ROWS):
         return False
     if kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == IQ4_XS:
         return M >= VNNI_MIN_ROWS
@@ -5230,7 +5233,7 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
 # at 8 rows 9.66-9.73 -> 9.02-9.30; products alone at 32 / 64 rows 10-30% faster (commit notes). Fewer rows keep the
 # pair tiles.
 Z8_MIN_ROWS = 8
-Z8_MAX_ROWS = AMX_MIN_ROWS if AMX_CPU else VNNI_MIN_ROWS_32  # from here the AMX / VNNI tiles take the product
+Z8_MAX_ROWS = VNNI_MIN_ROWS_32  # from here the VNNI tiles (with AMX: the AMX tiles, AMX_MIN_ROWS) take the product
 
 
 @njit(inline="always", **DOT)

@@ -3566,8 +3566,8 @@ def _rowsk_x8(kind, w, qu, d, b16, b32, qs, out, g0, g1):
     decoded once per tile of activation rows (all of them for decode); per super-block and tile row the 8 rows'
     integer lanes (one row: in registers, _sbk_x8; more: waiting in L1, _sbk_tile_x8), then rowk's float steps
     (acc: the d terms, then the dmin terms). On AVX-512 from 2 rows on, the launcher passes its pair layouts
-    (_pairs_q8_k) in place of d, b16 / b32, qs and the pair tiles run instead (_rowsk_z); from VNNI_MIN_ROWS rows on
-    CPUs without AMX, the VNNI tiles (_rowsk_vnni, on qu)."""
+    (_pairs_q8_k) in place of d, b16 / b32, qs and the pair tiles run instead (_rowsk_z); from VNNI_MIN_ROWS rows on,
+    the VNNI tiles (_rowsk_vnni, on qu); with AMX, from AMX_MIN_ROWS rows on, the tile unit (_rowsk_amx)."""
     if _vnni_given(out, qs, kind):
         _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1)
         return
@@ -4887,7 +4887,8 @@ VNNI_ONES = np.ones(16, np.int32)  # a block's scale for vnni_wneg: the 32-value
 
 @njit(inline="always", **DOT)
 def _vnni_tiles(M, kind):
-    """Whether a launcher runs a product of M activation rows on the VNNI tiles (the K-quants' layouts have them)."""
+    """Whether a launcher runs a product of M activation rows on the VNNI tiles (the K-quants and the 32-value types):
+    from VNNI_MIN_ROWS (the 32-value types: VNNI_MIN_ROWS_32) rows on, and with AMX below AMX_MIN_ROWS only."""
     if not VNNI_TILES or (AMX_CPU and M >= AMX_MIN_ROWS):
         return False
     if kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == IQ4_XS:

@@ -50,8 +50,12 @@ own ratios to one client, aggregate / while all decode):
                    16 clients 3.31x / 3.08x
     Gemma3 Q4_K_M: ggufrun 4.40x / 4.89x and 5.68x / 6.37x; llama-server 2.18x / 2.17x and 2.65x / 2.81x;
                    ggufrun / llama-server 1.22x / 1.18x, 2.47x / 2.59x, 2.66x / 2.70x
-A batched step's products run near the multiply units' rate (the pair tiles up to 15 rows, AMX from 16), which caps
-the batching gain of these small models, whose weights a single decode step reads from cache.
+2026-12-06, Intel Xeon with AMX (300 MB L3), 2 threads, `--rounds 3`, after products of 16-31 rows left the AMX tiles:
+    SmolLM2 Q4_1:  1 client 110-121 tok/s;  8 clients 3.19x / 3.71x;  16 clients 4.19x / 5.05x
+    Gemma3 Q4_K_M: 1 client 59-62 tok/s;    8 clients 4.40x / 4.81x;  16 clients 5.22x / 6.00x
+A batched step's products run near the multiply units' rate (two pairs of groups at a time or the VNNI tiles up to 31
+rows, AMX from 32), which caps the batching gain of these small models, whose weights a single decode step reads from
+cache.
 """
 
 from __future__ import annotations

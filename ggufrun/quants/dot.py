@@ -4905,7 +4905,7 @@ def _x8_32(kind):
 @njit(inline="always", **DOT)
 def _vnni_given(out, qs, kind):
     """In a worker: whether its launcher chose the VNNI tiles, from the layout it passed (the activation rows as they
-    are, not as pairs). VNNI_TILES is fixed for the CPU, so this and _amx_given never both hold."""
+    are, not as pairs). Never beside _amx_given: with AMX, _vnni_tiles stops below AMX_MIN_ROWS, where those start."""
     return _vnni_tiles(out.shape[0], kind) and qs.shape[0] == out.shape[0]
 
 

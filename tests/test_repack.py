@@ -340,6 +340,8 @@ def test_vnni_tiles_give_the_same_bits(qtype):
     the AMX tiles' minimum (the K-quants from 16 rows; the 32-value types never: theirs is the AMX tiles' minimum)."""
     lo = dot.VNNI_MIN_ROWS if qtype in K_TYPES else dot.VNNI_MIN_ROWS_32
     hi = dot.AMX_MIN_ROWS if dot.AMX_CPU else 1 << 30
+    if dot.AMX_CPU:  # from the AMX tiles' minimum on, never the VNNI tiles (a worker tells the two apart by rows)
+        assert not dot._vnni_tiles(hi, qtype.value) and not dot._vnni_tiles(128, qtype.value)
     if lo >= hi:
         pytest.skip("with AMX the 32-value types go from two pairs of groups at a time to the AMX tiles")
     rng = np.random.default_rng(int(qtype))

@@ -787,6 +787,17 @@ def _softcap_scores(x, cap):
         x[j] = cap * np.float32(math.tanh(x[j] * inv))
 
 
+# attend_group's key sweeps (_scores_block_z from _heads_block) ask for each key row's line KEY_PREFETCH positions ahead
+# of the tile they read. The keys of a K/V head are hd_k rows n_ctx positions apart, each read front to back: 64 or more
+# streams at once, more than the hardware prefetchers follow, so a long context's keys came in at the latency of each
+# miss. Intel Xeon (AMX VM), 2 threads, n_ctx 4,096, alternating processes: attend_group of 16 SmolLM2 sequences at
+# 1,024 positions, 30 layers' caches cycled (min of 300 calls, four rounds), 1,093-1,616 -> 789-1,150 us a layer; at 64
+# and 300 positions even (no tile is that far from the end at 64); in SmolLM2's batched steps at 1,024 positions
+# (dev/step_profile.py, medians of 30 steps, five rounds) 16 rows 38.1 / 40.3 / 32.0 / 31.2 / 31.9 -> 34.8 / 37.0 /
+# 27.6 / 31.0 / 30.3 ms of attend_group a step, 8 rows 19.6 / 17.5 -> 19.2 / 16.6. attend_one (each query head its own
+# sweep, the K/V head's lines then in L2 for the next) and prefill (attend_rows: many blocks of queries sweep the same
+# keys) gained nothing measurable from it and go without.
+KEY_PREFETCH = 256
 KV_PAD = 32  # extra positions at the end of every key row and score row: tiles of 16 or 32 positions read past
 # the last valid one instead of taking a scalar tail (those lanes are computed and never used)
 
@@ -989,7 +1000,7 @@ def _heads_block(q2, h0, nr, keys, values, t0, n, softcap, sc, out2):
     r1, r2, r3 = h0 + min(1, nr - 1), h0 + min(2, nr - 1), h0 + min(3, nr - 1)  # missing rows repeat the last
     zero = np.int64(0)  # not the literal 0: the tiles' compiled versions are attend_rows' own (int64 offsets)
     if HAS_ZMM:
-        _scores_block_z(q2, h0, r1, r2, r3, zero, keys, t0, zero, n, sc)
+        _scores_block_z(q2, h0, r1, r2, r3, zero, keys, t0, zero, n, sc, KEY_PREFETCH)
     else:
         _scores_block(q2, h0, r1, r2, r3, zero, keys, t0, zero, n, sc)
     for r in range(QUERY_BLOCK):
@@ -1201,7 +1212,7 @@ def _values_block(sc, lo, hi, values, t0, out, r0, nr, oo, i0):
 
 
 @numba.njit(**ATT)
-def _scores_block_z(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc):
+def _scores_block_z(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc, ahead):
     """_scores_block in tiles of 32 positions x 4 queries (16-lane vectors, HAS_ZMM): every lane the same chain. A
     row that repeats the one before it (a block of fewer than 4 queries) is skipped and its scores left 0: the callers
     zero those rows anyway, and a model with 3 or 6 query heads a K/V head (SmolLM2, Qwen2.5-1.5B) had spent a quarter
@@ -1213,6 +1224,9 @@ def _scores_block_z(q, r0, r1, r2, r3, qo, keys, t0, lo, hi, sc):
     while t + 16 < hi:
         a0, a1, b0, b1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
         c0, c1, e0, e1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+        if ahead and t + ahead < hi:  # the key lines `ahead` positions on (decode: KEY_PREFETCH), read later
+            for i in range(keys.shape[0]):
+                _prefetch(keys, i * stride + t0 + t + ahead)
         for i in range(keys.shape[0]):
             o = i * stride + t0 + t
             k0, k1 = _ld_f32x16(keys, o), _ld_f32x16(keys, o + 16)
@@ -1311,7 +1325,7 @@ def _attend_rows_slots(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores
             hi = min(n, pos0 + m0 + nr - t0)
             r1, r2, r3 = m0 + min(1, nr - 1), m0 + min(2, nr - 1), m0 + min(3, nr - 1)
             if HAS_ZMM:
-                _scores_block_z(q, m0, r1, r2, r3, h * hd_k, k_cache[g], t0, lo, hi, sc)
+                _scores_block_z(q, m0, r1, r2, r3, h * hd_k, k_cache[g], t0, lo, hi, sc, 0)
             else:
                 _scores_block(q, m0, r1, r2, r3, h * hd_k, k_cache[g], t0, lo, hi, sc)
             for r in range(QUERY_BLOCK):

@@ -273,12 +273,14 @@ def test_attend_one_long_rows_and_wide_heads_give_attend_rows_bits(kv_dtype, hd)
 
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("n_head,n_kv", [(4, 2), (10, 2), (9, 3), (4, 1), (3, 3)])
-def test_batched_decode_attention_by_heads_or_blocks_of_heads_gives_attend_rows_bits(kv_dtype, n_head, n_kv):
+@pytest.mark.parametrize("n", [11, 300])
+def test_batched_decode_attention_by_heads_or_blocks_of_heads_gives_attend_rows_bits(kv_dtype, n_head, n_kv, n):
     """attend_group runs the decoding sequences' query heads one by one or, when there are enough work items for
     the task slots, in blocks of up to QUERY_BLOCK heads sharing a K/V head (a group of 5 is a block of 4 and one of
-    1): every way gives each head the bits attend_rows gives it in a prefill and attend_one in a decode."""
+    1): every way gives each head the bits attend_rows gives it in a prefill and attend_one in a decode. 300 positions:
+    the blocks' key sweeps also ask for lines KEY_PREFETCH positions ahead."""
     rng = np.random.default_rng(n_head * 10 + n_kv)
-    hd, n, cap = 32, 11, np.float32(2.0)
+    hd, cap = 32, np.float32(2.0)
     store = np.uint16 if kv_dtype == np.float16 else np.float32
     k_cache = np.zeros((n_kv, hd, n + kernels.KV_PAD), store)
     k_cache[..., :n] = (2 * rng.standard_normal((n_kv, hd, n))).astype(kv_dtype).view(store)

@@ -4312,34 +4312,27 @@ def amx_granted(typingctx):
     return types.boolean(), codegen
 
 
-def _amx_config(k: int = 32) -> np.ndarray:
-    """ldtilecfg's 64 bytes (palette 1) for tiles of k values: tmm0 / tmm3 the int32 sums (16 rows x 64 bytes), tmm1
-    / tmm4 the activation quants (16 rows x k), tmm2 / tmm5 the weight codes (k / 4 rows of 16 x 4)."""
+def _tile_shapes(shapes) -> np.ndarray:
+    """ldtilecfg's 64 bytes (palette 1) for tiles (tile number, bytes a row, rows); the others unused."""
     cfg = np.zeros(64, np.uint8)
     cfg[0] = 1
     colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
-    for t, c, r in ((0, 64, 16), (3, 64, 16), (1, k, 16), (4, k, 16), (2, 64, k // 4), (5, 64, k // 4)):
+    for t, c, r in shapes:
         colsb[t], rows[t] = c, r
     return cfg
+
+
+def _amx_config(k: int = 32) -> np.ndarray:
+    """ldtilecfg's 64 bytes for tiles of k values: tmm0 / tmm3 the int32 sums (16 rows x 64 bytes), tmm1 / tmm4 the
+    activation quants (16 rows x k), tmm2 / tmm5 the weight codes (k / 4 rows of 16 x 4)."""
+    return _tile_shapes(((0, 64, 16), (3, 64, 16), (1, k, 16), (4, k, 16), (2, 64, k // 4), (5, 64, k // 4)))
 
 
 AMX_CONFIG = _amx_config()  # a global array: a constant in the compiled code
 AMX_CONFIG16 = _amx_config(16)  # Q6_K: 16-value tiles (its scales cover 16 values)
-
-
-def _amx_q8_0_config() -> np.ndarray:
-    """ldtilecfg's 64 bytes for _rows_amx_q8_0: tmm0 / tmm3 the int32 sums of groups A / B (16 rows x 8 columns),
-    tmm1 the activation quants of a block (16 rows x 32 bytes), tmm2 / tmm5 the weight codes of A / B (8 rows x 32
-    bytes: the layout's own code chunks)."""
-    cfg = np.zeros(64, np.uint8)
-    cfg[0] = 1
-    colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
-    for t, c, r in ((0, 32, 16), (3, 32, 16), (1, 32, 16), (2, 32, 8), (5, 32, 8)):
-        colsb[t], rows[t] = c, r
-    return cfg
-
-
-AMX_CONFIG_Q8_0 = _amx_q8_0_config()
+# _rows_amx_q8_0's tiles: tmm0 / tmm3 the int32 sums of groups A / B (16 rows x 8 columns), tmm1 the activation quants
+# of a block (16 rows x 32 bytes), tmm2 / tmm5 the weight codes of A / B (8 rows x 32 bytes: the layout's own chunks)
+AMX_CONFIG_Q8_0 = _tile_shapes(((0, 32, 16), (3, 32, 16), (1, 32, 16), (2, 32, 8), (5, 32, 8)))
 
 
 def _tile_op(fmt, nregs: int, ptr: bool):

@@ -34,6 +34,8 @@ a decode step has ~150 such regions, so 2-thread decode fell to 0.2-0.7 tok/s wh
     a thread that runs at half speed, but the region still ends at OpenMP's join barrier, which a descheduled
     thread reaches only when it runs again: no help against the stall. SmolLM2 prefill, 128 tokens, 2 threads,
     1 of 2 cores busy (load average 17): static 4.1 tok/s, chunks of 1 or 4 iterations 3.4 / 3.8, 1 thread 3.4.
+    The items are now dealt that way by our own loop (quants.launch.parallel_items: equal runs, then work stealing),
+    which evens out threads that run at different speeds at no cost to even ones; the stall at the barrier remains.
   - A pool of our own whose regions complete when all chunks are done, not when all threads arrived, would
     remove the wait itself, but needs persistent threads beside Numba's layer with atomics and idle waits written
     as LLVM intrinsics (Python threads cannot do it: a wake-up costs as much as a 20-100 us region). Not built:

@@ -48,8 +48,48 @@ def test_run_items_calls_the_worker_once_per_item_with_its_range(total, step):
     assert ranges[starts].tolist() == [[s, min(total, s + step)] for s in starts]
     others = np.setdiff1d(np.arange(total), starts)
     assert (ranges[others] == -1).all()
-    if len(starts) >= numba.get_num_threads():
-        assert len(set(tids[starts].tolist())) == numba.get_num_threads()  # the items shared among the threads
+    assert ((tids[starts] >= 0) & (tids[starts] < numba.get_num_threads())).all()  # run on the region's threads
+
+
+@numba.njit(nogil=True)
+def _slow_on_the_caller(hits, tids, spin, n0, n1):
+    """Worker: each item counted once and its thread recorded; on the calling thread (id 0) an item first spins."""
+    tid = numba.get_thread_id()
+    x = 1.0
+    if tid == 0:
+        for _ in range(spin):
+            x = np.sqrt(x + 1.0)  # a chain of square roots, which the compiler cannot fold
+    for i in range(n0, n1):
+        hits[i] += 1 + (x < 0.0)  # x never negative: keeps the spin
+        tids[i] = tid
+
+
+@launch.launcher(_slow_on_the_caller, {"nogil": True, "parallel": True})
+def slow_on_the_caller(hits, tids, spin):
+    launch.run_items("_slow_on_the_caller", (hits, tids, spin), hits.shape[0], 1)
+
+
+@pytest.mark.skipif(numba.get_num_threads() < 2, reason="needs 2 threads")
+def test_a_slow_thread_hands_its_items_to_the_others():
+    # each thread starts on an equal run of the items; the calling thread here takes ~0.5 ms an item, the others
+    # none, so they take the back half of its run again and again (work stealing): it runs far fewer than its half
+    n = 64
+    hits, tids = np.zeros(n, np.int64), np.full(n, -1, np.int64)
+    slow_on_the_caller(hits, tids, 0)  # compile
+    hits[:], tids[:] = 0, -1
+    slow_on_the_caller(hits, tids, 100_000)
+    assert (hits == 1).all()  # every item once, none lost or run twice by a steal
+    assert (tids == 0).sum() <= n // 4, tids.tolist()
+
+
+def test_run_items_runs_every_item_once_however_the_threads_take_them():
+    # random region sizes, items of uneven cost (the caller's slow): steals race with the owners' takes
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 400))
+        hits, tids = np.zeros(n, np.int64), np.full(n, -1, np.int64)
+        slow_on_the_caller(hits, tids, int(rng.integers(0, 3000)))
+        assert (hits == 1).all()
 
 
 def test_launchers_compile_serial_and_share_one_parallel_loop():

@@ -39,7 +39,7 @@ inline lives here instead (STYLE.md, point 5), and the sections below are in the
                                   _codes_t, rowt, rowtx4), float weights (row_float, row_floatx4)
     5. Kernels                    dot_<type>(w, *activation arrays, out): chunks of weight rows on the threads,
                                   each a call of a serial _rows_<type> worker, compiled once and called by name
-                                  (ggufrun.quants.launch: run_items; the tiled x8 kernels' own prange: call_worker)
+                                  (ggufrun.quants.launch: run_items)
 
 A weight type's knowledge is its layout comment in registry.py, its dequant kernel, and here: its branch in
 _block32 / _offset32 (32-value types) or in _scales_k, _group_k, _d_off, _dmin_off, _has_min, _kmin, _koffset,
@@ -76,7 +76,7 @@ from numba.core import cgutils, config
 from numba.extending import intrinsic, models, register_model
 
 from .jit import DOT, DOT_PARALLEL, EXACT, EXACT_PARALLEL
-from .launch import call_worker, launcher, prange_launcher, run_items
+from .launch import launcher, prange_launcher, run_items
 
 # ---------------------------------------------------------------------------------------------------------
 # 1. Target features: x86 intrinsics only where the CPU Numba compiles for has them.
@@ -6365,15 +6365,12 @@ def dot_q4_0_x8(w, d, s, qs, sums, out):
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_0)
     if _vnni_tiles(qs.shape[0], Q4_0):  # the quants + 128, for the VNNI tiles
         xu = _plus128(qs)
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_0_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q4_0_x8", (w, d, s, xu, sums, out), G, per)
     elif _pair_tiles(qs.shape[0], Q4_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q4_0))
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q4_0_x8", (w, dp, sp, qp, sump, out), G, per)
     else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q4_0_x8", (w, d, s, qs, sums, out), G, per)
 
 
 @njit(**DOT)
@@ -6401,15 +6398,12 @@ def dot_q4_1_x8(w, d, s, qs, sums, out):
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_1)
     if _vnni_tiles(qs.shape[0], Q4_1):  # the quants + 128, for the VNNI tiles
         xu = _plus128(qs)
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_1_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q4_1_x8", (w, d, s, xu, sums, out), G, per)
     elif _pair_tiles(qs.shape[0], Q4_1):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q4_1))
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_1_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q4_1_x8", (w, dp, sp, qp, sump, out), G, per)
     else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q4_1_x8", (w, d, s, qs, sums, out), G, per)
 
 
 @njit(**DOT)
@@ -6437,15 +6431,12 @@ def dot_q5_0_x8(w, d, s, qs, sums, out):
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q5_0)
     if _vnni_tiles(qs.shape[0], Q5_0):  # the quants + 128, for the VNNI tiles
         xu = _plus128(qs)
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q5_0_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q5_0_x8", (w, d, s, xu, sums, out), G, per)
     elif _pair_tiles(qs.shape[0], Q5_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q5_0))
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q5_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q5_0_x8", (w, dp, sp, qp, sump, out), G, per)
     else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q5_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q5_0_x8", (w, d, s, qs, sums, out), G, per)
 
 
 @njit(**DOT)
@@ -6473,15 +6464,12 @@ def dot_q8_0_x8(w, d, s, qs, sums, out):
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q8_0)
     if _vnni_tiles(qs.shape[0], Q8_0):  # the quants + 128, for the VNNI tiles
         xu = _plus128(qs)
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q8_0_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q8_0_x8", (w, d, s, xu, sums, out), G, per)
     elif _pair_tiles(qs.shape[0], Q8_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q8_0))
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q8_0_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q8_0_x8", (w, dp, sp, qp, sump, out), G, per)
     else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q8_0_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q8_0_x8", (w, d, s, qs, sums, out), G, per)
 
 
 @njit(**DOT)
@@ -6636,11 +6624,9 @@ def dot_q4_k_x8(w, qu, d, b16, b32, qs, out):
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_K)
     if _pair_tiles(qs.shape[0], Q4_K):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b32p, qp = _pairs_q8_k(d, b32, qs)
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_k_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q4_k_x8", (w, qu, dp, b16, b32p, qp, out), G, per)
     else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q4_k_x8", (w, qu, d, b16, b32, qs, out), G, per)
 
 
 @njit(**DOT)
@@ -6668,11 +6654,9 @@ def dot_q5_k_x8(w, qu, d, b16, b32, qs, out):
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q5_K)
     if _pair_tiles(qs.shape[0], Q5_K):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b32p, qp = _pairs_q8_k(d, b32, qs)
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q5_k_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q5_k_x8", (w, qu, dp, b16, b32p, qp, out), G, per)
     else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q5_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q5_k_x8", (w, qu, d, b16, b32, qs, out), G, per)
 
 
 @njit(**DOT)
@@ -6700,11 +6684,9 @@ def dot_q6_k_x8(w, qu, d, b16, b32, qs, out):
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q6_K)
     if _pair_tiles(qs.shape[0], Q6_K):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b16p, qp = _pairs_q8_k(d, b16, qs)
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q6_k_x8", (w, qu, dp, b16p, b32, qp, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q6_k_x8", (w, qu, dp, b16p, b32, qp, out), G, per)
     else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q6_k_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
+        run_items("_rows_q6_k_x8", (w, qu, d, b16, b32, qs, out), G, per)
 
 
 @njit(**DOT)
@@ -6739,11 +6721,9 @@ def dot_iq4_xs_x8(w, qu, d, b16, b32, qs, out):
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], IQ4_XS)
     if _pair_tiles(qs.shape[0], IQ4_XS):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, b32p, qp = _pairs_q8_k(d, b32, qs)
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_iq4_xs_x8", (w, qu, dp, b16, b32p, qp, out, c * per, min(G, c * per + per)))
+        run_items("_rows_iq4_xs_x8", (w, qu, dp, b16, b32p, qp, out), G, per)
     else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_iq4_xs_x8", (w, qu, d, b16, b32, qs, out, c * per, min(G, c * per + per)))
+        run_items("_rows_iq4_xs_x8", (w, qu, d, b16, b32, qs, out), G, per)
 
 
 @njit(**DOT)
@@ -6780,15 +6760,12 @@ def dot_iq4_nl_x8(w, d, s, qs, sums, out):
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], IQ4_NL)
     if _vnni_tiles(qs.shape[0], IQ4_NL):  # the quants + 128, for the VNNI tiles
         xu = _plus128(qs)
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_iq4_nl_x8", (w, d, s, xu, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_iq4_nl_x8", (w, d, s, xu, sums, out), G, per)
     elif _pair_tiles(qs.shape[0], IQ4_NL):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(IQ4_NL))
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_iq4_nl_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
+        run_items("_rows_iq4_nl_x8", (w, dp, sp, qp, sump, out), G, per)
     else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_iq4_nl_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+        run_items("_rows_iq4_nl_x8", (w, d, s, qs, sums, out), G, per)
 
 
 @njit(**DOT)

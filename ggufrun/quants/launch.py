@@ -24,7 +24,19 @@ cache load) does before anything else. So launchers are called from Python only:
 called one would be loaded without that step. The worker's code is the same either way.
 
 A launcher whose own code needs a parallel loop besides its worker's (the AVX-512 pair layouts of the tiled
-products, dot._pairs_q8_1) is a prange_launcher: its prange body calls the worker by name (call_worker).
+products, dot._pairs_q8_1) is a prange_launcher: compiled parallel, it lays out its activations in a prange loop of
+its own and then hands the worker to run_items as any launcher does. call_worker calls a worker by name from any
+compiled code (dev/machine_state.py's fixed shares per thread).
+
+Who runs which item: each of a region's threads starts on an equal run of consecutive items and takes them one at a
+time from the front; a thread done with its run takes the back half of another thread's remaining run (work
+stealing, _steal). A static split (OpenMP's schedule(static), what prange does) ends when the slowest thread is done:
+on a VM whose two cores ran at different speeds (another tenant on one of them: one thread 1.55x slower than the
+other on the same product), a 2-thread product took 0.81-0.85x the time with stealing (Q4_1 3,072 x 576 at 1 / 8 /
+16 rows, static and stealing call by call, medians: 46.5 / 93.4 / 164.6 -> 36.9 / 79.5 / 131.8 us); with both
+cores at one speed, even (47.1 / 100.9 / 179.7 against 47.1 / 101.1 / 179.8 us). A thread takes its own items with
+one compare-and-swap on its own cache line, so an item costs what it cost under the static split. Items write
+disjoint outputs, so which thread runs one never changes a bit.
 
 Workers are found by their function name (`run_items("_rows_q4_1", ...)`), which must be unique among launchers.
 """
@@ -117,12 +129,120 @@ def _call_item(typingctx, item, args, n0, n1):
     return types.none(types.intp, types.intp, types.intp, types.intp), codegen
 
 
+@intrinsic
+def _thread_count(typingctx):
+    """The calling thread's Numba thread count: Numba's threading layer's get_num_threads, called by the name that
+    layer registers (numba/np/ufunc/parallel.py), so that a cached function can call it (numba.get_num_threads
+    embeds the function's address and keeps Numba from caching its caller)."""
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(cgutils.intp_t, []), "get_num_threads")
+        return builder.call(fn, [])  # declared as Numba's parfor lowering declares it
+
+    return types.intp(), codegen
+
+
+@intrinsic
+def _lane_words(typingctx, lanes):
+    """The address of `lanes` int64 words, each in a cache line of its own, on the caller's stack (its frame
+    outlives the parallel region that uses them): the lanes' ranges of items (_take, _steal)."""
+
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        raw = builder.alloca(i64, size=builder.add(builder.mul(args[0], ir.Constant(i64, 8)), ir.Constant(i64, 8)))
+        at = builder.ptrtoint(raw, i64)
+        return builder.and_(builder.add(at, ir.Constant(i64, 63)), ir.Constant(i64, -64))  # 64-byte aligned
+
+    return types.intp(types.intp), codegen
+
+
+@intrinsic
+def _load(typingctx, addr):
+    """The int64 at addr, read atomically (acquire)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(builder.inttoptr(args[0], ir.IntType(64).as_pointer()), "acquire", 8)
+
+    return types.int64(types.intp), codegen
+
+
+@intrinsic
+def _store(typingctx, addr, value):
+    """Store the int64 value at addr atomically (release)."""
+
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(args[1], builder.inttoptr(args[0], ir.IntType(64).as_pointer()), "release", 8)
+        return context.get_dummy_value()
+
+    return types.none(types.intp, types.int64), codegen
+
+
+@intrinsic
+def _swap(typingctx, addr, old, new):
+    """Compare and swap the int64 at addr: new where it holds old; whether it did."""
+
+    def codegen(context, builder, sig, args):
+        ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.extract_value(builder.cmpxchg(ptr, args[1], args[2], "acq_rel", "acquire"), 1)
+
+    return types.boolean(types.intp, types.int64, types.int64), codegen
+
+
+_LOW = (1 << 32) - 1  # a lane's word: the first item it has left in the low 32 bits, the end of its range above
+
+
+@njit(inline="always", nogil=True)
+def _take(word):
+    """The next item of the lane whose word is at `word`, taken from the front of its range; -1 once it is empty."""
+    while True:
+        w = _load(word)
+        first, end = w & _LOW, w >> 32
+        if first >= end:
+            return -1
+        if _swap(word, w, w + 1):
+            return first
+
+
+@njit(inline="always", nogil=True)
+def _steal(words, lane, lanes):
+    """Move the back half of another lane's range (the first one found with items left, from lane + 1 on) into this
+    lane's empty range; whether there was any."""
+    for k in range(1, lanes):
+        word = words + 64 * ((lane + k) % lanes)
+        while True:
+            w = _load(word)
+            first, end = w & _LOW, w >> 32
+            if first >= end:
+                break
+            cut = end - (end - first + 1) // 2
+            if _swap(word, w, (cut << 32) | first):
+                _store(words + 64 * lane, (end << 32) | cut)
+                return True
+    return False
+
+
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy", boundscheck=False)
 def parallel_items(item, args, total, step):
     """item(args, n0, min(total, n0 + step)) for n0 in range(0, total, step), the items shared among Numba's threads
-    (at the calling thread's thread count): every launcher's parallel loop (run_items)."""
-    for c in prange((total + step - 1) // step):
-        _call_item(item, args, c * step, min(total, c * step + step))
+    (at the calling thread's thread count): every launcher's parallel loop (run_items). Each thread starts on an
+    equal run of consecutive items, taken one at a time from the front (_take), and once its run is done takes the
+    back half of another's that has items left (_steal; work stealing), so that a thread slowed by another program
+    on its core hands its work to the others instead of holding them up at the region's end."""
+    n = (total + step - 1) // step
+    if n > _LOW >> 1:
+        raise ValueError("parallel_items: 2**31 work items or more")
+    lanes = min(n, _thread_count())
+    words = _lane_words(lanes)
+    for t in range(lanes):
+        _store(words + 64 * t, ((t + 1) * n // lanes) << 32 | (t * n // lanes))
+    for t in prange(lanes):
+        more = True
+        while more:
+            c = _take(words + 64 * t)
+            while c >= 0:
+                _call_item(item, args, c * step, min(total, c * step + step))
+                c = _take(words + 64 * t)
+            more = _steal(words, t, lanes)
 
 
 @intrinsic
@@ -182,7 +302,7 @@ def export_parallel_items() -> None:
 
 
 class Launcher(CPUDispatcher):
-    """A kernel that calls its serial worker through run_items (or, a prange_launcher, call_worker): before
+    """A kernel that calls its serial worker through run_items: before
     compiling or loading a version of the kernel, parallel_items and the worker's version for the same arguments are
     compiled or loaded and exported."""
 
@@ -217,6 +337,6 @@ def launcher(worker, options: dict, worker_args: tuple[int, ...] | None = None):
 
 
 def prange_launcher(worker, options: dict, worker_args: tuple[int, ...] | None = None):
-    """Decorator: a Launcher of `worker` compiled with `options` (which must include parallel=True), whose prange
-    body calls the worker through call_worker: for launchers with parallel loops of their own."""
+    """Decorator: a Launcher of `worker` compiled with `options` (which must include parallel=True), for launchers
+    with parallel loops of their own besides run_items'."""
     return _launcher(worker, options, worker_args)

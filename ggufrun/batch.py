@@ -167,12 +167,21 @@ class PromptCost:
     A row's matrix products cost the same at every position; its attention grows with the positions it attends to
     (capped by a sliding window on the layers that have one). Estimated by multiply-adds: the layers' matrices
     (a mixture-of-experts block counts its n_expert_used experts) against n_head x (head_dim_k + head_dim_v) per
-    attended position and layer (the scores and the weighted sum of the values). The batch engine fills each step
+    attended position and layer (the scores and the weighted sum of the values), those weighted ATTENTION_COST
+    times a product's: the products multiply 8-bit integers (64 a VNNI instruction, more on AMX tiles), attention
+    float32 (16 an FMA). The batch engine fills each step
     with prompt rows whose cost stays within that of prefill_chunk rows at positions 0.., so the steps that carry
     the last chunks of a long prompt (each attending to thousands of positions) take no longer than its first
     step, and the streams decoding beside it wait no longer between tokens (the chunked-prefill token budget of
     Sarathi-Serve, arXiv:2403.02310, with the attention term added).
     """
+
+    # an attention multiply-add's cost in a products' one. A 2,000-token prompt beside 4 decoding streams (Intel Xeon
+    # with AMX, 2 threads, the batch engine's steps timed, two rounds each): with attention weighted as the products
+    # (1), the steps grew from 193-267 ms (252 prompt rows at positions 0..251) to 286-335 ms on Gemma3 (205 rows at
+    # 1,795..1,999) and 362-420 ms on SmolLM2 (161 rows): the streams' longest wait was one of the last steps, above
+    # the prompt's mean time per chunk. Both models' step times fit a weight of 2.9.
+    ATTENTION_COST = 3.0
 
     def __init__(self, transformer):
         c = transformer.config
@@ -188,7 +197,7 @@ class PromptCost:
         p = np.arange(1, n + 1, dtype=np.float64)
         for swa in c.swa_layers:
             attended += np.minimum(p, c.sliding_window) if swa and c.sliding_window > 0 else p
-        cost = 1.0 + attended * per_position / max(macs, 1.0)
+        cost = 1.0 + self.ATTENTION_COST * attended * per_position / max(macs, 1.0)
         self.cumulative = np.concatenate(([0.0], np.cumsum(cost)))  # [n_ctx + 1]: cost of rows at positions < p
 
     def of(self, start: int, n: int) -> float:

@@ -53,6 +53,12 @@ own ratios to one client, aggregate / while all decode):
 2026-12-06, Intel Xeon with AMX (300 MB L3), 2 threads, `--rounds 3`, after products of 16-31 rows left the AMX tiles:
     SmolLM2 Q4_1:  1 client 110-121 tok/s;  8 clients 3.19x / 3.71x;  16 clients 4.19x / 5.05x
     Gemma3 Q4_K_M: 1 client 59-62 tok/s;    8 clients 4.40x / 4.81x;  16 clients 5.22x / 6.00x
+  later (13:27, work stealing in the kernels' parallel loop, attention weighted 3x in PromptCost; `--rounds 3`):
+    SmolLM2 Q4_1:  1 client 147-226 tok/s;  8 clients 2.78x / 3.26x;  16 clients 2.91x / 3.39x (a fast phase: the
+                   one-sequence step took ~4 ms, and the ratios fall as it speeds up)
+    Gemma3 Q4_K_M: 1 client 77-93 tok/s;    8 clients 4.49x / 4.94x;  16 clients 5.56x / 6.29x
+    TTFT alone / beside 7: 0.027 / 0.034 s and 0.030 / 0.051 s; a 2,000-token prompt beside 4 streams, chunk /
+    longest gap: 0.303 / 0.188 s and 0.289 / 0.231 s.
 A batched step's products run near the multiply units' rate (two pairs of groups at a time or the VNNI tiles up to 31
 rows, AMX from 32), which caps the batching gain of these small models, whose weights a single decode step reads from
 cache.

@@ -26,17 +26,18 @@ called one would be loaded without that step. The worker's code is the same eith
 A launcher whose own code needs a parallel loop besides its worker's (the AVX-512 pair layouts of the tiled
 products, dot._pairs_q8_1) is a prange_launcher: compiled parallel, it lays out its activations in a prange loop of
 its own and then hands the worker to run_items as any launcher does. call_worker calls a worker by name from any
-compiled code (dev/machine_state.py's fixed shares per thread).
+compiled code (dev/machine_state.py's fixed shares per thread, dev/work_stealing.py's static split).
 
 Who runs which item: each of a region's threads starts on an equal run of consecutive items and takes them one at a
 time from the front; a thread done with its run takes the back half of another thread's remaining run (work
-stealing, _steal). A static split (OpenMP's schedule(static), what prange does) ends when the slowest thread is done:
-on a VM whose two cores ran at different speeds (another tenant on one of them: one thread 1.55x slower than the
-other on the same product), a 2-thread product took 0.81-0.85x the time with stealing (Q4_1 3,072 x 576 at 1 / 8 /
-16 rows, static and stealing call by call, medians: 46.5 / 93.4 / 164.6 -> 36.9 / 79.5 / 131.8 us); with both
-cores at one speed, even (47.1 / 100.9 / 179.7 against 47.1 / 101.1 / 179.8 us). A thread takes its own items with
-one compare-and-swap on its own cache line, so an item costs what it cost under the static split. Items write
-disjoint outputs, so which thread runs one never changes a bit.
+stealing, _steal). A static split (OpenMP's schedule(static), what prange does) ends when the slowest thread is done.
+On a 2-core VM whose cores at times ran at different speeds (another tenant on one of them), Q4_1 3,072 x 576 on 2
+threads (dev/work_stealing.py: each iteration times the product on 1 thread pinned to either core, then on 2 threads
+static and with stealing), medians where one core was 1.35x or more slower: 39.1 / 86.4 / 182.6 us static against
+32.2 / 69.4 / 138.3 with stealing at 1 / 8 / 16 rows (0.80-0.83x); with both cores within 1.15x, 0.97-1.00x. A
+thread takes its own items with one compare-and-swap on its own cache line, so an item costs what it cost under the
+static split (one shared counter that every thread claimed from, guided, cost 4-8% a SmolLM2 step on even cores).
+Items write disjoint outputs, so which thread runs one never changes a bit.
 
 Workers are found by their function name (`run_items("_rows_q4_1", ...)`), which must be unique among launchers.
 """

@@ -176,11 +176,11 @@ class PromptCost:
     Sarathi-Serve, arXiv:2403.02310, with the attention term added).
     """
 
-    # an attention multiply-add's cost in a products' one. A 2,000-token prompt beside 4 decoding streams (Intel Xeon
-    # with AMX, 2 threads, the batch engine's steps timed, two rounds each): with attention weighted as the products
-    # (1), the steps grew from 193-267 ms (252 prompt rows at positions 0..251) to 286-335 ms on Gemma3 (205 rows at
-    # 1,795..1,999) and 362-420 ms on SmolLM2 (161 rows): the streams' longest wait was one of the last steps, above
-    # the prompt's mean time per chunk. Both models' step times fit a weight of 2.9.
+    # an attention multiply-add's cost in units of a product's. A 2,000-token prompt beside 4 decoding streams (Intel
+    # Xeon with AMX, 2 threads, the batch engine's steps timed, two rounds each): with attention weighted as the
+    # products (1), the steps grew from 193-267 ms (252 prompt rows at positions 0..251) to 286-335 ms on Gemma3 (205
+    # rows at 1,795..1,999) and 362-539 ms on SmolLM2 (its last three steps, 175-161 rows): the streams' longest wait
+    # was one of the last steps, above the prompt's mean time per chunk. Both models' step times fit a weight of 2.9.
     ATTENTION_COST = 3.0
 
     def __init__(self, transformer):

@@ -4745,6 +4745,12 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 # output, 49,152 x 576, at 16 rows 1.18 against 1.60 ms, at 17 / 20 rows 2.14 / 3.20 against 1.57 / 2.89; Gemma3's
 # 262,144 x 640 at 16 rows 10.97 against 10.80 ms (read from memory at the rate one row reads it); SmolLM2's batched
 # step of 16 sequences (forward_batch, 10th percentile of 80 steps each, alternating) 23.07 against 23.47 ms.
+# Each block of both groups is prefetched as _rows_zq prefetches it (_tile_prefetch: 12 KB ahead; a matrix of
+# Z16_FAR_BYTES or more, decode's hint): without it, Gemma3's output at 16 rows read its 178 MB at about half the
+# rate one row reads it. Intel Xeon (AMX), 2 threads, processes alternating, medians of 30 calls against one row's in
+# the same process: 12.6-13.8 ms, 1.72-1.74x one row's, before; 8.7-9.6 ms, 1.31-1.45x, after; in Gemma3's batched
+# step of 16 sequences (dev/step_profile.py, medians of 40 steps, three pairs) 12.3-14.1 -> 9.2-11.6 ms of the output
+# product and 27.1-32.8 -> 23.7-30.2 ms a step. SmolLM2's output (30 MB) at 16 rows: 2.0-2.2 -> 1.5-1.9 ms.
 AMX_Q8_0_ROWS = 16
 
 
@@ -4759,8 +4765,8 @@ def _amx_q8_0_tiles(M):
 @njit(inline="always", **DOT)
 def _rows_amx_q8_0(w, d, qs, out, g0, g1):
     """_rows_zq for Q8_0 and 16 activation rows on the AMX tiles (section note): per pair of groups (an odd last group
-    as both halves, its 8 columns stored), block by block, two tdpbssd, the sums to memory and _group_x8_z16_one's FMAs
-    in 16 accumulators in registers."""
+    as both halves, its 8 columns stored), block by block, both groups' block prefetched ahead, two tdpbssd, the sums
+    to memory and _group_x8_z16_one's FMAs in 16 accumulators in registers."""
     rb = w.shape[1]
     N, K = out.shape[1], qs.shape[1]
     nb = K // 32
@@ -4773,6 +4779,8 @@ def _rows_amx_q8_0(w, d, qs, out, g0, g1):
         acc, accm = acc16_zero(), acc16_zero()
         for b in range(nb):
             oa, ob = g * rb + b * 272, gb * rb + b * 272
+            _tile_prefetch(w, oa, 272)
+            _tile_prefetch(w, ob, 272)
             tile_zero(0)
             tile_zero(3)
             tile_load(1, q1, 32 * b, K)

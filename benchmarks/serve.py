@@ -59,6 +59,12 @@ own ratios to one client, aggregate / while all decode):
     Gemma3 Q4_K_M: 1 client 77-93 tok/s;    8 clients 4.49x / 4.94x;  16 clients 5.56x / 6.29x
     TTFT alone / beside 7: 0.027 / 0.034 s and 0.030 / 0.051 s; a 2,000-token prompt beside 4 streams, chunk /
     longest gap: 0.303 / 0.188 s and 0.289 / 0.231 s.
+  later (15:08, Q8_0 products of 16 rows on the AMX tiles prefetching their weights; `--rounds 5`):
+    SmolLM2 Q4_1:  1 client 102-140 tok/s;  8 clients 3.04x / 3.43x;  16 clients 3.71x / 4.38x
+    Gemma3 Q4_K_M: 1 client 55-76 tok/s;    8 clients 4.44x / 4.77x;  16 clients 5.82x / 6.67x (rounds 4.85-9.01x;
+                   at 15:12 5.90x / 6.99x, at 15:19-15:20 with --clients 1,16 6.01-6.50x / 7.05-7.45x)
+    TTFT alone / beside 7: 0.028 / 0.038 s and 0.046 / 0.079 s; a 2,000-token prompt beside 4 streams, chunk /
+    longest gap: 0.422 / 0.263 s and 0.381 / 0.331 s.
 A batched step's products run near the multiply units' rate (two pairs of groups at a time or the VNNI tiles up to 31
 rows, AMX from 32), which caps the batching gain of these small models, whose weights a single decode step reads from
 cache.

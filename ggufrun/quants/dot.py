@@ -4743,7 +4743,7 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 # takes it: a partial tile costs what a whole one does. Intel Xeon (AMX granted), 2 threads, the same product with the
 # tiles on and off in turn in one process, min of 100 calls (against two pairs of groups at a time, _rows_zq): SmolLM2's
 # output, 49,152 x 576, at 16 rows 1.18 against 1.60 ms, at 17 / 20 rows 2.14 / 3.20 against 1.57 / 2.89; Gemma3's
-# 262,144 x 640 at 16 rows 10.97 against 10.80 ms (read from memory at the rate one row reads it); SmolLM2's batched
+# 262,144 x 640 at 16 rows 10.97 against 10.80 ms (in a minute when one row took about as long); SmolLM2's batched
 # step of 16 sequences (forward_batch, 10th percentile of 80 steps each, alternating) 23.07 against 23.47 ms.
 # Each block of both groups is prefetched as _rows_zq prefetches it (_tile_prefetch: 12 KB ahead; a matrix of
 # Z16_FAR_BYTES or more, decode's hint): without it, Gemma3's output at 16 rows read its 178 MB at about half the

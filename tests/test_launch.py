@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ggufrun.quants import launch
+from ggufrun.runtime import _ThreadCount
 
 
 @numba.njit(nogil=True)
@@ -75,14 +76,11 @@ def test_a_slow_thread_hands_its_items_to_the_others():
     # none, so they take the back half of its run again and again (work stealing): it runs far fewer than its half
     n = 64
     hits, tids = np.zeros(n, np.int64), np.full(n, -1, np.int64)
-    before = numba.get_num_threads()  # Numba keeps it per thread: an earlier test may have left this one at 1
-    numba.set_num_threads(2)
-    try:
+    # Numba keeps the thread count per thread: an earlier test may have left this one at 1
+    with _ThreadCount(2, numba.get_num_threads()):
         slow_on_the_caller(hits, tids, 0)  # compile
         hits[:], tids[:] = 0, -1
         slow_on_the_caller(hits, tids, 100_000)
-    finally:
-        numba.set_num_threads(before)
     assert (hits == 1).all()  # every item once, none lost or run twice by a steal
     assert (tids == 0).sum() <= n // 4, tids.tolist()
 
@@ -90,16 +88,13 @@ def test_a_slow_thread_hands_its_items_to_the_others():
 def test_run_items_runs_every_item_once_however_the_threads_take_them():
     # random region sizes, items of uneven cost (the caller's slow): steals race with the owners' takes
     rng = np.random.default_rng(0)
-    before = numba.get_num_threads()
-    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # all of them (an earlier test may have left 1)
-    try:
+    # all the threads (an earlier test may have left this one at 1)
+    with _ThreadCount(numba.config.NUMBA_NUM_THREADS, numba.get_num_threads()):
         for _ in range(300):
             n = int(rng.integers(1, 400))
             hits, tids = np.zeros(n, np.int64), np.full(n, -1, np.int64)
             slow_on_the_caller(hits, tids, int(rng.integers(0, 3000)))
             assert (hits == 1).all()
-    finally:
-        numba.set_num_threads(before)
 
 
 def test_launchers_compile_serial_and_share_one_parallel_loop():

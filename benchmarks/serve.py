@@ -117,7 +117,9 @@ class EngineTarget:
 
     def run(self, client: Client, max_tokens: int, started=None, stop=None) -> None:
         client.t_start = time.perf_counter()
-        for chunk in self.engine.submit(client.ids, self.params, max_tokens):
+        # token_logprob False, as the server submits: no log-normaliser over the vocabulary for a reply that reports
+        # no log-probabilities (Gemma3's 16 greedy rows of a batched step: 1.5-1.7 ms with it, 0.6-0.7 without)
+        for chunk in self.engine.submit(client.ids, self.params, max_tokens, token_logprob=False):
             if chunk.token is not None:
                 client.t_tokens.append(time.perf_counter())
                 if started is not None:

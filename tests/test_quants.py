@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 import ggufrun.quants as Q
 from ggufrun.errors import GGUFError
 from ggufrun.reader import GGUFFile
+from ggufrun.runtime import _ThreadCount
 
 ALL_TYPES = sorted(Q.SUPPORTED_TYPES, key=lambda t: t.value)
 QUANT_TYPES = [t for t in ALL_TYPES if Q.REGISTRY[t].weight_dtype == np.uint8]
@@ -463,14 +464,10 @@ def test_matmul_rows_equal_matvec_bit_for_bit(qtype):
     assert_bit_exact(Q.matmul(w, qtype, x[3:9]), rows[3:9])
     qx = Q.quantize_activations(x[5], qtype)
     assert_bit_exact(Q.matvec_q(w, qtype, qx), rows[5])
-    old = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
+    with _ThreadCount(1, numba.get_num_threads()):
         y1 = Q.matmul(w, qtype, x[:9])
-        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    with _ThreadCount(min(2, numba.config.NUMBA_NUM_THREADS), numba.get_num_threads()):
         assert_bit_exact(Q.matmul(w, qtype, x[:9]), y1)
-    finally:
-        numba.set_num_threads(old)
 
 
 K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]

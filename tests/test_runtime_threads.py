@@ -7,7 +7,7 @@ import numba
 import numpy as np
 import pytest
 
-from ggufrun.runtime import ThreadGovernor
+from ggufrun.runtime import ThreadGovernor, _ThreadCount
 
 QUIET_ONE = 200e-6  # seconds a step takes on 1 thread
 SLICE = 4e-3  # a descheduled thread holds its region this long (a scheduler time slice)
@@ -404,9 +404,7 @@ def test_switching_threads_inside_a_pass_keeps_every_bit(tmp_path):
     path = write_model(tmp_path / "g.gguf", "gemma3", window=4, n_layer=4, ctx=64, seed=5)
     tf = Transformer(GGUFFile(path), n_ctx=64, n_batch=8)
     ids = np.arange(1, 21) % tf.config.n_vocab
-    old = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
+    with _ThreadCount(1, numba.get_num_threads()):  # the count restored afterwards, whatever the governor set
         tf.governor.enabled = False
         ref = tf.logits(ids).copy()
         ref_step = tf.forward([7]).copy()
@@ -425,8 +423,6 @@ def test_switching_threads_inside_a_pass_keeps_every_bit(tmp_path):
         got = tf.logits(ids)
         got_step = tf.forward([7])
         assert numba.get_num_threads() == 2
-    finally:
-        numba.set_num_threads(old)
     assert counts.count(1) >= 3 and counts.count(2) >= 3, counts
     assert tf.governor.stalls >= 2
     np.testing.assert_array_equal(got, ref)
@@ -455,7 +451,8 @@ def test_compute_thread_runs_every_job_on_one_thread_with_the_callers_count():
         t.start()
     for t in threads:
         t.join()
-    caller(1)
+    with _ThreadCount(1, numba.get_num_threads()):  # this thread's count as it was afterwards
+        caller(1)
     assert len({ident for ident, _ in seen}) == 1  # all on one thread...
     assert seen[0][0] not in {t.ident for t in threads} | {threading.get_ident()}  # ...none of the callers'
     assert sorted(n for _, n in seen) == sorted([1, 2, 1, 2, 1])  # each with its caller's thread count

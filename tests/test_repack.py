@@ -375,18 +375,18 @@ def test_rows_of_8_give_the_same_bits(qtype):
 
 
 @pytest.mark.skipif(not dot.AMX_PERMITTED, reason="this CPU or kernel gives no AMX tiles (Sapphire Rapids+, Linux)")
-def test_amx_q8_0_tiles_of_16_rows_give_the_same_bits():
-    """Q8_0 products of AMX_Q8_0_ROWS rows on the AMX tiles read straight from the layout's code chunks
-    (dot._rows_amx_q8_0: an odd last group, work items of several pairs of groups) against the file layout's kernel,
-    decode's one-row kernel and the same product with the tiles off (_rows_zq), bit for bit; a row fewer or more stays
-    on _rows_zq."""
+def test_amx_q8_0_tiles_give_the_same_bits():
+    """Q8_0 products of AMX_Q8_0_MIN_ROWS to AMX_Q8_0_ROWS (16) rows on the AMX tiles read straight from the layout's
+    code chunks (dot._rows_amx_q8_0: a tile of fewer than 16 rows, an odd last group, work items of several pairs of
+    groups) against the file layout's kernel, decode's one-row kernel and the same product with the tiles off
+    (_rows_zq), bit for bit; a row fewer than the minimum or more than 16 stays on _rows_zq."""
     rng = np.random.default_rng(11)
-    rows = dot.AMX_Q8_0_ROWS
+    lo, hi = dot.AMX_Q8_0_MIN_ROWS, dot.AMX_Q8_0_ROWS
     for n, k in ((40, 96), (64, 2048), (1048, 256)):
         w = _random_blocks(T.Q8_0, n, k, rng)
         w8, kernel = repack(w, T.Q8_0)
-        for m in (rows - 1, rows, rows + 1):
-            assert dot._amx_q8_0_tiles(m) == (m == rows)  # the product of 16 rows does take the tiles
+        for m in (lo - 1, lo, lo + 3, hi, hi + 1):
+            assert dot._amx_q8_0_tiles(m) == (lo <= m <= hi)  # the products from lo to 16 rows do take the tiles
             _assert_kernels_agree(T.Q8_0, w, w8, kernel, m, n, k, rng)
             qx = Q.quantize_activations(rng.standard_normal((m, k)).astype(np.float32), T.Q8_0)
             tiles, zq = np.full((m, n), np.nan, np.float32), np.full((m, n), np.nan, np.float32)

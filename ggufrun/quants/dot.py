@@ -2807,8 +2807,8 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
     rows on, the tile unit (_rows_amx); without AMX, from VNNI_MIN_ROWS_32 rows on, the VNNI tiles (_rows_vnni, the
     launcher passing the quants + 128 as qs); below those, from Z8_MIN_ROWS rows on, two pairs of groups at a time
-    on decode's code vectors (_rows_zq, the activations as they are), Q8_0 with AMX at AMX_Q8_0_ROWS rows on the tiles
-    instead (_rows_amx_q8_0, the same arrays)."""
+    on decode's code vectors (_rows_zq, the activations as they are), Q8_0 with AMX at AMX_Q8_0_MIN_ROWS to
+    AMX_Q8_0_ROWS rows on the tiles instead (_rows_amx_q8_0, the same arrays)."""
     if _vnni_given(out, qs, kind):
         _rows_vnni(kind, bsize, w, d, s, qs, out, g0, g1)
         return
@@ -4732,15 +4732,16 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     tile_release()
 
 
-# ---- Q8_0 on the AMX tiles at 16 rows: the layout's code chunks are B tiles already ------------------------------
+# ---- Q8_0 on the AMX tiles at 10-16 rows: the layout's code chunks are B tiles already ---------------------------
 # A block of 8 interleaved Q8_0 rows (repack: their 8 d, then 8 chunks of 32 bytes, 4 codes of each row) holds its codes
 # as signed bytes in exactly a B tile's layout for 8 columns (row k: values 4k..4k + 3 of each of the 8 rows), so
 # tileloadd reads them from the weights themselves: no unpacking pass, which is what keeps _rows_amx off products of
 # fewer than AMX_MIN_ROWS rows (its unpacked tiles would serve one activation tile there). Per block and pair of groups:
 # the 16 activation rows' 32 quants (tmm1), the two groups' codes (tmm2, tmm5), two tdpbssd into 16 x 8 int32 sums each,
 # stored side by side as 16 rows of 16 lanes, then _rows_amx's FMAs (acc16_sums: _group_x8_z16_one's float steps), so
-# the same bits as every route. Only a product of exactly one tile of rows (a batched decode step of 16 sequences)
-# takes it: a partial tile costs what a whole one does. Intel Xeon (AMX granted), 2 threads, the same product with the
+# the same bits as every route. Only a product of one tile of rows takes it: AMX_Q8_0_MIN_ROWS to AMX_Q8_0_ROWS (16)
+# rows (a batched decode step of 10-16 sequences; a tile of M < 16 rows is configured with M rows, _q8_0_tile_config);
+# more rows would take a second activation tile. Intel Xeon (AMX granted), 2 threads, the same product with the
 # tiles on and off in turn in one process, min of 100 calls (against two pairs of groups at a time, _rows_zq): SmolLM2's
 # output, 49,152 x 576, at 16 rows 1.18 against 1.60 ms, at 17 / 20 rows 2.14 / 3.20 against 1.57 / 2.89; Gemma3's
 # 262,144 x 640 at 16 rows 10.97 against 10.80 ms (in a minute when one row took about as long); SmolLM2's batched
@@ -4751,7 +4752,13 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 # the same process: 12.6-13.8 ms, 1.72-1.74x one row's, before; 8.7-9.6 ms, 1.31-1.45x, after; in Gemma3's batched
 # step of 16 sequences (dev/step_profile.py, medians of 40 steps, three pairs) 12.3-14.1 -> 9.2-11.6 ms of the output
 # product and 27.1-32.8 -> 23.7-30.2 ms a step. SmolLM2's output (30 MB) at 16 rows: 2.0-2.2 -> 1.5-1.9 ms.
+# From 10 rows (tiles of M rows): the output product alone, tiles on / off in turn in one process (medians of 16-60
+# calls, two or three runs), Gemma3's at 8 / 9 / 10 / 11 / 12 / 15 rows 0.96-1.31 / 0.92-0.99 / 0.86-0.95 / 0.86-0.91 /
+# 0.73-0.76 / 0.80-0.84x the time of _rows_zq, SmolLM2's 1.09-1.10 / 1.12 / 0.99 / 0.83 / 0.97-1.02 / 0.83x; in
+# Gemma3's batched step of 12 sequences (dev/step_profile.py, medians of 30 steps, three pairs of trees alternating)
+# 8.6-11.0 -> 7.2-7.4 ms of the output product and 19.3-25.3 -> 17.7-18.0 ms a step.
 AMX_Q8_0_ROWS = 16
+AMX_Q8_0_MIN_ROWS = 10
 
 
 @njit(inline="always", **DOT)
@@ -4759,21 +4766,32 @@ def _amx_q8_0_tiles(M):
     """Whether a worker runs a Q8_0 product of M activation rows (below AMX_MIN_ROWS, the activations as they are) on
     _rows_amx_q8_0 instead of _rows_zq: the flag use_amx sets, read here (both take the same arrays and give the same
     bits, so a flag flipped meanwhile changes only the route; on only where this process was granted the tiles)."""
-    return AMX_CPU and M == AMX_Q8_0_ROWS and amx_granted()
+    return AMX_CPU and AMX_Q8_0_MIN_ROWS <= M <= AMX_Q8_0_ROWS and amx_granted()
+
+
+@njit(inline="always", **DOT)
+def _q8_0_tile_config(M):
+    """AMX_CONFIG_Q8_0 for M (<= 16) activation rows: ldtilecfg's byte 48 + t, tile t's rows, set to M for the two
+    groups' sums (tmm0, tmm3) and the activation quants (tmm1)."""
+    cfg = AMX_CONFIG_Q8_0.copy()
+    for t in (0, 1, 3):
+        cfg[48 + t] = M
+    return cfg
 
 
 @njit(inline="always", **DOT)
 def _rows_amx_q8_0(w, d, qs, out, g0, g1):
-    """_rows_zq for Q8_0 and 16 activation rows on the AMX tiles (section note): per pair of groups (an odd last group
-    as both halves, its 8 columns stored), block by block, both groups' block prefetched ahead, two tdpbssd, the sums
-    to memory and _group_x8_z16_one's FMAs in 16 accumulators in registers."""
+    """_rows_zq for Q8_0 and AMX_Q8_0_MIN_ROWS..16 activation rows on the AMX tiles (section note): per pair of groups
+    (an odd last group as both halves, its 8 columns stored), block by block, both groups' block prefetched ahead, two
+    tdpbssd, the sums to memory and _group_x8_z16_one's FMAs in 16 accumulators in registers (those of rows past M
+    from the sums' zero rows, never stored)."""
     rb = w.shape[1]
-    N, K = out.shape[1], qs.shape[1]
+    M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nb = K // 32
-    sums32 = _empty64(256, np.int32)  # 16 rows x 64 bytes: group A's 8 sums, then B's
+    sums32 = np.zeros(256, np.int32)  # 16 rows x 64 bytes: group A's 8 sums, then B's (rows past M stay zero)
     q1, d1 = qs.reshape(-1), d.reshape(-1)
-    last = 16 * nb - 1
-    tile_config(AMX_CONFIG_Q8_0)
+    last = M * nb - 1
+    tile_config(_q8_0_tile_config(M))
     for g in range(g0, g1, 2):
         gb = min(g + 1, g1 - 1)
         acc, accm = acc16_zero(), acc16_zero()
@@ -4791,7 +4809,7 @@ def _rows_amx_q8_0(w, d, qs, out, g0, g1):
             tile_store(0, sums32, 0, 64)
             tile_store(3, sums32, 32, 64)
             acc = acc16_sums(acc, sums32, 0, ld_f16x16(w, oa, ob), d1, b, nb, last)
-        acc16_store(acc, accm, out, 4 * 8 * g, 4 * N, 16, 16 if gb > g else 8)
+        acc16_store(acc, accm, out, 4 * 8 * g, 4 * N, M, 16 if gb > g else 8)
     tile_release()
 
 

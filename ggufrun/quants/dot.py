@@ -3972,10 +3972,16 @@ def _pair_sums(s, sp, p):
 def _tile_prefetch(w, o, nbytes):
     """A pair tile's hint for the block of nbytes at byte o, on its first tile of rows: Z16_PREFETCH ahead into
     every level, or decode's hint and distance for a matrix of Z16_FAR_BYTES or more."""
+    _tile_prefetch_far(w, o, nbytes, DECODE_PREFETCH)
+
+
+@njit(inline="always", **DOT)
+def _tile_prefetch_far(w, o, nbytes, far_ahead):
+    """_tile_prefetch with decode's hint far_ahead bytes ahead for a matrix of Z16_FAR_BYTES or more."""
     far = w.size >= Z16_FAR_BYTES
     for pf in range(0, nbytes, 64):
         if far:
-            decode_prefetch(w, o + DECODE_PREFETCH + pf)
+            decode_prefetch(w, o + far_ahead + pf)
         else:
             prefetch(w, o + Z16_PREFETCH + pf)
 
@@ -5420,10 +5426,10 @@ def _rows_zq(kind, bsize, w, d, s, qs, sums, out, g0, g1):
             st_z(acc, 128 * r + 64, fzero_z())
         for b in range(nb):
             o0, o1, o2, o3 = ga + b * bsize, gb + b * bsize, gc + b * bsize, gd + b * bsize
-            _tile_prefetch(w, o0, bsize)
-            _tile_prefetch(w, o1, bsize)
-            _tile_prefetch(w, o2, bsize)
-            _tile_prefetch(w, o3, bsize)
+            _tile_prefetch_far(w, o0, bsize, Z8_FAR_PREFETCH)
+            _tile_prefetch_far(w, o1, bsize, Z8_FAR_PREFETCH)
+            _tile_prefetch_far(w, o2, bsize, Z8_FAR_PREFETCH)
+            _tile_prefetch_far(w, o3, bsize, Z8_FAR_PREFETCH)
             ua, ub = _z16_codes(kind, w, o0, o1), _z16_codes(kind, w, o2, o3)
             dwa, dwb = ld_f16x16(w, o0, o1), ld_f16x16(w, o2, o3)
             for r in range(M):
@@ -6215,7 +6221,8 @@ Z16_PREFETCH = 12288
 # 215 MB) 2 / 4 / 8 rows 9.1-10.1 / 11.5-12.8 / 14.5-15.0 -> 6.2 / 7.1 / 10.6-10.9 ms in two of three pairs (10.8 /
 # 10.7 / 12.8 in the first); Gemma3's 8-sequence step, its output projection 8.4-9.4 -> 6.8-8.4 ms. Small matrices
 # keep prefetcht0 12 KB: with the L2 hint SmolLM2's (0.2-1.1 MB) ran its 8-sequence step slower (gate / up 3.0-3.3 ->
-# 3.6-4.0 ms); 4 x 9.4 MB of Q4_K: no difference.
+# 3.6-4.0 ms); 4 x 9.4 MB of Q4_K: no difference. Two pairs of groups at a time (_rows_zq) hint such a matrix
+# further ahead, Z8_FAR_PREFETCH.
 Z16_FAR_BYTES = 1 << 23
 # decode's 16-row vectors (_group_k_z16_one, _group_x8_z16_one) prefetch both groups' streams DECODE_PREFETCH ahead, a
 # super-block (block) at a time: unlike the 256-bit kernels (X8K note), they leave the DRAM stream idle between
@@ -6233,6 +6240,13 @@ DECODE_PREFETCH_L2 = (config.CPU_NAME if config.CPU_NAME not in (None, "host") e
 )
 DECODE_PREFETCH = 24576 if DECODE_PREFETCH_L2 else 12288
 decode_prefetch = prefetch_l2 if DECODE_PREFETCH_L2 else prefetch
+# how far ahead _rows_zq hints a matrix of Z16_FAR_BYTES or more (an output projection streaming from memory): 24 KB,
+# twice decode's distance on Intel (on AMD Zen 4 decode's own). Intel Xeon (AMX VM), 2 threads, the distance toggled
+# in pairs of steps in one process (forward_batch at 64 positions, medians of 40-80 steps): Gemma3's 8-sequence step
+# 19.40 / 14.56 / 13.50 -> 18.62 / 13.69 / 12.74 ms (36 KB: 14.06), 9 sequences 14.76 -> 14.08, SmolLM2's 8 sequences
+# 8.52 / 9.47 -> 8.42 / 9.24; the output product alone at 8 rows 6.05 / 12.77 / 6.12 -> 5.62 / 11.53 / 5.53 ms, while
+# the pair tiles (4 rows) ran 1-9% slower so and the AMX tiles (12, 16 rows) even: those keep decode's distance.
+Z8_FAR_PREFETCH = DECODE_PREFETCH if DECODE_PREFETCH_L2 else 2 * DECODE_PREFETCH
 # rowk8 reads 8 rows, a super-block of each in turn: 8 streams, each prefetched this many bytes ahead a super-block
 # at a time (_prefetch_ahead's bursts of 8 rows' worth filled the miss queue: Q4_K matvecs streaming from DRAM ran
 # ~25% slower than one row at a time)

@@ -4794,7 +4794,8 @@ def _rows_amx_q8_0(w, d, qs, out, g0, g1):
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nb = K // 32
-    sums32 = np.zeros(256, np.int32)  # 16 rows x 64 bytes: group A's 8 sums, then B's (rows past M stay zero)
+    sums32 = _empty64(256, np.int32)  # 16 rows x 64 bytes: group A's 8 sums, then B's
+    sums32[:] = 0  # the rows past M stay zero
     q1, d1 = qs.reshape(-1), d.reshape(-1)
     last = M * nb - 1
     tile_config(_q8_0_tile_config(M))

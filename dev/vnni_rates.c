@@ -87,13 +87,36 @@ static void issue_rates(void) {
 #define MMAX 16  // activation rows, at most
 #define GB 160  // bytes per block of a group of 8 rows: 8 d, 8 m (halves), 4 chunks of 32 nibble bytes
 
+// The loops' inputs: `quads` pairs of pairs of groups of weights (w), MMAX activation rows of quants (x), their scales
+// (dx); the same values for every loop.
+typedef struct {
+    unsigned char *w;
+    signed char *x;
+    float *dx;
+} Inputs;
+
+static Inputs inputs(int quads) {
+    Inputs in = {aligned_alloc(64, 4L * quads * NB * GB + 64), aligned_alloc(64, MMAX * K),
+                 aligned_alloc(64, MMAX * NB * 4 + 64)};
+    for (long i = 0; i < 4L * quads * NB * GB; i++) in.w[i] = (i * 7) & 255;
+    for (int i = 0; i < MMAX * K; i++) in.x[i] = (i * 13) % 200 - 100;
+    for (int i = 0; i < MMAX * NB + 16; i++) in.dx[i] = 0.01f * (i % 7);
+    return in;
+}
+
+static void free_inputs(Inputs in) { free(in.w), free(in.x), free(in.dx); }
+
+// chunk k (32 bytes) of a block of groups A (ga) and B (gb) side by side: the nibbles of 16 rows x 4 bytes
+static inline __m512i chunk_pair(const unsigned char *ga, const unsigned char *gb, int k) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ga + 32 + 32 * k))),
+                              _mm256_loadu_si256((const __m256i *)(gb + 32 + 32 * k)), 1);
+}
+
 static double zq_loop(int M, int with_m, int quads, long iters) {
-    unsigned char *w = aligned_alloc(64, 4L * quads * NB * GB + 64);
-    for (long i = 0; i < 4L * quads * NB * GB; i++) w[i] = (i * 7) & 255;
-    signed char *x = aligned_alloc(64, M * K);
-    for (int i = 0; i < M * K; i++) x[i] = (i * 13) % 200 - 100;
-    float *dx = aligned_alloc(64, M * NB * 4 + 64);
-    for (int i = 0; i < M * NB + 16; i++) dx[i] = 0.01f * (i % 7);
+    Inputs in = inputs(quads);
+    const unsigned char *w = in.w;
+    const signed char *x = in.x;
+    const float *dx = in.dx;
     float *acc = aligned_alloc(64, M * 32 * 4), *accm = aligned_alloc(64, M * 32 * 4);
     float *out = aligned_alloc(64, M * 32 * 4L * quads);
     const __m512i m15 = _mm512_set1_epi8(15);
@@ -110,9 +133,7 @@ static double zq_loop(int M, int with_m, int quads, long iters) {
                     const unsigned char *ga = w0 + (2 * h) * NB * GB + b * GB, *gb = ga + NB * GB;
 #pragma GCC unroll 4
                     for (int k = 0; k < 4; k++) {
-                        __m512i v = _mm512_inserti64x4(
-                            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ga + 32 + 32 * k))),
-                            _mm256_loadu_si256((const __m256i *)(gb + 32 + 32 * k)), 1);
+                        __m512i v = chunk_pair(ga, gb, k);
                         __m512i lo = _mm512_and_si512(v, m15), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
                         if (h == 0) {
                             ca[2 * k] = lo, ca[2 * k + 1] = hi;
@@ -152,7 +173,7 @@ static double zq_loop(int M, int with_m, int quads, long iters) {
     t = now() - t;
     volatile float sink = out[3];
     (void)sink;
-    free(w), free(x), free(dx), free(acc), free(accm), free(out);
+    free_inputs(in), free(acc), free(accm), free(out);
     return t * 1e9 / units;
 }
 
@@ -247,12 +268,10 @@ static void tile_rates(void) {
 // order (each block's steps one after another) or pipelined (B tiles built two blocks ahead, the tile steps one
 // block ahead of the float steps, so no block waits on its own stores).
 static double amx_loop(int M, int pipelined, int quads, long iters) {
-    unsigned char *w = aligned_alloc(64, 4L * quads * NB * GB + 64);
-    for (long i = 0; i < 4L * quads * NB * GB; i++) w[i] = (i * 7) & 255;
-    signed char *x = aligned_alloc(64, MMAX * K);
-    for (int i = 0; i < MMAX * K; i++) x[i] = (i * 13) % 200 - 100;
-    float *dx = aligned_alloc(64, MMAX * NB * 4 + 64);
-    for (int i = 0; i < MMAX * NB + 16; i++) dx[i] = 0.01f * (i % 7);
+    Inputs in = inputs(quads);
+    const unsigned char *w = in.w;
+    const signed char *x = in.x;
+    const float *dx = in.dx;
     float *out = aligned_alloc(64, MMAX * 32 * 4L * quads);
     signed char *bt = aligned_alloc(64, 4 * 1024);  // B tiles of 4 blocks in flight, two pairs each
     int *sums = aligned_alloc(64, 4 * 2 * 1024);    // sums of 4 blocks, two pairs each (M x 16 int32)
@@ -272,9 +291,7 @@ static double amx_loop(int M, int pipelined, int quads, long iters) {
                         const unsigned char *ga = w0 + (2 * h) * NB * GB + build * GB, *gb = ga + NB * GB;
                         signed char *to = bt + 1024 * (build & 3) + 512 * h;
                         for (int k = 0; k < 4; k++) {
-                            __m512i v = _mm512_inserti64x4(
-                                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ga + 32 + 32 * k))),
-                                _mm256_loadu_si256((const __m256i *)(gb + 32 + 32 * k)), 1);
+                            __m512i v = chunk_pair(ga, gb, k);
                             _mm512_store_si512(to + 64 * k, _mm512_sub_epi8(_mm512_and_si512(v, m15), eight));
                             _mm512_store_si512(to + 256 + 64 * k,
                                                _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m15), eight));
@@ -316,7 +333,7 @@ static double amx_loop(int M, int pipelined, int quads, long iters) {
     t = now() - t;
     volatile float sink = out[3];
     (void)sink;
-    free(w), free(x), free(dx), free(out), free(bt), free(sums);
+    free_inputs(in), free(out), free(bt), free(sums);
     return t * 1e9 / units;
 }
 

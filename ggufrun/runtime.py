@@ -110,12 +110,17 @@ def set_threads(n: int) -> None:
 
 
 class _ThreadCount:
-    """A context that runs the calling thread's parallel loops on `n` threads, then restores `restore`."""
+    """A context that runs the calling thread's parallel loops on `n` threads, then restores `restore` (default: the
+    count the thread had on entering)."""
 
-    def __init__(self, n: int, restore: int):
+    def __init__(self, n: int, restore: int | None = None):
         self.n, self.restore = n, restore
 
     def __enter__(self):
+        if self.restore is None:
+            import numba
+
+            self.restore = numba.get_num_threads()
         set_threads(self.n)
 
     def __exit__(self, *exc) -> None:

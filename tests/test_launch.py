@@ -77,7 +77,7 @@ def test_a_slow_thread_hands_its_items_to_the_others():
     n = 64
     hits, tids = np.zeros(n, np.int64), np.full(n, -1, np.int64)
     # Numba keeps the thread count per thread: an earlier test may have left this one at 1
-    with _ThreadCount(2, numba.get_num_threads()):
+    with _ThreadCount(2):
         slow_on_the_caller(hits, tids, 0)  # compile
         hits[:], tids[:] = 0, -1
         slow_on_the_caller(hits, tids, 100_000)
@@ -89,7 +89,7 @@ def test_run_items_runs_every_item_once_however_the_threads_take_them():
     # random region sizes, items of uneven cost (the caller's slow): steals race with the owners' takes
     rng = np.random.default_rng(0)
     # all the threads (an earlier test may have left this one at 1)
-    with _ThreadCount(numba.config.NUMBA_NUM_THREADS, numba.get_num_threads()):
+    with _ThreadCount(numba.config.NUMBA_NUM_THREADS):
         for _ in range(300):
             n = int(rng.integers(1, 400))
             hits, tids = np.zeros(n, np.int64), np.full(n, -1, np.int64)

@@ -464,9 +464,9 @@ def test_matmul_rows_equal_matvec_bit_for_bit(qtype):
     assert_bit_exact(Q.matmul(w, qtype, x[3:9]), rows[3:9])
     qx = Q.quantize_activations(x[5], qtype)
     assert_bit_exact(Q.matvec_q(w, qtype, qx), rows[5])
-    with _ThreadCount(1, numba.get_num_threads()):
+    with _ThreadCount(1):
         y1 = Q.matmul(w, qtype, x[:9])
-    with _ThreadCount(min(2, numba.config.NUMBA_NUM_THREADS), numba.get_num_threads()):
+    with _ThreadCount(min(2, numba.config.NUMBA_NUM_THREADS)):
         assert_bit_exact(Q.matmul(w, qtype, x[:9]), y1)
 
 

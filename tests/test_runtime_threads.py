@@ -404,7 +404,7 @@ def test_switching_threads_inside_a_pass_keeps_every_bit(tmp_path):
     path = write_model(tmp_path / "g.gguf", "gemma3", window=4, n_layer=4, ctx=64, seed=5)
     tf = Transformer(GGUFFile(path), n_ctx=64, n_batch=8)
     ids = np.arange(1, 21) % tf.config.n_vocab
-    with _ThreadCount(1, numba.get_num_threads()):  # the count restored afterwards, whatever the governor set
+    with _ThreadCount(1):  # the count restored afterwards, whatever the governor set
         tf.governor.enabled = False
         ref = tf.logits(ids).copy()
         ref_step = tf.forward([7]).copy()
@@ -451,7 +451,7 @@ def test_compute_thread_runs_every_job_on_one_thread_with_the_callers_count():
         t.start()
     for t in threads:
         t.join()
-    with _ThreadCount(1, numba.get_num_threads()):  # this thread's count as it was afterwards
+    with _ThreadCount(1):  # this thread's count as it was afterwards
         caller(1)
     assert len({ident for ident, _ in seen}) == 1  # all on one thread...
     assert seen[0][0] not in {t.ident for t in threads} | {threading.get_ident()}  # ...none of the callers'

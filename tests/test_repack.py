@@ -378,11 +378,12 @@ def test_rows_of_8_give_the_same_bits(qtype):
 def test_amx_q8_0_tiles_give_the_same_bits():
     """Q8_0 products of AMX_Q8_0_MIN_ROWS to AMX_Q8_0_ROWS (16) rows on the AMX tiles read straight from the layout's
     code chunks (dot._rows_amx_q8_0: a tile of fewer than 16 rows, an odd last group, work items of several pairs of
-    groups) against the file layout's kernel, decode's one-row kernel and the same product with the tiles off
-    (_rows_zq), bit for bit; a row fewer than the minimum or more than 16 stays on _rows_zq."""
+    groups, rows of 1, 2, 3 and more blocks: the pipeline's even and odd ends) against the file layout's kernel,
+    decode's one-row kernel and the same product with the tiles off (_rows_zq), bit for bit; a row fewer than the
+    minimum or more than 16 stays on _rows_zq."""
     rng = np.random.default_rng(11)
     lo, hi = dot.AMX_Q8_0_MIN_ROWS, dot.AMX_Q8_0_ROWS
-    for n, k in ((40, 96), (64, 2048), (1048, 256)):
+    for n, k in ((24, 32), (16, 64), (40, 96), (64, 2048), (1048, 256)):
         w = _random_blocks(T.Q8_0, n, k, rng)
         w8, kernel = repack(w, T.Q8_0)
         for m in (lo - 1, lo, lo + 3, hi, hi + 1):

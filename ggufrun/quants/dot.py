@@ -4336,12 +4336,6 @@ def _amx_config(k: int = 32) -> np.ndarray:
 
 AMX_CONFIG = _amx_config()  # a global array: a constant in the compiled code
 AMX_CONFIG16 = _amx_config(16)  # Q6_K: 16-value tiles (its scales cover 16 values)
-# _rows_amx_q8_0's tiles: for even blocks tmm0 / tmm3 the int32 sums of groups A / B (16 rows x 8 columns) and tmm1
-# the activation quants of the block (16 rows x 32 bytes), for odd blocks tmm6 / tmm7 and tmm4; tmm2 / tmm5 the weight
-# codes of A / B (8 rows x 32 bytes: the layout's own chunks)
-AMX_CONFIG_Q8_0 = _tile_shapes(
-    ((0, 32, 16), (3, 32, 16), (1, 32, 16), (6, 32, 16), (7, 32, 16), (4, 32, 16), (2, 32, 8), (5, 32, 8))
-)
 
 
 def _tile_op(fmt, nregs: int, ptr: bool):
@@ -4768,12 +4762,16 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 # 8.6-11.0 -> 7.2-7.4 ms of the output product and 19.3-25.3 -> 17.7-18.0 ms a step.
 # Pipelined (even and odd blocks on tiles of their own, each block's tile steps issued before the FMAs of the block
 # before it): a tile store costs ~6 ns and the FMAs read its sums back through memory (dev/vnni_rates.c, part 3), so in
-# order each block waited on the one before. The output product alone, in order / pipelined / _rows_zq in turn in one
-# process (medians of 40-60 calls, Intel Xeon with AMX, 2 threads): Gemma3's at 16 rows 0.92-1.00x the in-order time in
-# four runs (8.07 -> 7.45, 8.91 -> 8.22, 8.86 -> 8.41, 9.12 -> 9.11 ms), at 12 rows 0.93-0.98x; SmolLM2's at 16 / 12 /
-# 10 rows 0.93 / 0.89 / 0.88x; at 8-9 rows _rows_zq stays ahead of both (Gemma3 1.06-1.13x, SmolLM2 0.97-1.12x). In a
-# batched step (forward_batch of 16 / 12 sequences at 64 positions, the two in turn, medians of 60-120 pairs) it is
-# below this VM's noise: Gemma3 0.988-0.992x / 1.009x, SmolLM2 1.000x / 1.009x.
+# order each block waited on the one before. The output product alone, in order / pipelined in turn in one process
+# (medians of 40-60 calls, Intel Xeon with AMX, 2 threads): Gemma3's at 16 rows 0.92-1.00x the in-order time in four
+# runs, at 12 rows 0.93-0.98x; SmolLM2's at 16 / 12 / 10 rows 0.93 / 0.89 / 0.88x. Then one tdpbssd a block instead of
+# two: both groups' code chunks staged as one B tile of 16 columns (st_btile8), two blocks ahead in a ring of four,
+# halving the tile stores, loads of codes and tdpbssd (staged just before its tile load, the load waited on the
+# stores: 1.2-1.4x slower). Against the two-tile pipeline (medians of 30-60 calls): Gemma3 16 / 12 rows 0.93 / 0.89x
+# and 0.94x (in L2: 256 groups, 0.94x), SmolLM2 16 / 12 rows 0.87 / 0.91x. Against _rows_zq (use_amx off) after its
+# two-chain dots, medians of 40 calls: Gemma3 at 10 / 11 / 12 / 13 / 16 rows 0.98 / 0.99 / 0.80 / 0.94 / 0.89x,
+# SmolLM2 0.82 / 0.96 / 0.94 / 0.84 / 0.80x; at 8-9 rows _rows_zq stays ahead (before its two chains, already
+# 0.97-1.09x of these tiles' time).
 AMX_Q8_0_ROWS = 16
 AMX_Q8_0_MIN_ROWS = 10
 
@@ -4788,77 +4786,74 @@ def _amx_q8_0_tiles(M):
 
 @njit(inline="always", **DOT)
 def _q8_0_tile_config(M):
-    """AMX_CONFIG_Q8_0 for M (<= 16) activation rows: ldtilecfg's byte 48 + t, tile t's rows, set to M for the two
-    groups' sums (tmm0 / tmm3, tmm6 / tmm7) and the activation quants (tmm1, tmm4)."""
-    cfg = AMX_CONFIG_Q8_0.copy()
-    for t in (0, 1, 3, 4, 6, 7):
+    """_rows_amx_q8_0's tiles, _rows_amx's (AMX_CONFIG: tmm0 / tmm3 an even / odd block's int32 sums, 16 rows x 16
+    columns, group A's 8 then B's; tmm1 / tmm4 its activation quants; tmm2 / tmm5 its staged codes) for M (<= 16)
+    activation rows: ldtilecfg's byte 48 + t, tile t's rows, set to M for the sums and the quants."""
+    cfg = AMX_CONFIG.copy()
+    for t in (0, 1, 3, 4):
         cfg[48 + t] = M
     return cfg
 
 
 @njit(inline="always", **DOT)
-def _q8_0_even_block(w, q1, K, oa, ob, b, sums32):
-    """Block b (even) of groups A and B (their blocks at bytes oa, ob of w) on tmm0 / tmm3, the activation quants on
-    tmm1, its sums stored to the first 16 x 64 bytes of sums32 (A's 8 columns, then B's)."""
-    _tile_prefetch(w, oa, 272)
-    _tile_prefetch(w, ob, 272)
-    tile_zero(0)
-    tile_zero(3)
-    tile_load(1, q1, 32 * b, K)
-    tile_load(2, w, oa + 16, 32)
-    tile_load(5, w, ob + 16, 32)
-    tile_dpbssd(0, 1, 2)
-    tile_dpbssd(3, 1, 5)
-    tile_store(0, sums32, 0, 64)
-    tile_store(3, sums32, 32, 64)
-
-
-@njit(inline="always", **DOT)
-def _q8_0_odd_block(w, q1, K, oa, ob, b, sums32):
-    """_q8_0_even_block for an odd block: tmm6 / tmm7 and tmm4, its sums to the second 16 x 64 bytes of sums32."""
-    _tile_prefetch(w, oa, 272)
-    _tile_prefetch(w, ob, 272)
-    tile_zero(6)
-    tile_zero(7)
-    tile_load(4, q1, 32 * b, K)
-    tile_load(2, w, oa + 16, 32)
-    tile_load(5, w, ob + 16, 32)
-    tile_dpbssd(6, 4, 2)
-    tile_dpbssd(7, 4, 5)
-    tile_store(6, sums32, 1024, 64)
-    tile_store(7, sums32, 1056, 64)
+def _q8_0_stage(w, nb, g0, g1, f, bt):
+    """Stage block f % nb of the (f // nb)-th pair of groups from g0 (an odd last group as both halves; none past
+    g1) as one B tile of 16 columns (st_btile8: row j group A's code chunk j, then B's) in slot f % 4 of bt."""
+    rb = w.shape[1]
+    g, b = g0 + 2 * (f // nb), f % nb
+    if g < g1:
+        o = b * 272 + 16
+        st_btile8(w, g * rb + o, min(g + 1, g1 - 1) * rb + o, bt, 512 * (f % 4))
 
 
 @njit(inline="always", **DOT)
 def _rows_amx_q8_0(w, d, qs, out, g0, g1):
     """_rows_zq for Q8_0 and AMX_Q8_0_MIN_ROWS..16 activation rows on the AMX tiles (section note): per pair of groups
-    (an odd last group as both halves, its 8 columns stored), block by block, both groups' block prefetched ahead, two
-    tdpbssd, the sums to memory and _group_x8_z16_one's FMAs in 16 accumulators in registers (those of rows past M
-    from the sums' zero rows, never stored). Pipelined: even and odd blocks take their own tiles and sums buffer, and
-    each block's tile steps are issued before the FMAs of the block before it, which meanwhile read that block's
-    sums; the FMAs still run in block order, so the same bits."""
+    (an odd last group as both halves, its 8 columns stored), block by block, one tdpbssd into 16 x 16 int32 sums
+    against the block's codes of both groups staged two blocks ahead as one B tile (_q8_0_stage: a slot of a ring of
+    four, so the tile load finds its bytes written long before, in L1), the sums to memory and _group_x8_z16_one's
+    FMAs in 16 accumulators in registers (those of rows past M from the sums' zero rows, never stored). Pipelined:
+    even and odd blocks take tiles and a sums buffer of their own, and each block's tile steps are issued before the
+    FMAs of the block before it, which meanwhile read that block's sums; the FMAs still run in block order, so the
+    same bits."""
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nb = K // 32
-    sums32 = _empty64(512, np.int32)  # even blocks' 16 rows x 64 bytes (group A's 8 sums, then B's), then odd ones'
+    sums32 = _empty64(512, np.int32)  # an even block's 16 rows x 64 bytes (group A's 8 sums, then B's), an odd one's
     sums32[:] = 0  # the rows past M stay zero
+    bt = _empty64(2048, np.int8)  # the ring of 4 staged B tiles, 8 rows x 64 bytes each
     q1, d1 = qs.reshape(-1), d.reshape(-1)
     last = M * nb - 1
     tile_config(_q8_0_tile_config(M))
+    _q8_0_stage(w, nb, g0, g1, 0, bt)
+    _q8_0_stage(w, nb, g0, g1, 1, bt)
+    f = 0  # blocks staged or run so far, over every pair of this call
     for g in range(g0, g1, 2):
         gb = min(g + 1, g1 - 1)
         acc, accm = acc16_zero(), acc16_zero()
-        _q8_0_even_block(w, q1, K, g * rb, gb * rb, 0, sums32)
-        for b in range(1, nb, 2):  # block b's tiles, block b - 1's FMAs; then block b + 1's tiles, block b's FMAs
+        for b in range(nb):
             oa, ob = g * rb + b * 272, gb * rb + b * 272
-            _q8_0_odd_block(w, q1, K, oa, ob, b, sums32)
-            acc = acc16_sums(acc, sums32, 0, ld_f16x16(w, oa - 272, ob - 272), d1, b - 1, nb, last)
-            if b + 1 < nb:
-                _q8_0_even_block(w, q1, K, oa + 272, ob + 272, b + 1, sums32)
-            acc = acc16_sums(acc, sums32, 1024, ld_f16x16(w, oa, ob), d1, b, nb, last)
-        if nb % 2:  # the last block is even: its sums wait in the first buffer
-            oa, ob = g * rb + (nb - 1) * 272, gb * rb + (nb - 1) * 272
-            acc = acc16_sums(acc, sums32, 0, ld_f16x16(w, oa, ob), d1, nb - 1, nb, last)
+            _tile_prefetch(w, oa, 272)
+            _tile_prefetch(w, ob, 272)
+            _q8_0_stage(w, nb, g0, g1, f + 2, bt)
+            if b % 2 == 0:  # this block's tiles, then the odd block before's FMAs
+                tile_zero(0)
+                tile_load(1, q1, 32 * b, K)
+                tile_load(2, bt, 512 * (f % 4), 64)
+                tile_dpbssd(0, 1, 2)
+                tile_store(0, sums32, 0, 64)
+                if b > 0:
+                    acc = acc16_sums(acc, sums32, 1024, ld_f16x16(w, oa - 272, ob - 272), d1, b - 1, nb, last)
+            else:
+                tile_zero(3)
+                tile_load(4, q1, 32 * b, K)
+                tile_load(5, bt, 512 * (f % 4), 64)
+                tile_dpbssd(3, 4, 5)
+                tile_store(3, sums32, 1024, 64)
+                acc = acc16_sums(acc, sums32, 0, ld_f16x16(w, oa - 272, ob - 272), d1, b - 1, nb, last)
+            f += 1
+        oa, ob = g * rb + (nb - 1) * 272, gb * rb + (nb - 1) * 272  # the last block's FMAs
+        acc = acc16_sums(acc, sums32, 1024 * ((nb - 1) % 2), ld_f16x16(w, oa, ob), d1, nb - 1, nb, last)
         acc16_store(acc, accm, out, 4 * 8 * g, 4 * N, M, 16 if gb > g else 8)
     tile_release()
 

@@ -4737,14 +4737,15 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
 
 # ---- Q8_0 on the AMX tiles at 10-16 rows: the layout's code chunks are B tiles already ---------------------------
 # A block of 8 interleaved Q8_0 rows (repack: their 8 d, then 8 chunks of 32 bytes, 4 codes of each row) holds its codes
-# as signed bytes in exactly a B tile's layout for 8 columns (row k: values 4k..4k + 3 of each of the 8 rows), so
-# tileloadd reads them from the weights themselves: no unpacking pass, which is what keeps _rows_amx off products of
-# fewer than AMX_MIN_ROWS rows (its unpacked tiles would serve one activation tile there). Per block and pair of groups:
-# the 16 activation rows' 32 quants (tmm1), the two groups' codes (tmm2, tmm5), two tdpbssd into 16 x 8 int32 sums each,
-# stored side by side as 16 rows of 16 lanes, then _rows_amx's FMAs (acc16_sums: _group_x8_z16_one's float steps), so
-# the same bits as every route. Only a product of one tile of rows takes it: AMX_Q8_0_MIN_ROWS to AMX_Q8_0_ROWS (16)
-# rows (a batched decode step of 10-16 sequences; a tile of M < 16 rows is configured with M rows, _q8_0_tile_config);
-# more rows would take a second activation tile. Intel Xeon (AMX granted), 2 threads, the same product with the
+# as signed bytes in exactly a B tile's layout for 8 columns (row k: values 4k..4k + 3 of each of the 8 rows), so a
+# pair of groups' B tile of 16 columns is their chunks side by side (st_btile8, two 32-byte loads and one 64-byte store
+# a row): no unpacking pass, which is what keeps _rows_amx off products of fewer than AMX_MIN_ROWS rows (its unpacked
+# tiles would serve one activation tile there). Per block and pair of groups: the 16 activation rows' 32 quants, the
+# staged codes, one tdpbssd into 16 x 16 int32 sums, stored, then _rows_amx's FMAs (acc16_sums: _group_x8_z16_one's
+# float steps), so the same bits as every route. Only a product of one tile of rows takes it: AMX_Q8_0_MIN_ROWS to
+# AMX_Q8_0_ROWS (16) rows (a batched decode step of 10-16 sequences; a tile of M < 16 rows is configured with M rows,
+# _q8_0_tile_config); more rows would take a second activation tile. Measured before the staging (two tdpbssd of 8
+# columns a block, read straight from the layout): Intel Xeon (AMX granted), 2 threads, the same product with the
 # tiles on and off in turn in one process, min of 100 calls (against two pairs of groups at a time, _rows_zq): SmolLM2's
 # output, 49,152 x 576, at 16 rows 1.18 against 1.60 ms, at 17 / 20 rows 2.14 / 3.20 against 1.57 / 2.89; Gemma3's
 # 262,144 x 640 at 16 rows 10.97 against 10.80 ms (in a minute when one row took about as long); SmolLM2's batched

@@ -376,8 +376,8 @@ def test_rows_of_8_give_the_same_bits(qtype):
 
 @pytest.mark.skipif(not dot.AMX_PERMITTED, reason="this CPU or kernel gives no AMX tiles (Sapphire Rapids+, Linux)")
 def test_amx_q8_0_tiles_give_the_same_bits():
-    """Q8_0 products of AMX_Q8_0_MIN_ROWS to AMX_Q8_0_ROWS (16) rows on the AMX tiles read straight from the layout's
-    code chunks (dot._rows_amx_q8_0: a tile of fewer than 16 rows, an odd last group, work items of several pairs of
+    """Q8_0 products of AMX_Q8_0_MIN_ROWS to AMX_Q8_0_ROWS (16) rows on the AMX tiles, the layout's code chunks staged
+    as B tiles (dot._rows_amx_q8_0: a tile of fewer than 16 rows, an odd last group, work items of several pairs of
     groups, rows of 1, 2, 3 and more blocks: the pipeline's even and odd ends) against the file layout's kernel,
     decode's one-row kernel and the same product with the tiles off (_rows_zq), bit for bit; a row fewer than the
     minimum or more than 16 stays on _rows_zq."""

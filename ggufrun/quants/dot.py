@@ -4837,21 +4837,21 @@ def _rows_amx_q8_0(w, d, qs, out, g0, g1):
             _tile_prefetch(w, oa, 272)
             _tile_prefetch(w, ob, 272)
             _q8_0_stage(w, nb, g0, g1, f + 2, bt)
-            if b % 2 == 0:  # this block's tiles, then the odd block before's FMAs
+            if b % 2 == 0:  # this block's tiles (their numbers are literals: one set per parity)
                 tile_zero(0)
                 tile_load(1, q1, 32 * b, K)
                 tile_load(2, bt, 512 * (f % 4), 64)
                 tile_dpbssd(0, 1, 2)
                 tile_store(0, sums32, 0, 64)
-                if b > 0:
-                    acc = acc16_sums(acc, sums32, 1024, ld_f16x16(w, oa - 272, ob - 272), d1, b - 1, nb, last)
             else:
                 tile_zero(3)
                 tile_load(4, q1, 32 * b, K)
                 tile_load(5, bt, 512 * (f % 4), 64)
                 tile_dpbssd(3, 4, 5)
                 tile_store(3, sums32, 1024, 64)
-                acc = acc16_sums(acc, sums32, 0, ld_f16x16(w, oa - 272, ob - 272), d1, b - 1, nb, last)
+            if b > 0:  # then the block before's FMAs, from its parity's sums
+                acc = acc16_sums(acc, sums32, 1024 * ((b - 1) % 2), ld_f16x16(w, oa - 272, ob - 272), d1, b - 1, nb,
+                                 last)  # fmt: skip
             f += 1
         oa, ob = g * rb + (nb - 1) * 272, gb * rb + (nb - 1) * 272  # the last block's FMAs
         acc = acc16_sums(acc, sums32, 1024 * ((nb - 1) % 2), ld_f16x16(w, oa, ob), d1, nb - 1, nb, last)

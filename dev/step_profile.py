@@ -7,10 +7,13 @@ Every kernel the forward pass calls through ggufrun.model.kernels, every product
 type and shape; a decode step's chosen experts, one line per stack) and the activation quantizer get a perf_counter
 timer around each call (~0.3 us each, counted in the step). Printed per row count: each one's ms a pass (the median
 over --steps of its time in each pass, and the mean), calls a pass and us a call, the sum of the medians, and the
-median pass. The medians are what to compare on a shared machine: one pass slowed by other work (a 2-core VM's
-neighbours) moves every kernel's mean, not its median (SmolLM2's 8-row step, 2026-12-05: the means summed to 8.50 ms,
-the medians to 7.84, the median pass 8.87). Rows go through Transformer.forward_batch on the slots of one KVCache
-group, as a BatchEngine's (one row: Transformer.forward), so a batched step takes the kernels a server's takes.
+median pass; with one row among --rows, a last table lines each kernel up against its one-row form (attend_one
+beside attend_group, add_norm beside add_norm_rows) and prints what each added sequence costs a step, and the
+throughput ratio the passes imply (N x one row's pass / N rows' pass: benchmarks/serve.py's ratio without the server,
+the sampling and the prompts). The medians are what to compare on a shared machine: one pass slowed by other work (a
+2-core VM's neighbours) moves every kernel's mean, not its median (SmolLM2's 8-row step, 2026-12-05: the means summed
+to 8.50 ms, the medians to 7.84, the median pass 8.87). Rows go through Transformer.forward_batch on the slots of one
+KVCache group, as a BatchEngine's (one row: Transformer.forward), so a batched step takes the kernels a server's takes.
 cProfile would add ~1 us to every call and inflate the small kernels' share several times over; these timers add
 ~0.3 us.
 
@@ -115,7 +118,8 @@ class Timers:
         self._undo.clear()
 
 
-def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: int) -> None:
+def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: int) -> tuple[dict, float]:
+    """Print the table of one row count; return each kernel's median ms a pass and the median pass in ms."""
     tf = model.transformer
     caches = tf.new_caches(rows) if rows > 1 else [tf.new_cache()]
     rng = np.random.default_rng(0)
@@ -159,6 +163,50 @@ def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: 
         f"kernels {sum(median.values()) * 1e3:.2f} ms (medians; means {means * 1e3:.2f}) "
         f"of a median pass of {statistics.median(times) * 1e3:.2f} ms"
     )
+    return {name: t * 1e3 for name, t in median.items()}, statistics.median(times) * 1e3
+
+
+def family(name: str) -> str:
+    """A kernel's name without what tells its one-row and batched forms apart (attend_one / attend_group,
+    add_norm / add_norm_rows, ...), so that the two line up in the per-added-row table."""
+    if name.startswith("attend_"):
+        return "attention"
+    for suffix in ("_group", "_rows"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def added_rows(results: dict[int, tuple[dict, float]]) -> None:
+    """What each added sequence costs a decode step, kernel by kernel: (ms at N rows - ms at 1 row) / (N - 1), and
+    the throughput ratio the passes imply, N x (one row's pass) / (N rows' pass): what N clients get over one from
+    this process's forward passes alone (no server, no sampling)."""
+    one, t1 = results[1]
+    batched = sorted(r for r in results if r > 1)
+    fam1 = defaultdict(float)
+    for name, ms in one.items():
+        fam1[family(name)] += ms
+    fams = {r: defaultdict(float) for r in batched}
+    for r in batched:
+        for name, ms in results[r][0].items():
+            fams[r][family(name)] += ms
+    names = sorted(set(fam1) | {n for f in fams.values() for n in f}, key=lambda n: -fams[batched[-1]].get(n, 0.0))
+    head = "".join(f" | {r} rows (ms) | per added row" for r in batched)
+    print("\nwhat each added sequence costs a step, against one row (ms a pass, medians):")
+    print(f"| {'kernel':36s} | 1 row{head} |")
+    print(f"|{'-' * 38}|------" + "|------------|--------------" * len(batched) + "|")
+    for n in names + ["all kernels", "pass"]:
+        if n == "all kernels":
+            a1, ar = sum(fam1.values()), {r: sum(fams[r].values()) for r in batched}
+        elif n == "pass":
+            a1, ar = t1, {r: results[r][1] for r in batched}
+        else:
+            a1, ar = fam1.get(n, 0.0), {r: fams[r].get(n, 0.0) for r in batched}
+        cells = "".join(f" | {ar[r]:10.3f} | {(ar[r] - a1) / (r - 1):12.3f}" for r in batched)
+        print(f"| {n:36s} | {a1:5.2f}{cells} |")
+    for r in batched:
+        ratio = r * t1 / results[r][1]
+        print(f"{r} rows: {r} x {t1:.2f} / {results[r][1]:.2f} ms = {ratio:.2f}x one row's tokens a second")
 
 
 def main() -> None:
@@ -183,8 +231,11 @@ def main() -> None:
             ap.error("a model file is needed (or --quick)")
         n_ctx = max(128 if a.quick else 512, a.positions + 8, a.prefill + 8)
         model = ggufrun.load(path, n_threads=a.threads, n_ctx=n_ctx)
-        for m in rows:
-            on_compute_thread(profile, model, m, a.positions, a.prefill, a.steps, min(10, a.steps))
+        results = {
+            m: on_compute_thread(profile, model, m, a.positions, a.prefill, a.steps, min(10, a.steps)) for m in rows
+        }
+        if not a.prefill and 1 in results and len(results) > 1:
+            added_rows(results)
         if a.quick:  # and a prefill pass of two prompts
             on_compute_thread(profile, model, 2, 0, 16, 2, 1)
 

@@ -112,6 +112,15 @@ def test_unsupported_type_names_tensor_and_type():
 # ---- dequantize -------------------------------------------------------------------------------------------
 
 
+# the bits of a finite fp16: the edges named, else any 16 bits with an all-ones exponent (inf / NaN) moved down one
+# (drawn, not filtered: st.floats(width=16) rejects the floats that are not halves, and at times so many that
+# Hypothesis's filter_too_much health check failed the test)
+_FINITE_HALF_BITS = st.one_of(
+    st.sampled_from([0x0000, 0x8000, 0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0xFBFF]),  # zeros, subnormals, 1, max
+    st.integers(0, 0xFFFF).map(lambda b: b & ~0x0400 if b & 0x7C00 == 0x7C00 else b),
+)
+
+
 @st.composite
 def _blocks(draw, qtype):
     """1-3 blocks of random bytes whose fp16 fields hold any finite half (zero, subnormal, max, negative)."""
@@ -120,8 +129,8 @@ def _blocks(draw, qtype):
     raw = np.frombuffer(draw(st.binary(min_size=nb * e.type_size, max_size=nb * e.type_size)), np.uint8)
     raw = raw.copy().reshape(nb, e.type_size)
     for off in e.f16_fields:
-        halves = draw(st.lists(st.floats(width=16, allow_nan=False, allow_infinity=False), min_size=nb, max_size=nb))
-        raw[:, off : off + 2] = np.array(halves, np.float16).view(np.uint8).reshape(nb, 2)
+        halves = draw(st.lists(_FINITE_HALF_BITS, min_size=nb, max_size=nb))
+        raw[:, off : off + 2] = np.array(halves, np.uint16).view(np.uint8).reshape(nb, 2)
     return raw.reshape(-1)
 
 

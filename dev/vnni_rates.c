@@ -19,7 +19,10 @@
 // registers). Weights repeated from L1 (1 pair of pairs) or from L2 (40). Ice Lake, 2026-12-06, quiet minutes: 3.0-3.1 /
 // 3.4-3.6 ns, with m 3.9-4.6 ns; a rows-of-8 loop (one broadcast per vpdpbusd, 8 rows' accumulators in registers)
 // 4.8-4.9 ns. Intel Xeon with AMX (lscpu model 207), 2026-12-06: Part 1 0.17-0.20 / 0.17-0.21 / 0.19-0.30 /
-// 0.18-0.22 ns (a load of its own costs little there); Part 2 2.5-3.1 / 2.6-2.7 ns.
+// 0.18-0.22 ns (a load of its own costs little there); Part 2 2.5-3.1 / 2.6-2.7 ns. The same loop with one pair of
+// groups against four rows at a time (so each broadcast meets one code vector, four rows' chains independent), same
+// machine, 8 / 16 rows from L2: 3.3 / 3.1 ns against 2.7 / 2.5 for two pairs against each row (earlier runs alike);
+// ggufrun.quants.dot's version of it ran SmolLM2's Q4_1 products at 8-16 rows 1.0-1.4x slower, so it was not kept.
 //
 // Part 3, AMX (Linux must grant the tile state): ns per tdpbssd (16 x 16 x 64, four independent), tilestored and
 // tileloadd of 16 x 64 bytes; one block (16 weight rows x 32 values) of 16 or 8 activation rows at a time, its steps
@@ -174,6 +177,64 @@ static double zq_loop(int M, int with_m, int quads, long iters) {
     volatile float sink = out[3];
     (void)sink;
     free_inputs(in), free(acc), free(accm), free(out);
+    return t * 1e9 / units;
+}
+
+// Part 2's loop with one pair of groups a step against four activation rows at a time (each broadcast quad of quants
+// meets one code vector; the four rows' chains independent), M a multiple of 4.
+static double zq4_loop(int M, int quads, long iters) {
+    Inputs in = inputs(quads);
+    const unsigned char *w = in.w;
+    const signed char *x = in.x;
+    const float *dx = in.dx;
+    float *acc = aligned_alloc(64, M * 32 * 4);
+    float *out = aligned_alloc(64, M * 32 * 4L * quads);
+    const __m512i m15 = _mm512_set1_epi8(15);
+    long units = 0;
+    double t = now();
+    for (long it = 0; it < iters; it++) {
+        for (int q = 0; q < quads; q++) {
+            const unsigned char *w0 = w + (long)q * 4 * NB * GB;
+            for (int h = 0; h < 2; h++) {
+                for (int i = 0; i < M * 16; i++) acc[i] = 0;
+                for (int b = 0; b < NB; b++) {
+                    __m512i ca[8];
+                    const unsigned char *ga = w0 + (2 * h) * NB * GB + b * GB, *gb = ga + NB * GB;
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        __m512i v = chunk_pair(ga, gb, k);
+                        ca[2 * k] = _mm512_and_si512(v, m15), ca[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
+                    }
+                    __m512 dwa = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w0 + 2 * h * NB * GB + b * GB)));
+                    for (int r = 0; r < M; r += 4) {
+                        const int *x0 = (const int *)(x + r * K + 32 * b), *x1 = (const int *)((const signed char *)x0 + K),
+                                  *x2 = (const int *)((const signed char *)x0 + 2 * K), *x3 = (const int *)((const signed char *)x0 + 3 * K);
+                        __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+#pragma GCC unroll 8
+                        for (int j = 0; j < 8; j++) {
+                            int o = (j & 1) * 4 + (j >> 1);
+                            s0 = _mm512_dpbusd_epi32(s0, ca[j], _mm512_set1_epi32(x0[o]));
+                            s1 = _mm512_dpbusd_epi32(s1, ca[j], _mm512_set1_epi32(x1[o]));
+                            s2 = _mm512_dpbusd_epi32(s2, ca[j], _mm512_set1_epi32(x2[o]));
+                            s3 = _mm512_dpbusd_epi32(s3, ca[j], _mm512_set1_epi32(x3[o]));
+                        }
+                        __m512i s[4] = {s0, s1, s2, s3};
+                        for (int t2 = 0; t2 < 4; t2++) {
+                            float *ar = acc + (r + t2) * 16;
+                            __m512 d = _mm512_set1_ps(dx[(r + t2) * NB + b]);
+                            _mm512_store_ps(ar, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t2]), _mm512_mul_ps(dwa, d), _mm512_load_ps(ar)));
+                        }
+                    }
+                }
+                for (int i = 0; i < M * 16; i++) out[q * M * 32 + h * M * 16 + i] = acc[i];
+            }
+            units += 2 * NB * M;
+        }
+    }
+    t = now() - t;
+    volatile float sink = out[3];
+    (void)sink;
+    free_inputs(in), free(acc), free(out);
     return t * 1e9 / units;
 }
 
@@ -357,6 +418,10 @@ int main(void) {
     printf("the batched loop, ns per 16 x 32 x 1: L1 %.2f, L2 %.2f; with m as a second read-modify-write: L1 %.2f, "
            "L2 %.2f\n",
            zq_loop(16, 0, 1, 200000), zq_loop(16, 0, 40, 5000), zq_loop(16, 1, 1, 200000), zq_loop(16, 1, 40, 5000));
+    for (int m = 8; m <= 16; m += 8)
+        printf("%d rows, ns per 16 x 32 x 1, L1 / L2: two pairs against each row %.2f / %.2f; one pair against four "
+               "rows at a time %.2f / %.2f\n",
+               m, zq_loop(m, 0, 1, 200000), zq_loop(m, 0, 40, 5000), zq4_loop(m, 1, 200000), zq4_loop(m, 40, 5000));
 #ifdef __AMX_INT8__
     amx_rates();
 #endif

@@ -75,6 +75,7 @@ def test_recording_lists_the_forward_pass_kernels_in_order_without_compiling(tmp
         "add_norm",
         "add_norm_rows",
         "qkv_rope_store_rows",
+        "qkv_rope_store_spans",
         "swiglu",
         "swiglu_rows",
         "attend_one",

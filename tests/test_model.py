@@ -400,6 +400,46 @@ def test_parallel_qkv_store_gives_the_serial_bits():
                 assert np.array_equal(a, b), (n_head, m, pos0)
 
 
+def test_qkv_store_of_several_prompts_gives_the_serial_bits():
+    """kernels.qkv_rope_store_spans (the prompt chunks of several slots of a group in one call, their work items shared
+    among the threads) against qkv_rope_store span by span: Q, K, V and the group's caches, with and without per-head
+    norms; spans from aligned and unaligned positions, of 2 to 70 rows, one slot left alone."""
+    rng = np.random.default_rng(8)
+    n_ctx, e = 256, np.zeros(0, np.float32)
+    for n_head, n_kv, hd, normed in ((6, 2, 32, False), (4, 1, 64, True)):
+        cos, sin = (rng.standard_normal((n_ctx, hd // 2)).astype(np.float32) for _ in range(2))
+        nw = rng.standard_normal(hd).astype(np.float32) if normed else e
+        bias = rng.standard_normal(n_head * hd).astype(np.float32)
+        spans = [
+            (0, 70, 3),
+            (70, 2, 31),
+            (72, 33, 0),
+            (105, 5, 200),
+        ]  # (first row, rows, first position); slots 0, 1, 3, 4
+        slots = np.array([0, 1, 3, 4], np.int64)
+        m = 110
+        q, k, v = (rng.standard_normal((m, h * hd)).astype(np.float32) for h in (n_head, n_kv, n_kv))
+        results = []
+        for together in (False, True):
+            qs, ks, vs = q.copy(), k.copy(), v.copy()
+            kg = np.zeros((5, n_kv, hd, n_ctx + kernels.KV_PAD), np.uint16)
+            vg = np.zeros((5, n_kv, n_ctx, hd), np.uint16)
+            args = (bias, e, e, nw, nw, 1e-6, cos, sin, normed, np.float32(0.125))
+            if together:
+                rows0, lens, pos0s = (np.array(col, np.int64) for col in zip(*spans))
+                items = (pos0s % kernels.STORE_LINE + lens + kernels.STORE_LINE - 1) // kernels.STORE_LINE
+                first = np.concatenate((np.zeros(1, np.int64), np.cumsum(items)))
+                kernels.qkv_rope_store_spans(qs, ks, vs, *args, rows0, pos0s, lens, slots, first, kg, vg)
+            else:
+                for (r0, n, p0), slot in zip(spans, slots):
+                    r = slice(r0, r0 + n)
+                    kernels.qkv_rope_store(qs[r], ks[r], vs[r], *args, p0, kg[slot], vg[slot])
+            results.append([qs.view(np.int32), ks.view(np.int32), vs.view(np.int32), kg, vg])
+        for a, b in zip(*results):
+            assert np.array_equal(a, b), (n_head, hd)
+        assert not results[1][3][2].any()  # slot 2 untouched
+
+
 def test_gelu_table_is_llama_cpps():
     """kernels.gelu_table() equals llama.cpp's ggml_table_gelu_f16 (0c1e570, native AVX2 + FMA build, read from
     libggml-cpu.so after ggml_cpu_init) on every entry the CPU backend uses (finite x, |x| < 10): the sha256 of

@@ -75,7 +75,15 @@ TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8
     kernels.add_norm_rows,
 }  # fmt: skip
 # ...and prefill attention, and the batched decode steps' (a server's slots: _decode_groups)
-ROWS = frozenset({kernels.attend_rows, kernels.qkv_rope_store_rows, kernels.qkv_rope_store_group, kernels.attend_group})
+ROWS = frozenset(
+    {
+        kernels.attend_rows,
+        kernels.qkv_rope_store_rows,
+        kernels.qkv_rope_store_spans,
+        kernels.qkv_rope_store_group,
+        kernels.attend_group,
+    }
+)
 # ...and the batched greedy sampler's (sampling.sample_greedy_rows: until it is ready, each row samples alone)
 BATCH_SAMPLING = frozenset({kernels.greedy_rows})
 _AS_IS = nullcontext()  # a pass's thread count when no helper compiles beside it (Transformer._beside_compiler)
@@ -272,8 +280,10 @@ class Transformer:
         if self.n_ctx >= 2:
             self.forward([0, 0], cache=scratch)  # prefill kernels
             scratch.reset()
-            if not scratch.quantized:  # a batching server's decode steps: two slots of a group (2 positions each)
+            if not scratch.quantized:  # a batching server's prompts, then its decode steps: two slots of a group
                 a, b = KVCache.group(self.config, 2, scratch.dtype, 2)
+                self.forward_batch([(a, [0, 0]), (b, [0, 0])])
+                a.truncate(1), b.truncate(1)
                 self.forward_batch([(a, [0]), (b, [0])])
         self.forward([0], cache=scratch)  # decode kernels
         pending = self.pending
@@ -471,10 +481,11 @@ class Transformer:
         kernels.rmsnorm(x, w.layers[0].attn_norm, c.rms_eps, h)
         project.tiles, rows = self._multi_row_ready() if m > 1 else (True, True)
         groups, grouped = self._decode_groups(spans) if rows else ([], frozenset())  # (ROWS: the group kernels)
+        prompts, stored = self._prompt_groups(spans) if rows else ([], frozenset())
         step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
             step(bucket + kinds[il], m)
-            self._attention_block(il, lw, m, spans, project, groups, grouped, rows)
+            self._attention_block(il, lw, m, spans, project, groups, grouped, rows, prompts, stored)
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
             self._ffn_block(lw, m, next_norm, project)
 
@@ -495,6 +506,28 @@ class Transformer:
             rows, slots, pos = (np.array(col, np.int64) for col in zip(*members))
             starts = {w: (np.maximum(0, pos - w + 1) if w else np.zeros_like(pos)) for w in set(self._window)}
             groups.append((group_kv, rows, slots, pos, starts, pos + 1))
+        return groups, frozenset(int(r) for g in groups for r in g[1])
+
+    def _prompt_groups(self, spans) -> tuple[list, frozenset]:
+        """The spans of several rows (prompt chunks) of this pass whose caches are slots of one KVCache group (two or
+        more per group): their new K/V go to the caches in one kernels.qkv_rope_store_spans call per layer instead of
+        one qkv_rope_store_rows per span, whose few rows ran on one thread. ([(group_kv, rows0, pos0s, lens, slots,
+        first_item), ...] with arrays int64, first_item each span's first work item and then their count; the first
+        rows of those spans)."""
+        by_group: dict[int, tuple] = {}
+        for cache, r0, r1, pos0 in spans:
+            if r1 - r0 > 1 and cache.group_kv is not None and not cache.quantized:
+                entry = by_group.setdefault(id(cache.group_kv[0]), (cache.group_kv, []))
+                entry[1].append((r0, pos0, r1 - r0, cache.slot))
+        groups = []
+        for group_kv, members in by_group.values():
+            if len(members) < 2:
+                continue
+            rows0, pos0s, lens, slots = (np.array(col, np.int64) for col in zip(*members))
+            line = kernels.STORE_LINE
+            items = (pos0s % line + lens + line - 1) // line  # the key cache lines each span's positions touch
+            first_item = np.concatenate((np.zeros(1, np.int64), np.cumsum(items)))
+            groups.append((group_kv, rows0, pos0s, lens, slots, first_item))
         return groups, frozenset(int(r) for g in groups for r in g[1])
 
     def _beside_compiler(self):
@@ -528,10 +561,11 @@ class Transformer:
         return pending is None or pending.ready(BATCH_SAMPLING)
 
     def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector, groups=(),
-                         grouped=frozenset(), rows: bool = True) -> None:  # fmt: skip
+                         grouped=frozenset(), rows: bool = True, prompts=(), stored=frozenset()) -> None:  # fmt: skip
         """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x). `groups`, `grouped`:
-        _decode_groups(spans). rows=False: kernels.attend_rows is not compiled yet (self.pending), a span of
-        several rows runs kernels.attend_one per row (the bits attend_rows gives each query)."""
+        _decode_groups(spans); `prompts`, `stored`: _prompt_groups(spans). rows=False: kernels.attend_rows is not
+        compiled yet (self.pending), a span of several rows runs kernels.attend_one per row (the bits attend_rows gives
+        each query)."""
         c, s = self.config, self.state
         h, att, o = s.h[:m], s.att[:m], s.o[:m]
         if m <= FUSED_QKV_ROWS and lw.attn_qkv is not None:  # Q, K and V from one product
@@ -551,6 +585,12 @@ class Transformer:
         cos, sin = self._rope[il]
         window = self._window[il]
         softcap = self._attn_softcap
+        for (k_group, v_group), rows0, pos0s, lens, slots, first_item in prompts:  # before their attention
+            kernels.qkv_rope_store_spans(
+                q, k, v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
+                cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), rows0, pos0s, lens, slots, first_item,
+                k_group[il], v_group[il],
+            )  # fmt: skip
         for cache, r0, r1, pos0 in spans:
             if cache.quantized:
                 self._attend_q8_0(il, lw, q[r0:r1], k[r0:r1], v[r0:r1], cache, r0, r1, pos0)
@@ -558,12 +598,13 @@ class Transformer:
             if r0 in grouped:
                 continue  # after the loop, with the rest of its group
             k_cache, v_cache = cache.k[il], cache.v[il]
-            store = kernels.qkv_rope_store_rows if rows and r1 - r0 > 1 else kernels.qkv_rope_store
-            store(
-                q[r0:r1], k[r0:r1], v[r0:r1],
-                lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
-                cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), pos0, k_cache, v_cache,
-            )  # fmt: skip
+            if r0 not in stored:
+                store = kernels.qkv_rope_store_rows if rows and r1 - r0 > 1 else kernels.qkv_rope_store
+                store(
+                    q[r0:r1], k[r0:r1], v[r0:r1],
+                    lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
+                    cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), pos0, k_cache, v_cache,
+                )  # fmt: skip
             end = pos0 + r1 - r0  # keys at positions [t0, end) can be visible to some query of this span
             t0 = max(0, pos0 - window + 1) if window else 0
             if r1 - r0 == 1:

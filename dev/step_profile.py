@@ -181,15 +181,14 @@ def added_rows(results: dict[int, tuple[dict, float]]) -> None:
     """What each added sequence costs a decode step, kernel by kernel: (ms at N rows - ms at 1 row) / (N - 1), and
     the throughput ratio the passes imply, N x (one row's pass) / (N rows' pass): what N clients get over one from
     this process's forward passes alone (no server, no sampling)."""
-    one, t1 = results[1]
+    t1 = results[1][1]
     batched = sorted(r for r in results if r > 1)
-    fam1 = defaultdict(float)
-    for name, ms in one.items():
-        fam1[family(name)] += ms
-    fams = {r: defaultdict(float) for r in batched}
-    for r in batched:
-        for name, ms in results[r][0].items():
+    fams = {}
+    for r, (medians, _) in results.items():
+        fams[r] = defaultdict(float)
+        for name, ms in medians.items():
             fams[r][family(name)] += ms
+    fam1 = fams[1]
     names = sorted(set(fam1) | {n for f in fams.values() for n in f}, key=lambda n: -fams[batched[-1]].get(n, 0.0))
     head = "".join(f" | {r} rows (ms) | per added row" for r in batched)
     print("\nwhat each added sequence costs a step, against one row (ms a pass, medians):")

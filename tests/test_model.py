@@ -378,15 +378,23 @@ def test_parallel_add_norm_gives_the_serial_bits():
                 assert np.array_equal(a, b), (m, post.shape)
 
 
-def test_parallel_qkv_store_gives_the_serial_bits():
-    """kernels.qkv_rope_store_rows (a prompt's rows on both threads, items on the key cache's lines) against
-    qkv_rope_store: Q, K, V and both caches, with and without per-head norms, from aligned and unaligned positions."""
-    rng = np.random.default_rng(7)
-    n_ctx, e = 256, np.zeros(0, np.float32)
+def _qkv_store_cases(rng, n_ctx: int):
+    """(n_head, n_kv, hd, the store kernels' arguments from the biases to q_scale) for heads without and with
+    per-head norms (and NeoX rotation), random RoPE tables and Q biases."""
+    e = np.zeros(0, np.float32)
     for n_head, n_kv, hd, normed in ((6, 2, 32, False), (4, 1, 64, True)):
         cos, sin = (rng.standard_normal((n_ctx, hd // 2)).astype(np.float32) for _ in range(2))
         nw = rng.standard_normal(hd).astype(np.float32) if normed else e
         bias = rng.standard_normal(n_head * hd).astype(np.float32)
+        yield n_head, n_kv, hd, (bias, e, e, nw, nw, 1e-6, cos, sin, normed, np.float32(0.125))
+
+
+def test_parallel_qkv_store_gives_the_serial_bits():
+    """kernels.qkv_rope_store_rows (a prompt's rows on both threads, items on the key cache's lines) against
+    qkv_rope_store: Q, K, V and both caches, with and without per-head norms, from aligned and unaligned positions."""
+    rng = np.random.default_rng(7)
+    n_ctx = 256
+    for n_head, n_kv, hd, args in _qkv_store_cases(rng, n_ctx):
         for m, pos0 in ((70, 0), (70, 37), (5, 200), (100, 31)):
             q, k, v = (rng.standard_normal((m, h * hd)).astype(np.float32) for h in (n_head, n_kv, n_kv))
             results = []
@@ -394,7 +402,7 @@ def test_parallel_qkv_store_gives_the_serial_bits():
                 qs, ks, vs = q.copy(), k.copy(), v.copy()
                 kc = np.zeros((n_kv, hd, n_ctx + kernels.KV_PAD), np.uint16)
                 vc = np.zeros((n_kv, n_ctx, hd), np.uint16)
-                f(qs, ks, vs, bias, e, e, nw, nw, 1e-6, cos, sin, normed, np.float32(0.125), pos0, kc, vc)
+                f(qs, ks, vs, *args, pos0, kc, vc)
                 results.append([qs.view(np.int32), ks.view(np.int32), vs.view(np.int32), kc, vc])
             for a, b in zip(*results):
                 assert np.array_equal(a, b), (n_head, m, pos0)
@@ -405,11 +413,8 @@ def test_qkv_store_of_several_prompts_gives_the_serial_bits():
     among the threads) against qkv_rope_store span by span: Q, K, V and the group's caches, with and without per-head
     norms; spans from aligned and unaligned positions, of 2 to 70 rows, one slot left alone."""
     rng = np.random.default_rng(8)
-    n_ctx, e = 256, np.zeros(0, np.float32)
-    for n_head, n_kv, hd, normed in ((6, 2, 32, False), (4, 1, 64, True)):
-        cos, sin = (rng.standard_normal((n_ctx, hd // 2)).astype(np.float32) for _ in range(2))
-        nw = rng.standard_normal(hd).astype(np.float32) if normed else e
-        bias = rng.standard_normal(n_head * hd).astype(np.float32)
+    n_ctx = 256
+    for n_head, n_kv, hd, args in _qkv_store_cases(rng, n_ctx):
         spans = [
             (0, 70, 3),
             (70, 2, 31),
@@ -424,7 +429,6 @@ def test_qkv_store_of_several_prompts_gives_the_serial_bits():
             qs, ks, vs = q.copy(), k.copy(), v.copy()
             kg = np.zeros((5, n_kv, hd, n_ctx + kernels.KV_PAD), np.uint16)
             vg = np.zeros((5, n_kv, n_ctx, hd), np.uint16)
-            args = (bias, e, e, nw, nw, 1e-6, cos, sin, normed, np.float32(0.125))
             if together:
                 rows0, lens, pos0s = (np.array(col, np.int64) for col in zip(*spans))
                 items = (pos0s % kernels.STORE_LINE + lens + kernels.STORE_LINE - 1) // kernels.STORE_LINE

@@ -646,18 +646,15 @@ def qkv_rope_store_rows(
 @numba.njit(**JIT)
 def _qkv_rope_store_spans_lines(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, rows0,
                                 pos0s, lens, slots, first_item, k_group, v_group, i0, i1):  # fmt: skip
-    """qkv_rope_store_spans' items i0..i1-1: item i is line j = i - first_item[s] of span s (first_item[s] <= i <
-    first_item[s + 1]), the span's rows whose positions fall in [a + STORE_LINE j, a + STORE_LINE (j + 1)), a = its
-    first position rounded down to a multiple of STORE_LINE (qkv_rope_store_rows' items, span by span)."""
+    """qkv_rope_store_spans' items i0..i1-1: item i is item i - first_item[s] of span s (first_item[s] <= i <
+    first_item[s + 1]) as qkv_rope_store_rows deals that span's rows (_qkv_rope_store_lines)."""
     s = 0
     for i in range(i0, i1):
         while first_item[s + 1] <= i:
             s += 1
-        p0 = pos0s[s]
-        a = p0 - p0 % STORE_LINE + STORE_LINE * (i - first_item[s])
-        for m in range(max(0, a - p0), min(lens[s], a + STORE_LINE - p0)):
-            _qkv_rope_store_row(q, k, v, rows0[s] + m, p0 + m, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin,
-                                neox, q_scale, k_group[slots[s]], v_group[slots[s]])  # fmt: skip
+        r0, r1, j = rows0[s], rows0[s] + lens[s], i - first_item[s]
+        _qkv_rope_store_lines(q[r0:r1], k[r0:r1], v[r0:r1], q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+                              q_scale, pos0s[s], k_group[slots[s]], v_group[slots[s]], j, j + 1)  # fmt: skip
 
 
 @launcher(_qkv_rope_store_spans_lines, JIT_PARALLEL)

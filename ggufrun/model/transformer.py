@@ -283,7 +283,8 @@ class Transformer:
             if not scratch.quantized:  # a batching server's prompts, then its decode steps: two slots of a group
                 a, b = KVCache.group(self.config, 2, scratch.dtype, 2)
                 self.forward_batch([(a, [0, 0]), (b, [0, 0])])
-                a.truncate(1), b.truncate(1)
+                a.truncate(1)
+                b.truncate(1)
                 self.forward_batch([(a, [0]), (b, [0])])
         self.forward([0], cache=scratch)  # decode kernels
         pending = self.pending
@@ -489,21 +490,25 @@ class Transformer:
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
             self._ffn_block(lw, m, next_norm, project)
 
+    @staticmethod
+    def _group_spans(spans, prompts: bool) -> list[tuple]:
+        """The spans of this pass of one kind (prompt chunks of several rows, or one-token decode rows) whose caches
+        are slots of one KVCache group, two or more per group: [(group_kv, [(r0, r1, pos0, slot), ...]), ...]."""
+        by_group: dict[int, tuple] = {}
+        for cache, r0, r1, pos0 in spans:
+            if (r1 - r0 > 1) == prompts and cache.group_kv is not None and not cache.quantized:
+                entry = by_group.setdefault(id(cache.group_kv[0]), (cache.group_kv, []))
+                entry[1].append((r0, r1, pos0, cache.slot))
+        return [(group_kv, members) for group_kv, members in by_group.values() if len(members) >= 2]
+
     def _decode_groups(self, spans) -> tuple[list, frozenset]:
         """The one-token spans of this pass whose caches are slots of one KVCache group (two or more per group):
         their new K/V and their attention run in one kernels.qkv_rope_store_group and one attend_group call per
         layer instead of one qkv_rope_store and one attend_one per span. ([(group_kv, rows, slots, positions,
         {window: first visible position}, end positions), ...] with arrays int64 [n], the rows those groups take)."""
-        by_group: dict[int, tuple] = {}
-        for cache, r0, r1, pos0 in spans:
-            if r1 - r0 == 1 and cache.group_kv is not None and not cache.quantized:
-                entry = by_group.setdefault(id(cache.group_kv[0]), (cache.group_kv, []))
-                entry[1].append((r0, cache.slot, pos0))
         groups = []
-        for group_kv, members in by_group.values():
-            if len(members) < 2:
-                continue
-            rows, slots, pos = (np.array(col, np.int64) for col in zip(*members))
+        for group_kv, members in self._group_spans(spans, prompts=False):
+            rows, _, pos, slots = (np.array(col, np.int64) for col in zip(*members))
             starts = {w: (np.maximum(0, pos - w + 1) if w else np.zeros_like(pos)) for w in set(self._window)}
             groups.append((group_kv, rows, slots, pos, starts, pos + 1))
         return groups, frozenset(int(r) for g in groups for r in g[1])
@@ -514,18 +519,11 @@ class Transformer:
         one qkv_rope_store_rows per span, whose few rows ran on one thread. ([(group_kv, rows0, pos0s, lens, slots,
         first_item), ...] with arrays int64, first_item each span's first work item and then their count; the first
         rows of those spans)."""
-        by_group: dict[int, tuple] = {}
-        for cache, r0, r1, pos0 in spans:
-            if r1 - r0 > 1 and cache.group_kv is not None and not cache.quantized:
-                entry = by_group.setdefault(id(cache.group_kv[0]), (cache.group_kv, []))
-                entry[1].append((r0, pos0, r1 - r0, cache.slot))
         groups = []
-        for group_kv, members in by_group.values():
-            if len(members) < 2:
-                continue
-            rows0, pos0s, lens, slots = (np.array(col, np.int64) for col in zip(*members))
-            line = kernels.STORE_LINE
-            items = (pos0s % line + lens + line - 1) // line  # the key cache lines each span's positions touch
+        for group_kv, members in self._group_spans(spans, prompts=True):
+            rows0, ends, pos0s, slots = (np.array(col, np.int64) for col in zip(*members))
+            lens, line = ends - rows0, kernels.STORE_LINE
+            items = (pos0s % line + lens + line - 1) // line  # qkv_rope_store_rows' items: the key lines each touches
             first_item = np.concatenate((np.zeros(1, np.int64), np.cumsum(items)))
             groups.append((group_kv, rows0, pos0s, lens, slots, first_item))
         return groups, frozenset(int(r) for g in groups for r in g[1])

@@ -96,6 +96,10 @@ def test_decode_of_weights_read_from_dram_gives_the_same_bits(stem, monkeypatch)
     from ggufrun.model import weights as model_weights
     from ggufrun.quants.repack import EXPERTS, EXPERTS_STREAM, ONE_ROW, STREAM_ROW
 
+    if "iq4" in stem and not dot.HAS_ZMM:
+        pytest.skip(
+            "IQ4_NL and IQ4_XS are packed on CPUs with AVX-512 only (ggufrun/quants/repack.py): nothing streams"
+        )
     tf, g = load(stem)
     tokens = g["tokens"]
     want = np.stack([tf.forward(tokens[i : i + 1]).copy() for i in range(len(tokens))])

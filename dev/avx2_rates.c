@@ -5,10 +5,16 @@
 //     gcc -O2 -mavx2 -mfma dev/avx2_rates.c -o /tmp/avx2_rates && /tmp/avx2_rates
 //
 // Part 1, issue rates (ns per instruction, 12 independent chains or loads, registers only unless a load is named):
-// vpmaddubsw, vpmaddwd, vfmadd231ps, vpaddw, vpmaddubsw and vfmadd231ps in turn, vpbroadcastd ymm from memory,
-// vmovdqu ymm from memory. AMD EPYC (Zen 3) VM, 2026-12-07 00:15 UTC: 0.155 / 0.156 / 0.156 / 0.078 / 0.145 / 0.155 /
-// 0.157 ns: two multiplies a cycle (~3.2 GHz) on two pipes the FMAs share (the two in turn issue no faster), four
-// integer adds, two 256-bit loads or broadcasts.
+// vpmaddubsw, vpmaddwd, vfmadd231ps, vpaddw, vpmaddubsw and vfmadd231ps in turn, vpsignb, vpmaddubsw and vpsignb in
+// turn, vpbroadcastd ymm from memory, vmovdqu ymm from memory. AMD EPYC (Zen 3) VM, 2026-12-07 00:15-00:30 UTC: 0.155
+// / 0.156 / 0.156 / 0.078 / 0.145 / 0.157 / 0.145 / 0.155 / 0.157 ns: two multiplies a cycle (~3.2 GHz) on two pipes
+// that the FMAs and vpsignb share (in turn with either they issue no faster), four integer adds, two 256-bit loads or
+// broadcasts. Q8_0's signed pairs (dot8_x8: per 4 values of 8 rows a vpsignb, a vpmaddubsw and a vpmaddwd, the
+// codes' own vpsignb out of the row loop) take 8 vpsignb and 7 vpmaddwd more a row and block than Q4_1's nibbles.
+// Tried and dropped: Q8_0's codes + 128 split into nibbles in the tile loop (two vpmaddubsw a quad, summed in int16,
+// a vpmaddwd by 16 and one by 1 a block; the same integers): 1.06-1.14x slower on SmolLM2's Q8_0 output projection
+// at 3-32 rows in one process, the two forms in turn (in its machine code ~39 vector ops and ~20 loads a row and
+// block against ~34 and ~14, for 6 fewer multiplies: the vector pipes' total holds this loop, not its multiplies).
 //
 // Part 2, the loop over one weight block's activation rows of _rows_x8 for Q4_1 (ns per 8 weight rows x 32 values x
 // 1 activation row, 16 rows of K = 576 from L1), copied from Numba's machine code for it (the 8 code vectors in
@@ -44,6 +50,7 @@ static double now(void) {
 #define WD(k, o) "vpmaddwd %%ymm15, %%ymm" #k ", %%ymm" #k "\n\t"
 #define FM(k, o) "vfmadd231ps %%ymm15, %%ymm14, %%ymm" #k "\n\t"
 #define AD(k, o) "vpaddw %%ymm15, %%ymm" #k ", %%ymm" #k "\n\t"
+#define SG(k, o) "vpsignb %%ymm15, %%ymm" #k ", %%ymm" #k "\n\t"
 #define BD(k, o) "vpbroadcastd " #o "(%0), %%ymm" #k "\n\t"
 #define LD(k, o) "vmovdqu " #o "*8(%0), %%ymm" #k "\n\t"
 #define REGS "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9", "ymm10", "ymm11", "ymm12"
@@ -184,6 +191,9 @@ int main(void) {
     RATE("vpaddw", X12(AD), 12)
     RATE("vpmaddubsw and vfmadd231ps in turn", UB(0, 0) FM(1, 0) UB(2, 0) FM(3, 0) UB(4, 0) FM(5, 0) UB(6, 0) FM(7, 0)
          UB(8, 0) FM(9, 0) UB(10, 0) FM(11, 0), 12)
+    RATE("vpsignb", X12(SG), 12)
+    RATE("vpmaddubsw and vpsignb in turn", UB(0, 0) SG(1, 0) UB(2, 0) SG(3, 0) UB(4, 0) SG(5, 0) UB(6, 0) SG(7, 0)
+         UB(8, 0) SG(9, 0) UB(10, 0) SG(11, 0), 12)
     RATE("vpbroadcastd ymm, m32", X12(BD), 12)
     RATE("vmovdqu ymm, m256", X12(LD), 12)
     printf("Part 2, _rows_x8's row loop (Q4_1), ns per 8 weight rows x 32 values x 1 row (best of 3):\n");

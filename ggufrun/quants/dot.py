@@ -2745,8 +2745,8 @@ def _group_x8_one(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, m):
 @njit(inline="always", **DOT)
 def _far_prefetch(w, o, nbytes, far):
     """Where `far` (a matrix of Z16_FAR_BYTES or more, which streams from DRAM at every batched step), decode's hint
-    for the nbytes DECODE_PREFETCH past byte o: the 256-bit two-row kernel's and tile loop's weights (X8K note, far
-    matrices)."""
+    for the nbytes DECODE_PREFETCH past byte o: the weights of the 256-bit two-row kernels (_group_x8_two,
+    _rowsk_x8_two) and of the 32-value types' tile loop (X8K note, far matrices)."""
     if far:
         for pf in range(0, nbytes, 64):
             decode_prefetch(w, o + DECODE_PREFETCH + pf)
@@ -3499,9 +3499,10 @@ def _koff6_sum_x8(w, o, b16, bo):
 
 
 @njit(inline="always", **DOT)
-def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
+def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1, far):
     """_rowsk_x8 for exactly two activation rows: per group, both rows' integer lanes (_sbk_x8_two) and their four
-    accumulators in registers; rowk's float steps, row by row in the same order."""
+    accumulators in registers; rowk's float steps, row by row in the same order. `far`: prefetch the weights
+    (_far_prefetch; the tile loop of 3 or more rows ran as fast without it)."""
     rb = w.shape[1]
     N, K = out.shape[1], qs.shape[1]
     nsb = K // 256
@@ -3511,6 +3512,7 @@ def _rowsk_x8_two(kind, w, d1, b16, b32, qs, out, g0, g1):
         ad0, ad1, am0, am1 = fzero(), fzero(), fzero(), fzero()
         for b in range(nsb):
             o = g * rb + b * sbytes
+            _far_prefetch(w, o, sbytes, far)
             dw = ld_f16x8(w, o)
             s0, s1 = _sbk_x8_two(kind, w, o, qs, 256 * b, K)
             if _has_min(kind):
@@ -3603,7 +3605,7 @@ def _rowsk_x8(kind, w, qu, d, b16, b32, qs, out, g0, g1):
     sbytes = _kx8_bytes(kind)
     MT = _m_tile(K)
     if M == 2:
-        _rowsk_x8_two(kind, w, d.reshape(-1), b16, b32, qs, out, g0, g1)
+        _rowsk_x8_two(kind, w, d.reshape(-1), b16, b32, qs, out, g0, g1, w.size >= Z16_FAR_BYTES)
         return
     if M <= X8_STACK_ROWS:
         acc, isc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)), carray(x8_int_scratch(), (X8_STACK_ROWS, 8))
@@ -6327,7 +6329,9 @@ ROWK8_MIN_K = 4096
 # DECODE_PREFETCH ahead with decode's hint (_far_prefetch). AMD EPYC Zen 3 VM (AVX2, no VNNI; prefetcht1 24 KB), 2
 # threads, the two forms in one process, call order alternating, medians of 40: Gemma3's 262,144 x 640 Q8_0 output
 # (178 MB) at 2 / 3 / 4 rows 0.82 / 0.80-0.83 / 0.89-0.94x the time, SmolLM2's 49,152 x 576 (28 MB) 0.74 / 0.83 /
-# 0.91x, 5-16 rows even (0.98-1.02x).
+# 0.91x, 5-16 rows even (0.98-1.02x). The K-quants' two-row kernel (_rowsk_x8_two) too: a random 128,256 x 2,048
+# Q6_K (a 1B model's output, 215 MB) at 2 rows 0.82-0.84x, Q4_K 16,384 x 2,048 0.88x; their tile loop (3+ rows) does
+# not (Q6_K at 3 / 4 rows 0.99-1.02x), each super-block's longer work leaving the hardware prefetchers time.
 
 
 @njit(inline="always", **DOT)

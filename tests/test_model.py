@@ -431,8 +431,7 @@ def test_qkv_store_of_several_prompts_gives_the_serial_bits():
             vg = np.zeros((5, n_kv, n_ctx, hd), np.uint16)
             if together:
                 rows0, lens, pos0s = (np.array(col, np.int64) for col in zip(*spans))
-                items = (pos0s % kernels.STORE_LINE + lens + kernels.STORE_LINE - 1) // kernels.STORE_LINE
-                first = np.concatenate((np.zeros(1, np.int64), np.cumsum(items)))
+                first = kernels.store_spans_items(pos0s, lens)
                 kernels.qkv_rope_store_spans(qs, ks, vs, *args, rows0, pos0s, lens, slots, first, kg, vg)
             else:
                 for (r0, n, p0), slot in zip(spans, slots):

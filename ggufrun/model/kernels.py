@@ -675,6 +675,13 @@ def qkv_rope_store_spans(
               first_item[first_item.shape[0] - 1], 1)  # fmt: skip
 
 
+def store_spans_items(pos0s: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """qkv_rope_store_spans' first_item for spans of lens[s] rows at positions pos0s[s]..: each span's first work item
+    (the key lines its rows touch, as qkv_rope_store_rows counts them), then their count; int64 [len(lens) + 1]."""
+    items = (pos0s % STORE_LINE + lens + STORE_LINE - 1) // STORE_LINE
+    return np.concatenate((np.zeros(1, np.int64), np.cumsum(items)))
+
+
 GROUP_STORE_ROWS = 2  # decode rows per work item of qkv_rope_store_group
 
 

@@ -522,10 +522,8 @@ class Transformer:
         groups = []
         for group_kv, members in self._group_spans(spans, prompts=True):
             rows0, ends, pos0s, slots = (np.array(col, np.int64) for col in zip(*members))
-            lens, line = ends - rows0, kernels.STORE_LINE
-            items = (pos0s % line + lens + line - 1) // line  # qkv_rope_store_rows' items: the key lines each touches
-            first_item = np.concatenate((np.zeros(1, np.int64), np.cumsum(items)))
-            groups.append((group_kv, rows0, pos0s, lens, slots, first_item))
+            lens = ends - rows0
+            groups.append((group_kv, rows0, pos0s, lens, slots, kernels.store_spans_items(pos0s, lens)))
         return groups, frozenset(int(r) for g in groups for r in g[1])
 
     def _beside_compiler(self):

@@ -2743,6 +2743,12 @@ def _group_x8_one(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, m):
 
 
 @njit(inline="always", **DOT)
+def _far(w):
+    """Whether matrix w is Z16_FAR_BYTES or more: it streams from DRAM at every batched step."""
+    return w.size >= Z16_FAR_BYTES
+
+
+@njit(inline="always", **DOT)
 def _far_prefetch(w, o, nbytes, far):
     """Where `far` (a matrix of Z16_FAR_BYTES or more, which streams from DRAM at every batched step), decode's hint
     for the nbytes DECODE_PREFETCH past byte o: the weights of the 256-bit two-row kernels (_group_x8_two,
@@ -2842,7 +2848,7 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
         return
     nb = K // 32
     MT = _m_tile(K)
-    far = w.size >= Z16_FAR_BYTES  # streams from DRAM: its first tile of rows prefetches (X8K note, far matrices)
+    far = _far(w)  # its first tile of rows prefetches (X8K note, far matrices)
     off = _offset32(kind)
     # per tile row: the 8 lanes of d terms, then the 8 of m terms (Q4_1)
     acc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)) if M <= X8_STACK_ROWS else _empty64_rows(MT, 16, np.float32)
@@ -3605,7 +3611,7 @@ def _rowsk_x8(kind, w, qu, d, b16, b32, qs, out, g0, g1):
     sbytes = _kx8_bytes(kind)
     MT = _m_tile(K)
     if M == 2:
-        _rowsk_x8_two(kind, w, d.reshape(-1), b16, b32, qs, out, g0, g1, w.size >= Z16_FAR_BYTES)
+        _rowsk_x8_two(kind, w, d.reshape(-1), b16, b32, qs, out, g0, g1, _far(w))
         return
     if M <= X8_STACK_ROWS:
         acc, isc = carray(x8_acc_scratch(), (X8_STACK_ROWS, 16)), carray(x8_int_scratch(), (X8_STACK_ROWS, 8))
@@ -3993,7 +3999,7 @@ def _tile_prefetch(w, o, nbytes):
 @njit(inline="always", **DOT)
 def _tile_prefetch_far(w, o, nbytes, far_ahead):
     """_tile_prefetch with decode's hint far_ahead bytes ahead for a matrix of Z16_FAR_BYTES or more."""
-    far = w.size >= Z16_FAR_BYTES
+    far = _far(w)
     for pf in range(0, nbytes, 64):
         if far:
             decode_prefetch(w, o + far_ahead + pf)

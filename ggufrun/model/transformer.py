@@ -55,19 +55,19 @@ from .weights import LayerWeights, Weights, load_weights
 # forward_batch keeps the quantized-activation buffers of passes up to this many rows (the decode batches of a
 # server: a few hundred KB in all) instead of allocating them in every pass
 BATCH_PROJECTOR_ROWS = 64
-# Passes of up to this many rows (batched decode steps) take Q, K and V from the one attn_qkv product as decode does,
-# then copy them out (the attention kernels take C-contiguous rows): one product call instead of three. SmolLM2 on the
-# AMD EPYC Zen 4 VM, 2 threads, a layer's Q / K / V in cache, best of 7 x 300: 2 / 4 / 8 / 16 rows 35.9 / 24.6 / 43.3 /
-# 59.1 -> 25.7 / 21.4 / 31.9 / 53.9 us with the copies; more rows would copy more than the two calls cost.
-FUSED_QKV_ROWS = 16
-# Passes of up to this many rows (decode, batched decode steps) take gate and up from the one ffn_gate_up product,
-# SwiGLU / GEGLU reading its two halves into gate (swiglu_halves, geglu_halves: no copies). Intel Ice Lake VM, 2
-# threads, alternating processes, dev/step_profile.py, gate / up a step: 8 rows SmolLM2 3.19 / 3.08 -> 2.93 / 2.82 ms
-# (Q4_1 3,072 x 576), Gemma3 2.91 / 2.88 -> 2.81 / 2.70; 16 rows SmolLM2 5.25 -> 4.70 (the step 22.80 -> 21.89),
-# Gemma3 4.07 -> 3.85 (Q5_0 4,096 x 640 on the rows of 8; the step 32.11 -> 31.38). On the pair tiles, before Q5_0
-# took the rows of 8 at 16 rows, Gemma3's fused product had run slower than its halves there (4.97 / 4.66 -> 7.59 /
-# 6.45 ms).
-FUSED_FFN_ROWS = 16
+# Every pass of several rows takes Q, K and V from the one attn_qkv product, as decode does, then copies them out (the
+# attention kernels take C-contiguous rows), and gate and up from the one ffn_gate_up product, SwiGLU / GEGLU reading
+# its two halves into gate (swiglu_halves_rows, geglu_halves_rows: no copies): one product call where there were three
+# (two), one activation layout for the VNNI / AMX tiles instead of three (two), and work items of more weight rows
+# sharing each read of the activations. Batched decode steps: SmolLM2 on the AMD EPYC Zen 4 VM, 2 threads, a layer's
+# Q / K / V in cache, best of 7 x 300: 2 / 4 / 8 / 16 rows 35.9 / 24.6 / 43.3 / 59.1 -> 25.7 / 21.4 / 31.9 / 53.9 us
+# with the copies; Intel Ice Lake VM, 2 threads, alternating processes, dev/step_profile.py, gate / up a step: 8 rows
+# SmolLM2 3.19 / 3.08 -> 2.93 / 2.82 ms (Q4_1 3,072 x 576), Gemma3 2.91 / 2.88 -> 2.81 / 2.70; 16 rows SmolLM2 5.25 ->
+# 4.70 (the step 22.80 -> 21.89), Gemma3 4.07 -> 3.85. Prompt passes, which took the separate products until
+# 2026-12-07 (with the VNNI tiles' activation bytes written 64 at a time, dot._plus128), Intel Ice Lake VM, 2 threads,
+# both trees in one process, forward_batch's time in turns, medians of 10-12 turns: SmolLM2 8 prompts of 32 tokens
+# 230-257 -> 216-224 ms (0.88-0.92x), 16 of 32 485 -> 433 ms, one prompt of 128 147 -> 125 ms; Gemma3 (V of another
+# type than Q / K in half its layers, which keep three products) 8 of 32 even (183-189 ms).
 # the multi-row kernels Transformer.pending can hold: the tiled products with their parallel quantizers and SwiGLU /
 # GEGLU (Projector.tiles says whether a pass may call them)...
 TILED = frozenset(ONE_ROW) | {ACTIVATIONS[f].quantize_rows for f in ("Q8_1", "Q8_K")} | {
@@ -103,9 +103,9 @@ class RunState:
     q_d: np.ndarray  # uint16 [n_batch, n_head * head_dim_k / 32] their f16 scales (q8_0 KV cache), else [0, 0]
     o: np.ndarray  # [n_batch, n_embd] attention or FFN output, before the residual add
     gate: np.ndarray  # [n_batch, n_ff] (then act(gate) * up, in place)
-    up: np.ndarray  # [n_batch, n_ff]
-    qkv_rows: np.ndarray  # [FUSED_QKV_ROWS, q + k + v] a step's Q, K, V from one product (LayerWeights.attn_qkv)
-    gate_up_rows: np.ndarray  # [FUSED_FFN_ROWS, 2 n_ff] a step's gate and up in one product (ffn_gate_up)
+    up: np.ndarray  # [n_batch, n_ff] (a layer without ffn_gate_up: the first half of gate_up's memory, free then)
+    qkv: np.ndarray  # [n_batch, q + k + v] a pass's Q, K, V from one product (LayerWeights.attn_qkv)
+    gate_up: np.ndarray  # [n_batch, 2 n_ff] a pass's gate and up from one product (LayerWeights.ffn_gate_up)
     head_scores: np.ndarray  # [n_head, n_ctx + KV_PAD] attention scores, then probabilities (decode)
     block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx + KV_PAD] the same for blocks of queries (prefill)
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
@@ -129,6 +129,7 @@ class RunState:
     def allocate(cls, c: ModelConfig, n_ctx: int, n_batch: int) -> RunState:
         f32 = np.float32
         k, f = c.n_expert_used, max(c.n_ff_exp, c.n_ff_shexp)
+        gate_up = np.zeros((n_batch, 2 * c.n_ff), f32)
         return cls(
             x=np.zeros((n_batch, c.n_embd), f32),
             h=np.zeros((n_batch, c.n_embd), f32),
@@ -140,11 +141,9 @@ class RunState:
             q_d=np.zeros((n_batch, c.n_head * c.head_dim_k // 32) if c.head_dim_k % 32 == 0 else (0, 0), np.uint16),
             o=np.zeros((n_batch, c.n_embd), f32),
             gate=np.zeros((n_batch, c.n_ff), f32),
-            up=np.zeros((n_batch, c.n_ff), f32),
-            qkv_rows=np.zeros(
-                (FUSED_QKV_ROWS, c.n_head * c.head_dim_k + c.n_head_kv * (c.head_dim_k + c.head_dim_v)), f32
-            ),
-            gate_up_rows=np.zeros((FUSED_FFN_ROWS, 2 * c.n_ff), f32),
+            up=gate_up.reshape(-1)[: n_batch * c.n_ff].reshape(n_batch, c.n_ff),
+            qkv=np.zeros((n_batch, c.n_head * c.head_dim_k + c.n_head_kv * (c.head_dim_k + c.head_dim_v)), f32),
+            gate_up=gate_up,
             head_scores=np.zeros((c.n_head, n_ctx + kernels.KV_PAD), f32),
             # one slot per thread Numba may ever run (the thread count can change between calls)
             block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx + kernels.KV_PAD), f32),
@@ -216,10 +215,10 @@ class Transformer:
         # process still compiles (runtime.compile_kernels; a quants.jit.Background); until they are ready, a pass of
         # several rows runs attend_one per query row and each product's dot_one (the same bits)
         self.pending = None
-        # a decode step's Q / K / V: views of RunState.qkv_rows' first row ([1, n], C-contiguous); a batched step's
-        # are copied from qkv_rows to q, k, v (_attention_block)
+        # a decode step's Q / K / V: views of RunState.qkv's first row ([1, n], C-contiguous); a pass of several
+        # rows copies its rows of qkv to q, k, v (_attention_block)
         nq, nk = c.n_head * c.head_dim_k, c.n_head_kv * c.head_dim_k
-        qkv1 = self.state.qkv_rows[:1]
+        qkv1 = self.state.qkv[:1]
         self._qkv_split = (nq, nq + nk)
         self._qkv1 = (qkv1[:, :nq], qkv1[:, nq : nq + nk], qkv1[:, nq + nk :])
         eg = self.state.expert_gate_up[:1]
@@ -289,7 +288,8 @@ class Transformer:
         self.forward([0], cache=scratch)  # decode kernels
         pending = self.pending
         if pending is None or pending.ready(TILED):  # (else a helper compiles it, and passes go without meanwhile)
-            # passes of more than FUSED_FFN_ROWS rows' SwiGLU / GEGLU, which the passes of 2 rows above do not reach
+            # the SwiGLU / GEGLU of a layer without ffn_gate_up (gate and up of different types), which the passes
+            # above reach only on such a model
             g, u = np.zeros((2, 32), np.float32), np.zeros((2, 32), np.float32)
             if self._gelu_table is not None:
                 kernels.geglu_rows(g, u, self._gelu_table)
@@ -564,12 +564,12 @@ class Transformer:
         each query)."""
         c, s = self.config, self.state
         h, att, o = s.h[:m], s.att[:m], s.o[:m]
-        if m <= FUSED_QKV_ROWS and lw.attn_qkv is not None:  # Q, K and V from one product
-            fused = s.qkv_rows[:m]
+        if lw.attn_qkv is not None:  # Q, K and V from one product
+            fused = s.qkv[:m]
             project(h, (lw.attn_qkv, fused))
             if m == 1:  # decode: views of its one row
                 q, k, v = self._qkv1
-            else:  # a batched step: copied out (the attention kernels take C-contiguous rows)
+            else:  # several rows: copied out (the attention kernels take C-contiguous rows)
                 q, k, v = s.q[:m], s.k[:m], s.v[:m]
                 a, b = self._qkv_split
                 np.copyto(q, fused[:, :a])
@@ -658,8 +658,8 @@ class Transformer:
             self._moe(lw, m, project)
         else:
             gate = s.gate[:m]
-            if m <= FUSED_FFN_ROWS and lw.ffn_gate_up is not None:  # decode, batched steps: one product
-                gate_up = s.gate_up_rows[:m]
+            if lw.ffn_gate_up is not None:  # one product
+                gate_up = s.gate_up[:m]
                 project(h, (lw.ffn_gate_up, gate_up))
                 if self._gelu_table is not None:
                     (kernels.geglu_halves_rows if rows else kernels.geglu_halves)(gate_up, gate, self._gelu_table)

@@ -5273,16 +5273,26 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
             _put_4x2(acc, out, m0, rows, g0, g1, p, pb)
 
 
+ixor80_z = _lanewise_z(lambda b, v: b.xor(v, _splat(_v16i32, -0x7F7F7F80)), I32x16, I32x16)  # each byte ^ 0x80
+PLUS128_CHUNK = 1 << 18  # bytes of quants per work item of _plus128 (a prompt pass of a small model: one item)
+
+
 @njit(inline="always", **DOT_PARALLEL)
 def _plus128(qs):
-    """The activation quants qs (int8 [M, K]) + 128 as bytes (the same type): the VNNI tiles' unsigned operand."""
+    """The activation quants qs (int8 [M, K]) + 128 as bytes (the same type): the VNNI tiles' unsigned operand. 64
+    bytes a step: written as a loop over uint64 words, LLVM left it scalar (Ice Lake, one thread, 256 x 576 quants 52
+    us, 2.8 GB/s)."""
     xu = np.empty_like(qs)
-    a, b = qs.reshape(-1).view(np.uint64), xu.reshape(-1).view(np.uint64)
+    a, b = qs.reshape(-1), xu.reshape(-1)
     n = a.shape[0]
-    step = 1 << 14
-    for c in prange((n + step - 1) // step):
-        for i in range(c * step, min(n, c * step + step)):
-            b[i] = a[i] ^ np.uint64(0x8080808080808080)
+    for c in prange((n + PLUS128_CHUNK - 1) // PLUS128_CHUNK):
+        lo, hi = c * PLUS128_CHUNK, min(n, c * PLUS128_CHUNK + PLUS128_CHUNK)
+        j = lo
+        while j + 64 <= hi:
+            st_z(b, j, ixor80_z(ld_i32z(a, j)))
+            j += 64
+        for i in range(j, hi):
+            b[i] = a[i] ^ np.int8(-128)
     return xu
 
 

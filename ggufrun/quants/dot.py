@@ -2823,8 +2823,8 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 2 rows on, the launcher passes its pair layouts
     (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
     rows on, the tile unit (_rows_amx); without AMX, from VNNI_MIN_ROWS_32 rows on, the VNNI tiles (_rows_vnni, the
-    launcher passing the quants + 128 as qs); below those, from Z8_MIN_ROWS rows on, two pairs of groups at a time
-    on decode's code vectors (_rows_zq, the activations as they are), Q8_0 with AMX at AMX_Q8_0_MIN_ROWS to
+    launcher passing the quants + 128 as qs but for Q4_1); below those, from Z8_MIN_ROWS rows on, two pairs of groups
+    at a time on decode's code vectors (_rows_zq, the activations as they are), Q8_0 with AMX at AMX_Q8_0_MIN_ROWS to
     AMX_Q8_0_ROWS rows on the tiles instead (_rows_amx_q8_0, the same arrays)."""
     if _vnni_given(out, qs, kind):
         _rows_vnni(kind, bsize, w, d, s, qs, out, g0, g1)
@@ -4674,13 +4674,13 @@ def _last_rows(q1, M, K, n):
 
 
 @njit(inline="always", **DOT)
-def _unpack_32x16(kind, bsize, w, g0, g1, nb):
+def _unpack_32x16(kind, bsize, w, g0, g1, nb, off):
     """The AMX and VNNI tiles' weights for groups g0..g1-1 of a 32-value interleaved layout (Q4_0, Q4_1, Q5_0, Q8_0,
     IQ4_NL), nb blocks a row: (btiles, dws, mws). btiles: per pair of groups (16 rows; an odd last group as both
-    halves) and block 512 bytes, row k the 4 codes of values 4k..4k + 3 of each of the 16 rows, minus the type's
-    offset (signed values); dws / mws: the 16 rows' d (and Q4_1's m) of each block as float32."""
+    halves) and block 512 bytes, row k the 4 codes of values 4k..4k + 3 of each of the 16 rows, minus `off` (the
+    type's offset, _offset32: signed values; 0 for the codes as they are, _vnni_unsigned); dws / mws: the 16 rows' d
+    (and Q4_1's m) of each block as float32."""
     rb = w.shape[1]
-    off = _offset32(kind)
     npair = (g1 - g0 + 1) // 2
     btiles = _empty64(512 * nb * npair, np.int8)  # per pair of groups: 8 rows x 64 bytes per block
     dws, mws = _empty64(16 * nb * npair, np.float32), _empty64(16 * nb * npair, np.float32)
@@ -4714,7 +4714,7 @@ def _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
     nb = K // 32
     npair = (g1 - g0 + 1) // 2
-    btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb)
+    btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb, _offset32(kind))
     sums32 = _empty64(512, np.int32)  # two blocks' int32 sums, 16 x 16 each
     q1, d1, s1 = qs.reshape(-1), d.reshape(-1), s.reshape(-1)
     part = _last_rows(q1, M, K, 16)
@@ -5057,6 +5057,15 @@ def _vnni_tiles(M, kind):
 
 
 @njit(inline="always", **DOT)
+def _vnni_unsigned(kind):
+    """Q4_1, whose codes are unsigned bytes with no offset (0..15): on the VNNI tiles they stay as they are, vpdpbusd's
+    unsigned operand against the quants as they are (vnni4x2_block_u). The others meet the quants + 128 (_plus128)
+    with their codes signed: Q4_0's and Q5_0's offset taken off the codes (the unpacking pass), not off every row's
+    sums (a broadcast and a copy a row and block: Gemma3's Q5_0 products at 256 rows ran 1.05-1.09x slower so)."""
+    return kind == Q4_1
+
+
+@njit(inline="always", **DOT)
 def _x8_32(kind):
     """The 32-value types with interleaved layouts (_rows_x8, _rows_iq4_nl_x8)."""
     return kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL
@@ -5081,10 +5090,11 @@ def acc8i_splat(typingctx, va, vb):
     return AccI8(va, vb), codegen
 
 
-def _dpbusd_4x2(builder, raw, tiles, rows, n4):
+def _dpbusd_4x2(builder, raw, tiles, rows, n4, codes_unsigned=False):
     """The VNNI tiles' inner loop (codegen): for j < n4, tile row j of both tiles (64 bytes at 64 j of each pointer
     in `tiles`) against activation row r's 4 quants + 128 at byte 4 j of rows[r] (broadcast once, fed to both tiles'
-    vpdpbusd): raw[h 4 + r] updated in place, r = 0..3, h = 0, 1."""
+    vpdpbusd): raw[h 4 + r] updated in place, r = 0..3, h = 0, 1. codes_unsigned: the tiles hold unsigned codes and
+    the rows the quants as they are (vpdpbusd's unsigned and signed operands the other way round)."""
     for j in range(n4):
         wv = []
         for pt in tiles:
@@ -5094,7 +5104,8 @@ def _dpbusd_4x2(builder, raw, tiles, rows, n4):
             at = builder.bitcast(builder.gep(rows[r], [ir.Constant(_i64, 4 * j)]), _i32.as_pointer())
             xv = _bsplat(builder, _v16i32, builder.load(at, align=1))
             for h in range(2):
-                raw[4 * h + r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[4 * h + r], xv, wv[h])
+                a, b = (wv[h], xv) if codes_unsigned else (xv, wv[h])
+                raw[4 * h + r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[4 * h + r], a, b)
 
 
 def _fma_4x2(builder, acc, sums, dws, dx):
@@ -5322,6 +5333,29 @@ def vnni4x2_block(typingctx, acc, bt, ta, tb, x, xoff, xstride, starta, startb, 
 
 
 @intrinsic
+def vnni4x2_block_u(typingctx, acc, bt, ta, tb, x, xoff, xstride, dwa, dwb, dx, i0, stride, last):
+    """vnni4x2_block for Q4_1 (_vnni_unsigned): its codes as they are, vpdpbusd's unsigned operand, against the quants
+    as they are at byte xoff + r xstride of x, the int32 sums starting from zero: the same integers as the signed
+    codes against the quants + 128 from their correction; then the same FMAs."""
+    if acc != Acc8 or not _is_ptr_args(bt, ta) or not _is_ptr_args(x, xoff) or not isinstance(tb, types.Integer):
+        return None
+    if dwa != F32x16 or dwb != F32x16 or not isinstance(xstride, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tiles = [_ptr(context, builder, sig.args[1], args[1], sig.args[k], args[k], _i8) for k in (2, 3)]
+        px = _ptr(context, builder, sig.args[4], args[4], sig.args[5], args[5], _i8)
+        xs = context.cast(builder, args[6], sig.args[6], types.intp)
+        rows = [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(4)]
+        raw = [_splat(_v16i32, 0)] * 8
+        _dpbusd_4x2(builder, raw, tiles, rows, 8, codes_unsigned=True)
+        out = _fma_4x2(builder, args[0], raw, args[7:9], _acc_rows(context, builder, sig, args, 9, 4))
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return Acc8(acc, bt, ta, tb, x, xoff, xstride, dwa, dwb, dx, i0, stride, last), codegen
+
+
+@intrinsic
 def acc4x2_mins(typingctx, acc, mwa, mwb, sx, i0, stride, last):
     """acc[h 4 + r] + mw_h * sx[i0 + r stride] for r = 0..3, tiles h = 0, 1 (mw_0 = mwa, mw_1 = mwb): Q4_1's m-term
     FMA for 4 rows x 2 tiles."""
@@ -5345,14 +5379,17 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
     (_plus128): the work item's codes unpacked once (_unpack_32x16) with each block's -128 correction per weight row;
     per 4 activation rows and two pairs of groups (32 weight rows), per block 8 vpdpbusd a row and pair from that
     correction, each broadcast quant feeding both (vnni4x2_block), then _rows_amx's FMAs (acc16_sums, acc16_mins), the
-    accumulators in registers."""
+    accumulators in registers. Q4_1 (_vnni_unsigned): xu the quants as they are and the codes unpacked as they are,
+    vpdpbusd's unsigned operand, the sums starting from zero (vnni4x2_block_u): no +128 pass, no corrections per
+    weight row, no copies of them per row and block."""
     M, K = xu.shape
     nb = K // 32
     npair = (g1 - g0 + 1) // 2
-    btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb)
+    unsigned = _vnni_unsigned(kind)
+    btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb, 0 if unsigned else _offset32(kind))
     one = ld_i32z(VNNI_ONES, 0)
-    wneg = _empty64(16 * nb * npair, np.int32)
-    for t in range(nb * npair):
+    wneg = _empty64(16 * nb * npair if not unsigned else 16, np.int32)
+    for t in range(nb * npair if not unsigned else 0):
         st_z(wneg, 64 * t, vnni_wneg(izero_z(), btiles, 512 * t, one))
     q1, d1, s1 = xu.reshape(-1), d.reshape(-1), s.reshape(-1)
     part = _last_rows(q1, M, K, 4)
@@ -5366,9 +5403,13 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
             acc, accm = acc8_zero(), acc8_zero()
             for b in range(nb):
                 ta, tb, da, db = 512 * (nb * p + b), 512 * (nb * pb + b), 64 * (nb * p + b), 64 * (nb * pb + b)
-                sa, sb, dwa, dwb = ld_i32z(wneg, da), ld_i32z(wneg, db), ld_f32z(dws, da), ld_f32z(dws, db)
+                dwa, dwb = ld_f32z(dws, da), ld_f32z(dws, db)
                 i = m0 * nb + b
-                acc = vnni4x2_block(acc, btiles, ta, tb, x, xo + 32 * b, K, sa, sb, dwa, dwb, d1, i, nb, last)
+                if unsigned:
+                    acc = vnni4x2_block_u(acc, btiles, ta, tb, x, xo + 32 * b, K, dwa, dwb, d1, i, nb, last)
+                else:
+                    sa, sb = ld_i32z(wneg, da), ld_i32z(wneg, db)
+                    acc = vnni4x2_block(acc, btiles, ta, tb, x, xo + 32 * b, K, sa, sb, dwa, dwb, d1, i, nb, last)
             if kind == Q4_1:
                 for b in range(nb):
                     mwa, mwb = ld_f32z(mws, 64 * (nb * p + b)), ld_f32z(mws, 64 * (nb * pb + b))
@@ -6522,13 +6563,10 @@ def dot_q4_1_x8(w, d, s, qs, sums, out):
     """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_1)
-    if _vnni_tiles(qs.shape[0], Q4_1):  # the quants + 128, for the VNNI tiles
-        xu = _plus128(qs)
-        run_items("_rows_q4_1_x8", (w, d, s, xu, sums, out), G, per)
-    elif _pair_tiles(qs.shape[0], Q4_1):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
+    if _pair_tiles(qs.shape[0], Q4_1):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
         dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q4_1))
         run_items("_rows_q4_1_x8", (w, dp, sp, qp, sump, out), G, per)
-    else:
+    else:  # (the VNNI tiles too: the quants as they are, _vnni_unsigned)
         run_items("_rows_q4_1_x8", (w, d, s, qs, sums, out), G, per)
 
 

@@ -5108,6 +5108,15 @@ def _dpbusd_4x2(builder, raw, tiles, rows, n4, codes_unsigned=False):
                 raw[4 * h + r] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", raw[4 * h + r], a, b)
 
 
+def _tiles_and_rows(context, builder, sig, args):
+    """Codegen for the VNNI tiles' intrinsics, whose args[1:7] are bt, ta, tb, x, xoff, xstride: the pointers to both
+    tiles (bytes ta and tb of bt) and to activation rows r = 0..3 (byte xoff + r xstride of x)."""
+    tiles = [_ptr(context, builder, sig.args[1], args[1], sig.args[k], args[k], _i8) for k in (2, 3)]
+    px = _ptr(context, builder, sig.args[4], args[4], sig.args[5], args[5], _i8)
+    xs = context.cast(builder, args[6], sig.args[6], types.intp)
+    return tiles, [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(4)]
+
+
 def _fma_4x2(builder, acc, sums, dws, dx):
     """acc[h 4 + r] + float(sums[h 4 + r]) * (dws[h] * dx[r]) for r = 0..3, h = 0, 1 (codegen; acc an Acc8 value,
     sums 8 int32 vectors, dx 4 broadcast vectors): the d-term FMA of 4 activation rows and two tiles."""
@@ -5149,10 +5158,7 @@ def _vnni4x2(n4: int):
             return None
 
         def codegen(context, builder, sig, args):
-            tiles = [_ptr(context, builder, sig.args[1], args[1], sig.args[k], args[k], _i8) for k in (2, 3)]
-            px = _ptr(context, builder, sig.args[4], args[4], sig.args[5], args[5], _i8)
-            stride = context.cast(builder, args[6], sig.args[6], types.intp)
-            rows = [builder.gep(px, [builder.mul(stride, ir.Constant(_i64, r))]) for r in range(4)]
+            tiles, rows = _tiles_and_rows(context, builder, sig, args)
             raw = [_splat(_v16i32, 0)] * 8
             _dpbusd_4x2(builder, raw, tiles, rows, n4)
             out = [
@@ -5319,10 +5325,7 @@ def vnni4x2_block(typingctx, acc, bt, ta, tb, x, xoff, xstride, starta, startb, 
         return None
 
     def codegen(context, builder, sig, args):
-        tiles = [_ptr(context, builder, sig.args[1], args[1], sig.args[k], args[k], _i8) for k in (2, 3)]
-        px = _ptr(context, builder, sig.args[4], args[4], sig.args[5], args[5], _i8)
-        xs = context.cast(builder, args[6], sig.args[6], types.intp)
-        rows = [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(4)]
+        tiles, rows = _tiles_and_rows(context, builder, sig, args)
         raw = [args[7]] * 4 + [args[8]] * 4
         _dpbusd_4x2(builder, raw, tiles, rows, 8)
         out = _fma_4x2(builder, args[0], raw, args[9:11], _acc_rows(context, builder, sig, args, 11, 4))
@@ -5343,10 +5346,7 @@ def vnni4x2_block_u(typingctx, acc, bt, ta, tb, x, xoff, xstride, dwa, dwb, dx, 
         return None
 
     def codegen(context, builder, sig, args):
-        tiles = [_ptr(context, builder, sig.args[1], args[1], sig.args[k], args[k], _i8) for k in (2, 3)]
-        px = _ptr(context, builder, sig.args[4], args[4], sig.args[5], args[5], _i8)
-        xs = context.cast(builder, args[6], sig.args[6], types.intp)
-        rows = [builder.gep(px, [builder.mul(xs, ir.Constant(_i64, r))]) for r in range(4)]
+        tiles, rows = _tiles_and_rows(context, builder, sig, args)
         raw = [_splat(_v16i32, 0)] * 8
         _dpbusd_4x2(builder, raw, tiles, rows, 8, codes_unsigned=True)
         out = _fma_4x2(builder, args[0], raw, args[7:9], _acc_rows(context, builder, sig, args, 9, 4))

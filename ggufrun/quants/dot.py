@@ -5290,7 +5290,8 @@ def _rowsk_vnni(kind, w, qu, d, b32, out, g0, g1):
             _put_4x2(acc, out, m0, rows, g0, g1, p, pb)
 
 
-ixor80_z = _lanewise_z(lambda b, v: b.xor(v, _splat(_v16i32, -0x7F7F7F80)), I32x16, I32x16)  # each byte ^ 0x80
+# flip's 64-byte form: each byte ^ 0x80 (a signed byte q as the unsigned byte q + 128), on 16 int32 lanes
+flip_z = _lanewise_z(lambda b, v: b.xor(v, _splat(_v16i32, -0x7F7F7F80)), I32x16, I32x16)
 PLUS128_CHUNK = 1 << 18  # bytes of quants per work item of _plus128 (a prompt pass of a small model: one item)
 
 
@@ -5306,7 +5307,7 @@ def _plus128(qs):
         lo, hi = c * PLUS128_CHUNK, min(n, c * PLUS128_CHUNK + PLUS128_CHUNK)
         j = lo
         while j + 64 <= hi:
-            st_z(b, j, ixor80_z(ld_i32z(a, j)))
+            st_z(b, j, flip_z(ld_i32z(a, j)))
             j += 64
         for i in range(j, hi):
             b[i] = a[i] ^ np.int8(-128)
@@ -5388,8 +5389,9 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
     unsigned = _vnni_unsigned(kind)
     btiles, dws, mws = _unpack_32x16(kind, bsize, w, g0, g1, nb, 0 if unsigned else _offset32(kind))
     one = ld_i32z(VNNI_ONES, 0)
-    wneg = _empty64(16 * nb * npair if not unsigned else 16, np.int32)
-    for t in range(nb * npair if not unsigned else 0):
+    n_neg = 0 if unsigned else nb * npair  # the -128 corrections, one per pair of groups and block (none for Q4_1)
+    wneg = _empty64(16 * max(n_neg, 1), np.int32)
+    for t in range(n_neg):
         st_z(wneg, 64 * t, vnni_wneg(izero_z(), btiles, 512 * t, one))
     q1, d1, s1 = xu.reshape(-1), d.reshape(-1), s.reshape(-1)
     part = _last_rows(q1, M, K, 4)

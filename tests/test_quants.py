@@ -337,6 +337,32 @@ def test_q8_k_activations_choose_the_best_of_eight_scales():
     np.testing.assert_array_equal(b32, b16.reshape(3, -1, 2).sum(-1))
 
 
+def test_sixteen_lane_scale_search_picks_the_eight_lane_choice():
+    """dot._best_scale_z (AVX-512's search: lane 4c + k is chain k of candidate c) returns the candidate
+    _best_scale_v (8 lanes, four chains) does, on blocks of 32 and 256 values of several shapes, near-ties included
+    (values on a grid, where candidates' errors come close). LLVM compiles the 16-lane code on any x86 CPU."""
+    from ggufrun.quants import dot
+
+    @numba.njit(**{k: v for k, v in dot.EXACT.items() if k != "cache"})
+    def both(x, n, out):
+        for m in range(x.shape[0]):
+            amax = np.float32(0.0)
+            for j in range(n):
+                amax = max(amax, abs(x[m, j]))
+            cand, inverse, rel = dot._candidates(amax / np.float32(127.0))
+            out[m, 0] = dot._best_scale_v(x, m, 0, n, inverse, rel)
+            out[m, 1] = dot._best_scale_z(x, m, 0, n, inverse, rel)
+
+    rng = np.random.default_rng(12)
+    for n in (32, 256):
+        x = np.concatenate([rng.standard_normal((200, n)), rng.standard_t(3, (200, n)) * 5,
+                            rng.integers(-8, 9, (200, n)) * 0.125, rng.uniform(-1, 1, (200, n)) * 1e3])  # fmt: skip
+        got = np.zeros((x.shape[0], 2), np.int64)
+        both(x.astype(np.float32), n, got)
+        assert len(set(got[:, 0].tolist())) > 1  # the search does choose among the candidates
+        np.testing.assert_array_equal(got[:, 1], got[:, 0])
+
+
 def test_activation_quantizers_take_non_finite_values():
     """inf / NaN in a block (which then keeps llama.cpp's rule, no search): no crash, and every other block of the
     rows quantized exactly as without it."""

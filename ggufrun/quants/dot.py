@@ -1218,21 +1218,31 @@ def _rint_ir(builder, v):
 
 @intrinsic
 def frac_v(typingctx, v):
-    """v - rint(v) per lane (exact for every finite float32): one vreduceps where AVX512DQ / VL have it."""
-    if v != F32x8:
+    """v - rint(v) per lane of 8 or 16 float32 (exact for every finite value): one vreduceps where AVX512DQ / VL
+    have it."""
+    if v not in (F32x8, F32x16):
         return None
 
     def codegen(context, builder, sig, args):
-        if HAS_REDUCE:
+        ty = args[0].type
+        if HAS_REDUCE:  # imm 8: keep no fraction bits, round to nearest even, no precision exception
+            if ty.count == 8:
+                fn = cgutils.get_or_insert_function(
+                    builder.module,
+                    ir.FunctionType(ty, [ty, _i32, ty, ir.IntType(8)]),
+                    "llvm.x86.avx512.mask.reduce.ps.256",
+                )
+                return builder.call(fn, [args[0], _i32(8), args[0], ir.IntType(8)(-1)])
             fn = cgutils.get_or_insert_function(
                 builder.module,
-                ir.FunctionType(_v8f32, [_v8f32, _i32, _v8f32, ir.IntType(8)]),
-                "llvm.x86.avx512.mask.reduce.ps.256",
-            )  # imm 8: keep no fraction bits, round to nearest even, no precision exception
-            return builder.call(fn, [args[0], _i32(8), args[0], ir.IntType(8)(-1)])
-        return builder.fsub(args[0], _rint_ir(builder, args[0]))
+                ir.FunctionType(ty, [ty, _i32, ty, ir.IntType(16), _i32]),
+                "llvm.x86.avx512.mask.reduce.ps.512",
+            )  # (rounding argument 4: the current direction, no embedded rounding)
+            return builder.call(fn, [args[0], _i32(8), args[0], ir.IntType(16)(-1), _i32(4)])
+        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty]), f"llvm.rint.v{ty.count}f32")
+        return builder.fsub(args[0], builder.call(rint, [args[0]]))
 
-    return F32x8(F32x8), codegen
+    return v(v), codegen
 
 
 @intrinsic
@@ -2241,26 +2251,6 @@ def fspread4_z(typingctx, v, h):
 
 
 @intrinsic
-def frac_z(typingctx, v):
-    """frac_v on 16 lanes: v - rint(v) per lane, one vreduceps where AVX512DQ has it."""
-    if v != F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        if HAS_REDUCE:
-            fn = cgutils.get_or_insert_function(
-                builder.module,
-                ir.FunctionType(_v16f32, [_v16f32, _i32, _v16f32, ir.IntType(16), _i32]),
-                "llvm.x86.avx512.mask.reduce.ps.512",
-            )  # imm 8 as frac_v's; rounding 4: the current direction (no embedded rounding)
-            return builder.call(fn, [args[0], _i32(8), args[0], ir.IntType(16)(-1), _i32(4)])
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v16f32, [_v16f32]), "llvm.rint.v16f32")
-        return builder.fsub(args[0], builder.call(fn, [args[0]]))
-
-    return F32x16(F32x16), codegen
-
-
-@intrinsic
 def fchain_z(typingctx, a, b, k):
     """Chain k (a literal 0..3) of the 8 candidates: lane c <- lane 4c + k of a (c < 4), of b (c >= 4)."""
     if a != F32x16 or b != F32x16 or not isinstance(k, types.IntegerLiteral):
@@ -2277,8 +2267,8 @@ def fchain_z(typingctx, a, b, k):
 def _errors_z(x, at, ia, ib, a, b):
     """_errors4 for the 8 candidates' 4 chains at once (ia, ib: the inverses spread by fspread4_z)."""
     v = ld_f32x4_z(x, at)
-    ra = frac_z(fmul_z(ia, v))
-    rb = frac_z(fmul_z(ib, v))
+    ra = frac_v(fmul_z(ia, v))
+    rb = frac_v(fmul_z(ib, v))
     return fma_z(a, ra, ra), fma_z(b, rb, rb)
 
 

@@ -58,7 +58,7 @@ def test_repacked_kernel_gives_the_file_layouts_bits(qtype, n, k):
     # scales and mins unpacked: Q4_K / Q5_K 16 bytes, not 12 (per row and super-block); IQ4_XS 8 + 2, not 6 + 2
     extra = {T.Q4_K: 32, T.Q5_K: 32, T.IQ4_XS: 16}.get(qtype, 0) * (k // 256) * n // 8
     assert w8.shape == (n // 8, w.shape[1] * 8 + 8 * extra // n) and w8.nbytes == w.nbytes + extra
-    for m in (1, 2, 3, 4, 5, 8, 12, 70):  # decode, two rows (pair tiles; _group_x8_two on AVX2), odd pairs, tiles
+    for m in (1, 2, 3, 4, 5, 8, 12, 70):  # decode, two rows (_group_x8_two on AVX2), odd pairs, tiles
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[0, :32] = 0.0  # a block of zeros (d = 0)
         qx = Q.quantize_activations(x, qtype)
@@ -319,8 +319,8 @@ def _assert_kernels_agree(qtype, w, w8, kernel, m, n, k, rng):
     """m random activation rows (with a block of zeros, d = 0, and a row of large quants against the codes' offsets)
     through the file layout's kernel, the interleaved layout's `kernel` and its one-row kernel: the same bits."""
     x = rng.standard_normal((m, k)).astype(np.float32)
-    x[3, :32] = 0.0
-    x[5] *= 1e3
+    x[min(3, m - 1), :32] = 0.0
+    x[min(5, m - 1)] *= 1e3
     qx = Q.quantize_activations(x, qtype)
     want, got, one = (np.full((m, n), np.nan, np.float32) for _ in range(3))
     Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
@@ -336,7 +336,8 @@ def test_vnni_tiles_give_the_same_bits(qtype):
     """The VNNI tiles (dot._rows_vnni: 8 activation rows at a time, a partial last 8; _rowsk_vnni: 4 rows against two
     pairs of groups at a time, a partial last 4, an odd last pair; an odd last group, work items of several pairs of
     groups, K up to 8,192) against the file layout's kernel and decode's one-row kernel, bit for bit; one row fewer
-    than the VNNI tiles' minimum takes the pair tiles, the same bits again. With AMX, the VNNI tiles take the rows below
+    than the VNNI tiles' minimum takes the pair tiles (the K-quants) or two pairs of groups at a time (the 32-value
+    types), the same bits again. With AMX, the VNNI tiles take the rows below
     the AMX tiles' minimum (the K-quants from 16 rows; the 32-value types never: theirs is the AMX tiles' minimum)."""
     lo = dot.VNNI_MIN_ROWS if qtype in K_TYPES else dot.VNNI_MIN_ROWS_32
     hi = dot.AMX_MIN_ROWS if dot.AMX_CPU else 1 << 30
@@ -362,7 +363,7 @@ def test_rows_of_8_give_the_same_bits(qtype):
     """From Z8_MIN_ROWS rows up to the VNNI / AMX tiles' minimum, two pairs of groups at a time against every
     activation row (dot._rows_zq, its m terms 8 rows at a time): one 8, several, a partial last 8, work items of whole
     fours and with 1 or 3 groups left, against the file layout's kernel and decode's one-row kernel, bit for bit; one
-    row fewer than the minimum takes the pair tiles, the same bits again."""
+    row fewer than the minimum (one row) takes decode's kernel, the same bits again."""
     rng = np.random.default_rng(int(qtype) + 100)
     lo = dot.Z8_MIN_ROWS
     rows = [m for m in (lo - 1, lo, lo + 5, 2 * lo, 2 * lo + 3, dot.Z8_MAX_ROWS - 1) if m < dot.Z8_MAX_ROWS]

@@ -2910,12 +2910,11 @@ def _row_x8(kind, bsize, w, wg, d1, s1, sums1, qs, m, out, o, g0, g1, stream):
 def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     """out[:, 8 g0 : 8 g1] for groups g0..g1-1 of 8 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0): each
     block of a group is decoded once for a tile of activation rows (all of them for decode), whose accumulators wait
-    in L1; lane r of a tile row is rows8x1's lane r. On AVX-512 from 2 rows on, the launcher passes its pair layouts
-    (_pairs_q8_1) in place of d, s, qs, sums and the pair tiles run instead (_rows_z); with AMX, from AMX_MIN_ROWS
-    rows on, the tile unit (_rows_amx); without AMX, from VNNI_MIN_ROWS_32 rows on, the VNNI tiles (_rows_vnni, the
-    launcher passing the quants + 128 as qs but for Q4_1); below those, from Z8_MIN_ROWS rows on, two pairs of groups
-    at a time on decode's code vectors (_rows_zq, the activations as they are), Q8_0 with AMX at AMX_Q8_0_MIN_ROWS to
-    AMX_Q8_0_ROWS rows on the tiles instead (_rows_amx_q8_0, the same arrays)."""
+    in L1; lane r of a tile row is rows8x1's lane r (without AVX-512). On AVX-512: with AMX, from AMX_MIN_ROWS rows
+    on, the tile unit (_rows_amx); without AMX, from VNNI_MIN_ROWS_32 rows on, the VNNI tiles (_rows_vnni, the
+    launcher passing the quants + 128 as qs but for Q4_1); below those, from Z8_MIN_ROWS (2) rows on, two pairs of
+    groups at a time on decode's code vectors (_rows_zq, the activations as they are), Q8_0 with AMX at
+    AMX_Q8_0_MIN_ROWS to AMX_Q8_0_ROWS rows on the tiles instead (_rows_amx_q8_0, the same arrays)."""
     if _vnni_given(out, qs, kind):
         _rows_vnni(kind, bsize, w, d, s, qs, out, g0, g1)
         return
@@ -2927,9 +2926,6 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
             _rows_amx_q8_0(w, d, qs, out, g0, g1)
         else:
             _rows_zq(kind, bsize, w, d, s, qs, sums, out, g0, g1)
-        return
-    if _pairs_given(out.shape[0], kind):
-        _rows_z(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
     rb = w.shape[1]
     M, N, K = qs.shape[0], out.shape[1], qs.shape[1]
@@ -3744,8 +3740,9 @@ def _rowsk_x8(kind, w, qu, d, b16, b32, qs, out, g0, g1):
 # tiles spend ~21 vector instructions on 256 multiply-adds of a row (vpmaddubsw, int16 adds, vpmaddwd, broadcasts);
 # these ~11 on 512. llama.cpp's repacked Q4_K gemm (ggml-cpu/arch/x86/repack.cpp, ggml_gemm_q4_K_8x8_q8_K) likewise
 # interleaves the activations, 4 rows at a time (block_q8_Kx4), and takes 16 rows per pass on AVX-512. The K-quants'
-# tiles come first here, then the 32-value types' (_rows_z) and the launchers' pair layouts (_pairs_q8_1,
-# _pairs_q8_k). Only where the CPU has AVX-512 F / BW / VNNI.
+# tiles are here (up to VNNI_MIN_ROWS rows), then the launchers' pair layouts (_pairs_q8_k). Only where the CPU has
+# AVX-512 F / BW / VNNI. (The 32-value types' pair tiles are gone: two pairs of groups at a time, _rows_zq, ran their
+# products of 2-7 rows 1.07-1.58x faster on Ice Lake; see Z8_MIN_ROWS.)
 # A batched decode step (a few rows) reads every weight once, from L3 or DRAM, as decode does: the tiles prefetch
 # each block Z16_PREFETCH ahead on their first tile of rows, as the one-row kernels do. Intel Xeon, 2 threads,
 # forward_batch of M one-token sequences (median step, base / prefetched, 3 alternating process pairs): Gemma3 M = 4
@@ -3753,9 +3750,10 @@ def _rowsk_x8(kind, w, qu, d, b16, b32, qs, out, g0, g1):
 # -> 7.0-7.4 ms); SmolLM2 M = 4 9.4-15.0 -> 6.7-7.1 ms, M = 8 13.1-24.9 -> 11.2-12.6 ms.
 # -----------------------------------------------------------------------------------------------------------------
 
-# one activation row keeps decode's kernels; two take the pair tiles too (one pair), which on AVX-512 beat the 256-bit
-# two-row kernels (_rowsk_x8_two, _group_x8_two): forward_batch of 2 sequences, alternating processes, Gemma3 15.0-15.7
-# -> 12.2-12.5 ms, SmolLM2 6.4-8.2 -> 5.1-5.4 ms (one sequence: 9.4-10.4 / 3.5-3.7 ms)
+# one activation row keeps decode's kernels; two take the pair tiles (the K-quants) or _rows_zq (the 32-value types)
+# too, which on AVX-512 beat the 256-bit two-row kernels (_rowsk_x8_two, _group_x8_two): forward_batch of 2
+# sequences, alternating processes, with the pair tiles for both, Gemma3 15.0-15.7 -> 12.2-12.5 ms, SmolLM2 6.4-8.2 ->
+# 5.1-5.4 ms (one sequence: 9.4-10.4 / 3.5-3.7 ms)
 ZMM_MIN_ROWS = 2
 
 I8x64 = Vec("i8", 64)
@@ -4191,44 +4189,24 @@ def _rowsk_z(kind, w, dp, b16p, b32p, qp, out, g0, g1):
                     st_lanes_f32x8(out, 4 * ((2 * p + 1) * N + 8 * g), v, 1)
 
 
-def _dot32_z(nibbles: bool, pairs: bool = True, start: bool = False):
-    """Intrinsic (codes, x, off) -> 16 lanes of 8 rows' codes (codes_z, codes5_z, iq4_codes_z, widen_z of
-    codes8_x8) . a pair of activation rows' 32 quants at byte `off` of the pair layout (lane 2r + j), or of two
-    groups' codes (codes_z16, codes8_z16, iq4_codes_z16) . one row's: 8 vpdpbusd, code vector j meeting values
-    16 (j % 2) + 4 (j // 2).. for the nibble types, 4j.. for Q8_0; in two chains of 4 (even and odd j) added at the
-    end, the same integer sum: with one pair of rows a tile waited on one chain of 8 (Zen 4, one thread, alternating
-    processes: Q4_1 3,072 x 576 at 2 / 4 / 8 / 16 rows 59.3-59.5 / 77.4-81.4 / 121 / 211 -> 55.6-56.0 / 74.1-74.6 /
-    116-117 / 202-205 us; Q4_K's tiles and one-row decode unchanged).
-
-    With `start`, (codes, x, off, s, soff): the even chain starts from the two int32 at byte soff of s in alternate
-    lanes instead of zero. _rows_z starts it from the pair's block sums times minus the codes' offset, where a
-    subtraction after the dots had been one more 16-lane operation a block and pair in a loop bound by its vector
-    operations (Zen 4, one thread, in cache, 16 rows: Gemma3's Q5_0 4,096 x 640 336-345 -> 310-319 us, the first
-    4,096 rows of its Q8_0 output 326-336 -> 313-325 us; the same integers)."""
+def _dot32_z(nibbles: bool, pairs: bool = True):
+    """Intrinsic (codes, x, off) -> 16 lanes of 8 rows' codes (iq4_codes_z) . a pair of activation rows' 32 quants at
+    byte `off` of the pair layout (lane 2r + j), or of two groups' codes (codes_z16, codes8_z16, iq4_codes_z16) . one
+    row's: 8 vpdpbusd, code vector j meeting values 16 (j % 2) + 4 (j // 2).. for the nibble types, 4j.. for Q8_0; in
+    two chains of 4 (even and odd j) added at the end, the same integer sum: with one pair of rows a tile waited on one
+    chain of 8 (Zen 4, one thread, alternating processes: Q4_1 3,072 x 576 at 2 / 4 / 8 / 16 rows 59.3-59.5 /
+    77.4-81.4 / 121 / 211 -> 55.6-56.0 / 74.1-74.6 / 116-117 / 202-205 us; Q4_K's tiles and one-row decode
+    unchanged)."""
 
     def codegen(context, builder, sig, args):
         p = _ptr(context, builder, sig.args[1], args[1], sig.args[2], args[2], _i8)
         acc = [_splat(_v16i32, 0), _splat(_v16i32, 0)]
-        if start:
-            s = _ptr(context, builder, sig.args[3], args[3], sig.args[4], args[4], ir.VectorType(_i32, 2))
-            s = builder.load(s, align=1)
-            acc[0] = builder.shuffle_vector(s, s, _PAIR)
         for j in range(8):
             v = 16 * (j % 2) + 4 * (j // 2) if nibbles else 4 * j
             u = builder.bitcast(builder.extract_value(args[0], j), _v16i32)
             acc[j % 2] = _z_call(builder, "llvm.x86.avx512.vpdpbusd.512", acc[j % 2], u,
                                  _z_quants(builder, p, v, pairs))  # fmt: skip
         return builder.add(acc[0], acc[1])
-
-    if start:
-
-        @intrinsic
-        def dot_from(typingctx, codes, x, off, s, soff):
-            if codes != CodesZ8 or not _is_ptr_args(x, off) or not _is_ptr_args(s, soff):
-                return None
-            return I32x16(CodesZ8, x, off, s, soff), codegen
-
-        return dot_from
 
     @intrinsic
     def dot(typingctx, codes, x, off):
@@ -4239,77 +4217,11 @@ def _dot32_z(nibbles: bool, pairs: bool = True, start: bool = False):
     return dot
 
 
-dot_z, dot8_z = _dot32_z(True), _dot32_z(False)
+dot_z = _dot32_z(True)  # (IQ4_XS's pair tiles)
 dot_z16, dot8_z16 = _dot32_z(True, False), _dot32_z(False, False)
-dot_z_from, dot8_z_from = _dot32_z(True, start=True), _dot32_z(False, start=True)
-
-
-@njit(inline="always", **DOT)
-def _rows_z(kind, bsize, w, dp, sp, qp, sump, out, g0, g1):
-    """_rows_x8's tiles for M >= 2 activation rows given as pairs (_pairs_q8_1(..., _offset32(kind)): qp [P, 2K],
-    dp / sp / sump [P, 2 K/32], sump the block sums times minus the codes' offset): per tile of pairs and group, each
-    block decoded once, both rows of a pair in one vector (lane 2r + j) with rows8x1's integer and float steps, their
-    accumulators waiting in L1."""
-    rb = w.shape[1]
-    M, N = out.shape[0], out.shape[1]
-    P, K2 = qp.shape[0], qp.shape[1]
-    nb = K2 // 64
-    PT = _m_tile(K2 // 2) // 2
-    off = _offset32(kind)
-    # per pair: the 16 lanes of d terms, then the 16 of m terms (Q4_1)
-    if P <= X8_STACK_ROWS // 2:
-        acc = carray(x8_acc_scratch(), (X8_STACK_ROWS // 2, 32))
-    else:
-        acc = _empty64_rows(PT, 32, np.float32)
-    for t in range(0, P, PT):
-        t1 = min(P, t + PT)
-        for g in range(g0, g1):
-            for a in range(0, 128 * (t1 - t), 64):
-                st_z(acc, a, fzero_z())
-            for b in range(nb):
-                o = g * rb + b * bsize
-                if t == 0:
-                    _tile_prefetch(w, o, bsize)
-                if kind == Q8_0:
-                    u = widen_z(codes8_x8(w, o + 16))
-                elif kind == Q5_0:
-                    u = codes5_z(w, o + 16)
-                elif kind == IQ4_NL:  # the code book + 128 (offset 128)
-                    u = iq4_codes_z(w, o + 16)
-                else:
-                    u = codes_z(w, o + (32 if kind == Q4_1 else 16))
-                dw = ld_f16x8_z(w, o)
-                mw = ld_f16x8_z(w, o + 16) if kind == Q4_1 else fzero_z()
-                for p in range(t, t1):
-                    a, i = 128 * (p - t), 4 * (p * 2 * nb + 2 * b)
-                    x = p * K2 + 64 * b
-                    if off == 0:
-                        q = dot_z(u, qp, x)
-                    elif kind == Q8_0:  # from sump: the pair's block sums times -off (_pairs_q8_1)
-                        q = dot8_z_from(u, qp, x, sump, i)
-                    else:
-                        q = dot_z_from(u, qp, x, sump, i)
-                    st_z(acc, a, fma_z(ld_f32z(acc, a), fcvt_z(q), fmul_z(dw, ld_f32pair_z(dp, i))))
-                    if kind == Q4_1:
-                        st_z(acc, a + 64, fma_z(ld_f32z(acc, a + 64), mw, ld_f32pair_z(sp, i)))
-            for p in range(t, t1):
-                v = fadd_z(ld_f32z(acc, 128 * (p - t)), ld_f32z(acc, 128 * (p - t) + 64))
-                st_lanes_f32x8(out, 4 * (2 * p * N + 8 * g), v, 0)
-                if 2 * p + 1 < M:
-                    st_lanes_f32x8(out, 4 * ((2 * p + 1) * N + 8 * g), v, 1)
 
 
 PAIRS_SERIAL_BYTES = 1 << 17  # activations laid out as pairs by the launcher's own thread up to this size
-
-
-@njit(inline="always", **DOT)
-def _pair_rows_q8_1(d, s, q32, sums, dp, sp, qp32, sump, p, off):
-    _pair_rows(q32, qp32, p)
-    _pair_rows(d, dp, p)
-    _pair_rows(s, sp, p)
-    _pair_rows(sums, sump, p)
-    for i in range(sump.shape[1]):  # the block sums times minus the codes' offset: where _rows_z's dots start
-        sump[p, i] *= -off
 
 
 @njit(inline="always", **DOT)
@@ -4317,26 +4229,6 @@ def _pair_rows_q8_k(d, b, q32, dp, bp, qp32, p):
     _pair_rows(q32, qp32, p)
     _pair_rows(d, dp, p)
     _pair_sums(b, bp, p)
-
-
-@njit(inline="always", **DOT_PARALLEL)
-def _pairs_q8_1(d, s, qs, sums, off):
-    """Q8_1 activations (d, s, sums [M, K/32], qs [M, K]) as pairs of rows for _rows_z: (dp, sp, qp, sump), sump
-    the block sums times -off, off the weight type's code offset (_offset32): its tiles start their integer dots
-    from them (dot_z_from), where they had multiplied the sums by the offset and then subtracted them, two vector
-    operations a block and pair (Q5_0 2,048 x 640 at 64 rows, one thread, in cache, 632 -> 591-600 us for the
-    multiply; exact integers, the same bits)."""
-    P = (qs.shape[0] + 1) // 2
-    dp, sp = _empty64_rows(P, 2 * d.shape[1], np.float32), _empty64_rows(P, 2 * s.shape[1], np.float32)
-    qp, sump = _empty64_rows(P, 2 * qs.shape[1], np.int8), _empty64_rows(P, 2 * sums.shape[1], np.int32)
-    q32, qp32 = qs.view(np.int32), qp.view(np.int32)
-    if qs.size <= PAIRS_SERIAL_BYTES:  # a few rows (batched decode): not worth a parallel region
-        for p in range(P):
-            _pair_rows_q8_1(d, s, q32, sums, dp, sp, qp32, sump, p, off)
-    else:
-        for p in prange(P):
-            _pair_rows_q8_1(d, s, q32, sums, dp, sp, qp32, sump, p, off)
-    return dp, sp, qp, sump
 
 
 @njit(inline="always", **DOT_PARALLEL)
@@ -5532,9 +5424,14 @@ def _rows_vnni(kind, bsize, w, d, s, xu, out, g0, g1):
 # activation rows from which the rows of 8 (now two pairs at a time) take a product. Ice Lake, 2 threads, alternating
 # processes, in Gemma3's and SmolLM2's batched steps (dev/step_profile.py): Q4_1 1,536 x 576 at 8 / 16 rows 3.40-3.38 /
 # 6.70-6.82 -> 3.03-3.10 / 5.05-5.09 ms a step, Q5_0 2,048 x 640 at 16 rows 7.64-7.73 -> 4.60-5.46, Q8_0 262,144 x 640
-# at 8 rows 9.66-9.73 -> 9.02-9.30; products alone at 32 / 64 rows 10-30% faster (commit notes). Fewer rows keep the
-# pair tiles.
-Z8_MIN_ROWS = 8
+# at 8 rows 9.66-9.73 -> 9.02-9.30; products alone at 32 / 64 rows 10-30% faster (commit notes). From 2 rows on too,
+# where the pair tiles took them: Ice Lake VM, 2 threads, the two launchers called in turns on the same arrays (medians
+# of 300 pairs), every 32-value product of SmolLM2 and Gemma3 at 2-7 rows 1.07-1.58x faster (Q4_1 3,072 x 576 at 5 / 7
+# rows 93 / 112 -> 59 / 71 us, Gemma3's Q8_0 262,144 x 640 output at 2 / 6 rows 9.06 / 9.86 -> 7.00 / 8.08 ms); their
+# batched steps (forward_batch at 64 positions, the products' kernels swapped in turns, medians of 15 x 8 steps) 1.05-
+# 1.12x (SmolLM2, 2-7 rows) and 1.11-1.18x (Gemma3, 2-6 rows) faster, the same bits. At 8-31 rows the pair tiles ran
+# 0.68-0.86x as fast as these. (Not measured on AMD Zen 4.)
+Z8_MIN_ROWS = 2
 Z8_MAX_ROWS = VNNI_MIN_ROWS_32  # from here the VNNI tiles (with AMX: the AMX tiles, AMX_MIN_ROWS) take the product
 
 
@@ -6420,7 +6317,7 @@ CHUNK = 16  # weight rows per parallel work item
 # matrices; the hardware prefetchers ramp up too slowly for those, and prefetching each row's lines this many
 # bytes ahead made decode ~1.7x faster (SmolLM2 Q4_1 FFN matvec 93 -> 40 us inside the forward pass).
 PREFETCH_BYTES = 2048
-# The prefill / batched tiles on 512-bit vectors (_rowsk_z, _rows_z) prefetch each block this far ahead on their
+# The prefill / batched tiles on 512-bit vectors (_rowsk_z) prefetch each block this far ahead on their
 # first tile of rows (prefetcht0); decode's kernels, DECODE_PREFETCH below.
 Z16_PREFETCH = 12288
 # ...except on a matrix of Z16_FAR_BYTES or more, which streams from DRAM at every batched step: there the tiles take
@@ -6623,9 +6520,6 @@ def dot_q4_0_x8(w, d, s, qs, sums, out):
     if _vnni_tiles(qs.shape[0], Q4_0):  # the quants + 128, for the VNNI tiles
         xu = _plus128(qs)
         run_items("_rows_q4_0_x8", (w, d, s, xu, sums, out), G, per)
-    elif _pair_tiles(qs.shape[0], Q4_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
-        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q4_0))
-        run_items("_rows_q4_0_x8", (w, dp, sp, qp, sump, out), G, per)
     else:
         run_items("_rows_q4_0_x8", (w, d, s, qs, sums, out), G, per)
 
@@ -6653,11 +6547,7 @@ def dot_q4_1_x8(w, d, s, qs, sums, out):
     """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_1)
-    if _pair_tiles(qs.shape[0], Q4_1):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
-        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q4_1))
-        run_items("_rows_q4_1_x8", (w, dp, sp, qp, sump, out), G, per)
-    else:  # (the VNNI tiles too: the quants as they are, _vnni_unsigned)
-        run_items("_rows_q4_1_x8", (w, d, s, qs, sums, out), G, per)
+    run_items("_rows_q4_1_x8", (w, d, s, qs, sums, out), G, per)  # (the VNNI tiles too: _vnni_unsigned)
 
 
 @njit(**DOT)
@@ -6686,9 +6576,6 @@ def dot_q5_0_x8(w, d, s, qs, sums, out):
     if _vnni_tiles(qs.shape[0], Q5_0):  # the quants + 128, for the VNNI tiles
         xu = _plus128(qs)
         run_items("_rows_q5_0_x8", (w, d, s, xu, sums, out), G, per)
-    elif _pair_tiles(qs.shape[0], Q5_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
-        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q5_0))
-        run_items("_rows_q5_0_x8", (w, dp, sp, qp, sump, out), G, per)
     else:
         run_items("_rows_q5_0_x8", (w, d, s, qs, sums, out), G, per)
 
@@ -6719,9 +6606,6 @@ def dot_q8_0_x8(w, d, s, qs, sums, out):
     if _vnni_tiles(qs.shape[0], Q8_0):  # the quants + 128, for the VNNI tiles
         xu = _plus128(qs)
         run_items("_rows_q8_0_x8", (w, d, s, xu, sums, out), G, per)
-    elif _pair_tiles(qs.shape[0], Q8_0):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
-        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(Q8_0))
-        run_items("_rows_q8_0_x8", (w, dp, sp, qp, sump, out), G, per)
     else:
         run_items("_rows_q8_0_x8", (w, d, s, qs, sums, out), G, per)
 
@@ -7001,9 +6885,7 @@ def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
         _rows_amx(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     elif _z8_given(out, qs, IQ4_NL):
         _rows_zq(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
-    elif _pairs_given(out.shape[0], IQ4_NL):  # the activations as pairs (dot_iq4_nl_x8)
-        _rows_z(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
-    else:  # one row (the interleaved IQ4_NL layout exists only where pair tiles do)
+    else:  # one row (the interleaved IQ4_NL layout exists only on AVX-512, where two or more rows take the above)
         _rows_x8_one(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1, False)
 
 
@@ -7015,9 +6897,6 @@ def dot_iq4_nl_x8(w, d, s, qs, sums, out):
     if _vnni_tiles(qs.shape[0], IQ4_NL):  # the quants + 128, for the VNNI tiles
         xu = _plus128(qs)
         run_items("_rows_iq4_nl_x8", (w, d, s, xu, sums, out), G, per)
-    elif _pair_tiles(qs.shape[0], IQ4_NL):  # AVX-512: pairs of activation rows laid out together, for the pair tiles
-        dp, sp, qp, sump = _pairs_q8_1(d, s, qs, sums, _offset32(IQ4_NL))
-        run_items("_rows_iq4_nl_x8", (w, dp, sp, qp, sump, out), G, per)
     else:
         run_items("_rows_iq4_nl_x8", (w, d, s, qs, sums, out), G, per)
 

@@ -59,7 +59,7 @@ _K_LAYOUTS: dict[T, tuple[int, int, Callable]] = {
     T.Q5_K: (176, dot.Q5_K_X8_BYTES, dot.dot_q5_k_x8),
     T.Q6_K: (210, dot.Q6_K_X8_BYTES, dot.dot_q6_k_x8),
 }
-if dot.HAS_ZMM:  # IQ4_XS's and IQ4_NL's kernels on their layouts: the AVX-512 pair tiles, 16-row and streaming decode
+if dot.HAS_ZMM:  # IQ4_XS's and IQ4_NL's kernels on their layouts: AVX-512's batched tiles, 16-row and streaming decode
     _K_LAYOUTS[T.IQ4_XS] = (136, dot.IQ4_XS_X8_BYTES, dot.dot_iq4_xs_x8)
     _LAYOUTS[T.IQ4_NL] = (2, 18, dot.dot_iq4_nl_x8)  # Q4_0's bytes: d, then 16 bytes of nibbles
 REPACKED_TYPES = frozenset(_LAYOUTS) | frozenset(_K_LAYOUTS)

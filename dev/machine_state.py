@@ -35,7 +35,6 @@ from gguf.quants import quantize
 from numba import njit, prange
 
 import ggufrun.quants as Q
-from ggufrun.quants import dot
 from ggufrun.quants.launch import call_worker
 from ggufrun.quants.repack import repack
 from ggufrun.runtime import physical_cores
@@ -46,16 +45,11 @@ SHARE_REPS = 20
 @njit(parallel=True, nogil=True)
 def shares(w, d, s, qs, sums, out, per, count, reps):
     """Weight groups [t per, (t + 1) per) of the product `reps` times over, for t in range(count), one t a thread:
-    the tiled launcher's worker (dot_q4_1_x8's) on its activation layout, without the launcher's work items."""
-    if dot._pair_tiles(qs.shape[0], dot.Q4_1):
-        dp, sp, qp, sump = dot._pairs_q8_1(d, s, qs, sums, dot._offset32(dot.Q4_1))
-        for t in prange(count):
-            for _ in range(reps):
-                call_worker("_rows_q4_1_x8", (w, dp, sp, qp, sump, out, t * per, t * per + per))
-    else:
-        for t in prange(count):
-            for _ in range(reps):
-                call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, t * per, t * per + per))
+    the tiled launcher's worker (dot_q4_1_x8's) on the activations as they are (every route of Q4_1 takes them so),
+    without the launcher's work items."""
+    for t in prange(count):
+        for _ in range(reps):
+            call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, t * per, t * per + per))
 
 
 def share_us(args, per: int, threads: int, seconds: float) -> float:

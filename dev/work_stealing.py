@@ -37,13 +37,8 @@ from ggufrun.runtime import on_compute_thread, set_threads
 def static_split(w, d, s, qs, sums, out, per):
     """dot_q4_1_x8's items dealt as prange deals them (each thread an equal run), the worker called by name."""
     G = w.shape[0]
-    if dot._pair_tiles(qs.shape[0], dot.Q4_1):
-        dp, sp, qp, sump = dot._pairs_q8_1(d, s, qs, sums, dot._offset32(dot.Q4_1))
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_1_x8", (w, dp, sp, qp, sump, out, c * per, min(G, c * per + per)))
-    else:
-        for c in prange((G + per - 1) // per):
-            call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
+    for c in prange((G + per - 1) // per):  # (every route of Q4_1 takes the activations as they are)
+        call_worker("_rows_q4_1_x8", (w, d, s, qs, sums, out, c * per, min(G, c * per + per)))
 
 
 def best_us(fn, args, reps: int) -> float:

@@ -293,7 +293,8 @@ def test_the_interleaved_kernels_can_be_cached_on_disk():
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
 def test_amx_tiles_give_the_same_bits(qtype):
     """The AMX routes (dot._rows_amx, _rowsk_amx: 16 x 16 tiles, a partial last tile, an odd last group, work items
-    of several pairs of groups) against the pair tiles and the file layout's kernel, bit for bit."""
+    of several pairs of groups) against the same product with AMX off (the K-quants' pair tiles, the 32-value types'
+    two pairs of groups at a time: dot._z8_tiles) and the file layout's kernel, bit for bit."""
     rng = np.random.default_rng(int(qtype))
     # 1048 rows: work items of several pairs of groups (dot._x8_chunk), the last one with an odd group
     for n, k in ((40, 256), (64, 2048), (1048, 256)) if qtype in K_TYPES else ((40, 96), (64, 2048), (1048, 256)):
@@ -303,15 +304,15 @@ def test_amx_tiles_give_the_same_bits(qtype):
             x = rng.standard_normal((m, k)).astype(np.float32)
             x[3, :32] = 0.0
             qx = Q.quantize_activations(x, qtype)
-            want, pairs, tiles = (np.full((m, n), np.nan, np.float32) for _ in range(3))
+            want, no_amx, tiles = (np.full((m, n), np.nan, np.float32) for _ in range(3))
             Q.REGISTRY[qtype].dot(w, *qx.arrays, want)
             try:
                 dot.use_amx(False)
-                kernel(w8, *qx.arrays, pairs)
+                kernel(w8, *qx.arrays, no_amx)
             finally:
                 assert dot.use_amx(True)
             kernel(w8, *qx.arrays, tiles)
-            assert np.array_equal(want.view(np.int32), pairs.view(np.int32)), (m, n, k)
+            assert np.array_equal(want.view(np.int32), no_amx.view(np.int32)), (m, n, k)
             assert np.array_equal(want.view(np.int32), tiles.view(np.int32)), (m, n, k)
 
 

@@ -2914,11 +2914,12 @@ def _rows_x8(kind, bsize, w, d, s, qs, sums, out, g0, g1):
     on, the tile unit (_rows_amx); without AMX, from VNNI_MIN_ROWS_32 rows on, the VNNI tiles (_rows_vnni, the
     launcher passing the quants + 128 as qs but for Q4_1); below those, from Z8_MIN_ROWS (2) rows on, two pairs of
     groups at a time on decode's code vectors (_rows_zq, the activations as they are), Q8_0 with AMX at
-    AMX_Q8_0_MIN_ROWS to AMX_Q8_0_ROWS rows on the tiles instead (_rows_amx_q8_0, the same arrays)."""
+    AMX_Q8_0_MIN_ROWS to AMX_Q8_0_ROWS rows on the tiles instead (_rows_amx_q8_0, the same arrays); on a CPU with AMX
+    whose tiles are off, _rows_zq above AMX_MIN_ROWS too (the AMX tiles' arrays: _amx_given_32)."""
     if _vnni_given(out, qs, kind):
         _rows_vnni(kind, bsize, w, d, s, qs, out, g0, g1)
         return
-    if _amx_given(out, qs, kind):
+    if _amx_given_32(out, qs, kind):
         _rows_amx(kind, bsize, w, d, s, qs, sums, out, g0, g1)
         return
     if _z8_given(out, qs, kind):
@@ -5438,8 +5439,19 @@ Z8_MAX_ROWS = VNNI_MIN_ROWS_32  # from here the VNNI tiles (with AMX: the AMX ti
 @njit(inline="always", **DOT)
 def _z8_tiles(M, kind):
     """Whether a launcher runs a product of M activation rows of a 32-value type on two pairs of groups at a time
-    (_rows_zq), passing the activations as they are."""
-    return HAS_ZMM and _x8_32(kind) and Z8_MIN_ROWS <= M < Z8_MAX_ROWS
+    (_rows_zq), passing the activations as they are: from Z8_MIN_ROWS rows up to the VNNI / AMX tiles' minimum, and on
+    a CPU with AMX whose tiles are off (not granted, or use_amx(False)) above it too."""
+    if not (HAS_ZMM and _x8_32(kind) and M >= Z8_MIN_ROWS):
+        return False
+    return M < Z8_MAX_ROWS or (AMX_CPU and not amx_granted())
+
+
+@njit(inline="always", **DOT)
+def _amx_given_32(out, qs, kind):
+    """In a 32-value type's worker: whether to run the AMX tiles. Its launcher passes the activations as they are
+    to them and to _rows_zq alike (_z8_tiles), so the worker reads the flag use_amx sets again, as _amx_q8_0_tiles
+    does: a flag flipped between the launcher's read and the worker's changes only the route, never the bits."""
+    return _amx_given(out, qs, kind) and amx_granted()
 
 
 @njit(inline="always", **DOT)
@@ -6542,12 +6554,13 @@ def _rows_q4_1_x8(w, d, s, qs, sums, out, g0, g1):
     _rows_x8(Q4_1, 160, w, d, s, qs, sums, out, g0, g1)
 
 
-@prange_launcher(_rows_q4_1_x8, DOT_PARALLEL)
+@launcher(_rows_q4_1_x8, DOT_PARALLEL)
 def dot_q4_1_x8(w, d, s, qs, sums, out):
-    """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]."""
+    """dot_q4_1 for weights in ggufrun.quants.repack's interleaved layout: w [N/8, K/32 * 160]. Every route takes the
+    activations as they are (the VNNI tiles too: _vnni_unsigned), so no layout pass of its own: a serial launcher."""
     G = w.shape[0]
     per = _x8_chunk(G, w.shape[1], qs.shape[0], qs.shape[1], Q4_1)
-    run_items("_rows_q4_1_x8", (w, d, s, qs, sums, out), G, per)  # (the VNNI tiles too: _vnni_unsigned)
+    run_items("_rows_q4_1_x8", (w, d, s, qs, sums, out), G, per)
 
 
 @njit(**DOT)
@@ -6881,7 +6894,7 @@ def dot_iq4_xs_x8_one(w, qu, d, b16, b32, qs, out):
 def _rows_iq4_nl_x8(w, d, s, qs, sums, out, g0, g1):
     if _vnni_given(out, qs, IQ4_NL):  # qs: the quants + 128 (dot_iq4_nl_x8)
         _rows_vnni(IQ4_NL, 144, w, d, s, qs, out, g0, g1)
-    elif _amx_given(out, qs, IQ4_NL):
+    elif _amx_given_32(out, qs, IQ4_NL):
         _rows_amx(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)
     elif _z8_given(out, qs, IQ4_NL):
         _rows_zq(IQ4_NL, 144, w, d, s, qs, sums, out, g0, g1)

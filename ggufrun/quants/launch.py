@@ -23,10 +23,10 @@ them unresolved: loading it needs them registered first, which Launcher.compile 
 cache load) does before anything else. So launchers are called from Python only: a cached Numba function that
 called one would be loaded without that step. The worker's code is the same either way.
 
-A launcher whose own code needs a parallel loop besides its worker's (the AVX-512 pair layouts of the tiled
-products, dot._pairs_q8_1) is a prange_launcher: compiled parallel, it lays out its activations in a prange loop of
-its own and then hands the worker to run_items as any launcher does. call_worker calls a worker by name from any
-compiled code (dev/machine_state.py's fixed shares per thread, dev/work_stealing.py's static split).
+A launcher whose own code needs a parallel loop besides its worker's (the tiled products' activation layouts on
+AVX-512: dot._plus128, dot._pairs_q8_k) is a prange_launcher: compiled parallel, it lays out its activations in a
+prange loop of its own and then hands the worker to run_items as any launcher does. call_worker calls a worker by
+name from any compiled code (dev/machine_state.py's fixed shares per thread, dev/work_stealing.py's static split).
 
 Who runs which item: each of a region's threads starts on an equal run of consecutive items and takes them one at a
 time from the front; a thread done with its run takes the back half of another thread's remaining run (work

@@ -2854,7 +2854,8 @@ def _group_x8_two(kind, bsize, w, go, d1, s1, sums1, qs, nb, off, K, far):
     block's codes decoded once for both, the four accumulators in registers (more rows would not fit AVX2's 16
     vector registers beside the 8 code vectors). Two rows (a one-token speculative draft, two sequences decoding
     together) ran 1.06-1.19x faster so than in the tile loop; from three rows on the tile loop was as fast. Without
-    AVX-512 only: there two rows take the pair tiles (ZMM_MIN_ROWS). `far`: prefetch the weights (_far_prefetch)."""
+    AVX-512 only: there two rows take two pairs of groups at a time (_rows_zq, Z8_MIN_ROWS). `far`: prefetch the
+    weights (_far_prefetch)."""
     ad0, ad1, am0, am1 = fzero(), fzero(), fzero(), fzero()
     for b in range(nb):
         o = go + b * bsize
@@ -4045,9 +4046,9 @@ isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I
 
 @njit(inline="always", **DOT)
 def _pair_tiles(M, kind):
-    """Whether the launchers run M activation rows as pair tiles (the launcher and worker both ask). Not where the
-    AMX tiles (_amx_tiles), the VNNI tiles (_vnni_tiles) or two pairs at a time (_z8_tiles) take the product."""
-    return _pairs_given(M, kind) and not _amx_tiles(M, kind) and not _vnni_tiles(M, kind) and not _z8_tiles(M, kind)
+    """Whether a K-quant launcher runs M activation rows as pair tiles (the 32-value types have none: _z8_tiles). Not
+    where the AMX tiles (_amx_tiles) or the VNNI tiles (_vnni_tiles) take the product."""
+    return _pairs_given(M, kind) and not _amx_tiles(M, kind) and not _vnni_tiles(M, kind)
 
 
 @njit(inline="always", **DOT)
@@ -5008,8 +5009,9 @@ def _rowsk_amx(kind, w, d, b16, b32, qs, out, g0, g1):
 # 8 weight rows x 16 activation rows a band). A C model of the K-quant loop with one tile against 8 rows (one thread,
 # 8,960 x 1,536 at 256 rows, work items of 256 weight rows) ran 3.35 ns per 16 rows x 32 values x one activation row,
 # against 5.3 for the pair tiles' whole product. CPUs with AMX take the VNNI tiles only below AMX_MIN_ROWS rows (the
-# K-quants from 16); from there the AMX tiles (or, refused them, the pair tiles): the route follows from the CPU and
-# the row count alone, never from the AMX flag, so a launcher and its workers always agree on it.
+# K-quants from 16); from there the AMX tiles, or, refused them, the K-quants' pair tiles (the route follows from the
+# CPU and the row count alone, never from the AMX flag, so a launcher and its workers always agree on it) and the
+# 32-value types' _rows_zq (which takes the AMX tiles' arrays: its workers read the flag again, _amx_given_32).
 # -----------------------------------------------------------------------------------------------------------------
 
 VNNI_TILES = HAS_ZMM

@@ -19,6 +19,7 @@ The KV caches are of the transformer's kv_dtype (f16, q8_0 or f32): batch invari
         print(chunk.text, end="")
     engine.close()
     texts = batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=32, temperature=0)
+    replies = batch_generate(model, [[{"role": "user", "content": "Hi!"}], [{"role": "user", "content": "2+2?"}]])
 
 Slots and prefix reuse (server.cpp's `get_available_slot` by longest common prefix, plus a copy): a request is
 given a slot when its prompt evaluation starts, in arrival order, while the step has prompt rows to spare. It takes
@@ -44,7 +45,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -55,6 +56,7 @@ from .generate import (
     GenerationStats,
     ReplyText,
     check_prompt_fits,
+    check_stop,
     peak_rss_mb,
 )
 from .model.kv_cache import common_prefix_length
@@ -563,6 +565,32 @@ MAX_DEFAULT_SLOTS = 8  # past this, a decode step's attention over every slot's 
 SLOT_MEMORY_SHARE = 0.5  # of the memory available now, what the slots' KV caches may take when full
 
 
+def _prompt_work(model, prompt, i: int, add_special: bool, response_format) -> tuple[Sequence[int], object]:
+    """batch_generate's prompts[i] as (token ids, its own output Constraint or None): text tokenized as
+    Model.generate tokenizes it, token ids as they are, a chat's messages rendered as Model.chat renders them."""
+    if isinstance(prompt, str):
+        ids = model.tokenize(prompt, add_special=add_special)
+    elif isinstance(prompt, (bytes, Mapping)) or not isinstance(prompt, (Sequence, np.ndarray)):
+        raise TypeError(f"prompts[{i}] must be text, token ids or a list of chat messages, got {type(prompt).__name__}")
+    elif len(prompt) and isinstance(prompt[0], Mapping):  # a chat: its messages
+        try:
+            prepared = model.prepare_chat(prompt, response_format=response_format)
+        except (TypeError, ValueError) as e:  # the same error, naming the prompt
+            try:
+                named = type(e)(f"prompts[{i}]: {e}")
+            except Exception:
+                raise e from None
+            raise named from e
+        return prepared.ids, prepared.constraint
+    else:
+        ids = prompt
+    if response_format is None:
+        return ids, None
+    from .grammar import compile_constraint
+
+    return ids, compile_constraint(response_format, model.tokenizer)
+
+
 def available_memory_bytes() -> int | None:
     """MemAvailable of /proc/meminfo (Linux), else None."""
     try:
@@ -592,7 +620,7 @@ def default_slots(transformer, available: int | None = None) -> int:
 
 def batch_generate(
     model,
-    prompts: Sequence[str | Sequence[int]],
+    prompts: Sequence[str | Sequence[int] | Sequence[Mapping]],
     max_tokens: int = 256,
     stop: str | Sequence[str] | None = None,
     *,
@@ -601,27 +629,39 @@ def batch_generate(
     prefill_chunk: int | None = None,
     preset: str | None = None,
     add_special: bool = True,
+    response_format=None,
+    logprobs: int | None = None,
     **sampling,
 ) -> list[str] | list[list[Chunk]]:
-    """Generate from every prompt (text or token ids) at once on a ggufrun.Model; results in the prompts' order:
-    the text of each (or, with chunks=True, its list of Chunks, the last with finish_reason and stats).
+    """Generate from every prompt at once on a ggufrun.Model; results in the prompts' order: the text of each (or,
+    with chunks=True, its list of Chunks, the last with finish_reason and stats).
 
-    Sampling arguments are SamplingParams fields or a preset, shared by every prompt; each prompt gets what
-    Model.generate gives it alone with the same arguments. n_slots: prompts generated at once (default: all of
+    A prompt is text (tokenized with add_special, as Model.generate does), token ids, or a chat: a list of messages
+    [{"role": ..., "content": ...}, ...] rendered by the model's chat template as Model.chat renders it (its reply
+    is the model's next turn). Each prompt gets what Model.generate (a chat: Model.chat) gives it alone with the same
+    arguments. Sampling arguments are SamplingParams fields or a preset, shared by every prompt. response_format
+    (Model.generate's) constrains every reply, each with a Constraint of its own; logprobs (None, or k in 0..20)
+    gives each chunk its log-probability and k best alternatives (with chunks=True). Tools are not taken here: a
+    chat with tools goes through Model.chat, or the server. n_slots: prompts generated at once (default: all of
     them, at most 16).
 
     >>> batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=16, temperature=0)
+    >>> batch_generate(model, [[{"role": "user", "content": "Hi!"}], "The capital of France is"], max_tokens=16)
     """
     if isinstance(prompts, (str, bytes)):
-        raise TypeError("prompts must be a list of prompts (text or token ids), not one string")
+        raise TypeError("prompts must be a list of prompts (text, token ids or a chat's messages), not one string")
+    for name in ("tools", "tool_choice", "parallel_tool_calls"):
+        if name in sampling:
+            raise TypeError(f"batch_generate does not take {name}: give a chat with tools to Model.chat, or serve it")
     prompts = list(prompts)
     params = SamplingParams.preset(preset, **sampling) if preset is not None else SamplingParams(**sampling)
-    ids = [model.tokenize(p, add_special=add_special) if isinstance(p, str) else p for p in prompts]
-    if not ids:
+    stop = check_stop(stop)
+    work = [_prompt_work(model, p, i, add_special, response_format) for i, p in enumerate(prompts)]
+    if not work:
         return []
-    engine = BatchEngine.from_model(model, n_slots=n_slots or min(len(ids), 16), prefill_chunk=prefill_chunk)
+    engine = BatchEngine.from_model(model, n_slots=n_slots or min(len(work), 16), prefill_chunk=prefill_chunk)
     try:
-        streams = [engine.submit(p, params, max_tokens, stop) for p in ids]
+        streams = [engine.submit(ids, params, max_tokens, stop, constraint=c, logprobs=logprobs) for ids, c in work]
         results = [list(s) for s in streams]
     finally:
         engine.close()

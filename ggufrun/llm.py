@@ -323,10 +323,12 @@ class Model:
             constraint = compile_constraint(response_format, self.tokenizer)
         return PreparedChat(ids, constraint, fmt, bool(offered))
 
-    def batch_generate(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 256, stop=None, **kwargs):
-        """Generate from several prompts at once (continuous batching, ggufrun.batch): one forward pass per step for
-        all of them; the texts (or, with chunks=True, the Chunk lists) in the prompts' order, each what generate()
-        gives it alone. For streaming several at once, use ggufrun.batch.BatchEngine.from_model(model)."""
+    def batch_generate(self, prompts: Sequence[str | Sequence[int] | Sequence[dict]], max_tokens: int = 256, stop=None,
+                       **kwargs):  # fmt: skip
+        """Generate from several prompts at once (continuous batching, ggufrun.batch.batch_generate): one forward pass
+        per step for all of them; the texts (or, with chunks=True, the Chunk lists) in the prompts' order, each what
+        generate() gives it alone. A prompt is text, token ids, or a chat's messages (what chat() gives it alone).
+        For streaming several at once, use ggufrun.batch.BatchEngine.from_model(model)."""
         from .batch import batch_generate
 
         return batch_generate(self, prompts, max_tokens, stop, **kwargs)

@@ -606,6 +606,42 @@ def test_model_batch_generate_equals_generate_alone(tiny):
     assert texts == [tiny.complete(p, max_tokens=6, temperature=0) for p in prompts]
 
 
+def test_batch_generate_takes_chats_and_response_format(tiny):
+    """A prompt may be a chat's messages: its reply is what Model.chat gives it alone, beside text and token ids in
+    the same batch; response_format constrains every reply as it constrains each alone."""
+    chats = [[{"role": "user", "content": "Hello there"}],
+             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]]  # fmt: skip
+    prompts = [chats[0], "The", [7, 8, 9], chats[1]]
+    texts = tiny.batch_generate(prompts, max_tokens=8, temperature=0)
+    alone = ["".join(c.text for c in tiny.chat(p, 8, temperature=0)) if isinstance(p[0], dict)
+             else tiny.complete(p, 8, temperature=0) for p in prompts]  # fmt: skip
+    assert texts == alone
+    assert texts[0] != texts[3]  # two different chats, not one reply twice
+    rf = {"type": "regex", "regex": "(yes|no|maybe)!"}
+    texts = tiny.batch_generate([chats[1], "The"], max_tokens=8, temperature=0, response_format=rf)
+    assert texts == ["".join(c.text for c in tiny.chat(chats[1], 8, temperature=0, response_format=rf)),
+                     tiny.complete("The", 8, temperature=0, response_format=rf)]  # fmt: skip
+    assert all(t in ("yes!", "no!", "maybe!") for t in texts)
+    (got,) = tiny.batch_generate([chats[0]], max_tokens=4, temperature=0, logprobs=2, chunks=True)
+    want = list(tiny.chat(chats[0], 4, temperature=0, logprobs=2))
+    assert [(c.text, c.logprob, c.top_logprobs) for c in got] == [(c.text, c.logprob, c.top_logprobs) for c in want]
+    assert all(len(c.top_logprobs) == 2 for c in got if c.token is not None)
+
+
+def test_batch_generate_names_the_prompt_it_cannot_take(tiny):
+    chat = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(TypeError, match=r"prompts\[1\] must be text, token ids or a list of chat messages, got int"):
+        tiny.batch_generate([chat, 3], max_tokens=2)
+    with pytest.raises(TypeError, match=r"prompts\[0\] .* got dict"):
+        tiny.batch_generate([{"role": "user", "content": "Hi"}], max_tokens=2)  # one chat, not wrapped in a list
+    with pytest.raises(ValueError, match=r"prompts\[1\]: "):
+        tiny.batch_generate(["A", [{"role": "user", "content": "x"}, 5]], max_tokens=2)
+    with pytest.raises(TypeError, match="does not take tools"):
+        tiny.batch_generate([chat], max_tokens=2, tools=[])
+    with pytest.raises(TypeError, match="stop"):
+        tiny.batch_generate([chat], max_tokens=2, stop=[1])
+
+
 def test_prompt_only_steps_never_come_twice_in_a_row(tiny, monkeypatch):
     """Requests that arrive one per step, each with a prompt finishing in its first step, while another streams: a
     step that ends a prompt leaves the decode rows out, but never two such steps in a row, so the stream advances

@@ -20,6 +20,8 @@ The KV caches are of the transformer's kv_dtype (f16, q8_0 or f32): batch invari
     engine.close()
     texts = batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=32, temperature=0)
     replies = batch_generate(model, [[{"role": "user", "content": "Hi!"}], [{"role": "user", "content": "2+2?"}]])
+    for i, chunk in batch_stream(model, ["Once upon a time", "The capital of France is"], max_tokens=32):
+        print(i, chunk.text)  # both prompts' chunks, as each step makes them
 
 Slots and prefix reuse (server.cpp's `get_available_slot` by longest common prefix, plus a copy): a request is
 given a slot when its prompt evaluation starts, in arrival order, while the step has prompt rows to spare. It takes
@@ -35,17 +37,19 @@ samples that read its logits, so the model stays usable from elsewhere (Model.ge
 queue. Breaking out of a loop over a Stream (dropping it), `Stream.close()`, or a `cancel` event ends the request
 before the next step.
 
-Wiring: `Model.batch_generate(prompts, **kw)` is `batch_generate(model, prompts, **kw)`; a server's `--parallel N`
+Wiring: `Model.batch_generate(prompts, **kw)` is `batch_generate(model, prompts, **kw)` (`batch_stream` likewise),
+which collects `batch_stream`'s chunks: one engine, every request's `notify` on one queue; a server's `--parallel N`
 is one `BatchEngine.from_model(model, n_slots=N)` whose `submit` each request iterates from its worker thread.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -643,10 +647,42 @@ def batch_generate(
     (Model.generate's) constrains every reply, each with a Constraint of its own; logprobs (None, or k in 0..20)
     gives each chunk its log-probability and k best alternatives (with chunks=True). Tools are not taken here: a
     chat with tools goes through Model.chat, or the server. n_slots: prompts generated at once (default: all of
-    them, at most 16).
+    them, at most 16). batch_stream gives the same chunks as they are made.
 
     >>> batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=16, temperature=0)
     >>> batch_generate(model, [[{"role": "user", "content": "Hi!"}], "The capital of France is"], max_tokens=16)
+    """
+    prompts = prompts if isinstance(prompts, (str, bytes)) else list(prompts)  # (one string: batch_stream says no)
+    stream = batch_stream(model, prompts, max_tokens, stop, n_slots=n_slots, prefill_chunk=prefill_chunk,
+                          preset=preset, add_special=add_special, response_format=response_format, logprobs=logprobs,
+                          **sampling)  # fmt: skip
+    results: list[list[Chunk]] = [[] for _ in range(len(prompts))]
+    for i, chunk in stream:
+        results[i].append(chunk)
+    return results if chunks else ["".join(c.text for c in r) for r in results]
+
+
+def batch_stream(
+    model,
+    prompts: Sequence[str | Sequence[int] | Sequence[Mapping]],
+    max_tokens: int = 256,
+    stop: str | Sequence[str] | None = None,
+    *,
+    n_slots: int | None = None,
+    prefill_chunk: int | None = None,
+    preset: str | None = None,
+    add_special: bool = True,
+    response_format=None,
+    logprobs: int | None = None,
+    **sampling,
+) -> Iterator[tuple[int, Chunk]]:
+    """batch_generate's generations as they are made: (i, chunk) for each chunk of prompts[i], in the order the
+    engine produces them (every step gives each running prompt its next chunk; a prompt's chunks come in their own
+    order, its last with finish_reason and stats). The arguments are batch_generate's, checked at the call; the
+    work starts at the first next(). Leaving the loop early (or close()) cancels every generation still running.
+
+    >>> for i, chunk in batch_stream(model, ["Once upon a time", "The capital of France is"], max_tokens=16):
+    ...     print(i, chunk.text)
     """
     if isinstance(prompts, (str, bytes)):
         raise TypeError("prompts must be a list of prompts (text, token ids or a chat's messages), not one string")
@@ -657,12 +693,29 @@ def batch_generate(
     params = SamplingParams.preset(preset, **sampling) if preset is not None else SamplingParams(**sampling)
     stop = check_stop(stop)
     work = [_prompt_work(model, p, i, add_special, response_format) for i, p in enumerate(prompts)]
+    return _stream_all(model, work, params, max_tokens, stop, logprobs, n_slots, prefill_chunk)
+
+
+def _stream_all(model, work, params, max_tokens, stop, logprobs, n_slots, prefill_chunk) -> Iterator[tuple[int, Chunk]]:
+    """batch_stream's generator: one engine for the prompts in `work` [(ids, constraint), ...]; each request's
+    notify puts its index on one queue per chunk made, which this thread waits on."""
     if not work:
-        return []
+        return
+    made: queue.SimpleQueue = queue.SimpleQueue()
     engine = BatchEngine.from_model(model, n_slots=n_slots or min(len(work), 16), prefill_chunk=prefill_chunk)
+    streams: list[Stream] = []
     try:
-        streams = [engine.submit(ids, params, max_tokens, stop, constraint=c, logprobs=logprobs) for ids, c in work]
-        results = [list(s) for s in streams]
+        for i, (ids, constraint) in enumerate(work):
+            streams.append(engine.submit(ids, params, max_tokens, stop, constraint=constraint, logprobs=logprobs,
+                                         notify=functools.partial(made.put, i)))  # fmt: skip
+        left = len(streams)
+        while left:
+            i = made.get()
+            chunk = streams[i].poll()  # one chunk per notify (raises the request's error, if it failed)
+            if chunk is not None:
+                left -= chunk.finish_reason is not None
+                yield i, chunk
     finally:
+        for stream in streams:
+            stream.close()
         engine.close()
-    return results if chunks else ["".join(c.text for c in r) for r in results]

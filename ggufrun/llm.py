@@ -328,10 +328,22 @@ class Model:
         """Generate from several prompts at once (continuous batching, ggufrun.batch.batch_generate): one forward pass
         per step for all of them; the texts (or, with chunks=True, the Chunk lists) in the prompts' order, each what
         generate() gives it alone. A prompt is text, token ids, or a chat's messages (what chat() gives it alone).
-        For streaming several at once, use ggufrun.batch.BatchEngine.from_model(model)."""
+        batch_stream() streams them; ggufrun.batch.BatchEngine.from_model(model) takes requests as they come."""
         from .batch import batch_generate
 
         return batch_generate(self, prompts, max_tokens, stop, **kwargs)
+
+    def batch_stream(self, prompts: Sequence[str | Sequence[int] | Sequence[dict]], max_tokens: int = 256, stop=None,
+                     **kwargs) -> Iterator[tuple[int, _gen.Chunk]]:  # fmt: skip
+        """batch_generate's chunks as they are made, for several prompts at once: (i, chunk) for prompts[i]
+        (ggufrun.batch.batch_stream); leaving the loop early cancels the rest.
+
+        >>> for i, chunk in model.batch_stream(["Once upon a time", [{"role": "user", "content": "Hi!"}]]):
+        ...     print(i, chunk.text)
+        """
+        from .batch import batch_stream
+
+        return batch_stream(self, prompts, max_tokens, stop, **kwargs)
 
     def complete(self, prompt: str | Sequence[int], max_tokens: int = 256, stop=None, **kwargs) -> str:
         """The whole completion of `prompt` as one string."""

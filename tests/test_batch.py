@@ -628,6 +628,29 @@ def test_batch_generate_takes_chats_and_response_format(tiny):
     assert all(len(c.top_logprobs) == 2 for c in got if c.token is not None)
 
 
+def test_batch_stream_gives_the_chunks_as_they_are_made(tiny):
+    """batch_stream yields (i, chunk) as the engine makes them: per prompt, the chunks batch_generate returns, the
+    prompts' chunks interleaved (they run together); leaving early cancels the rest and stops the engine."""
+    prompts = [[{"role": "user", "content": "Hello there"}], "The", [7, 8, 9]]
+    want = tiny.batch_generate(prompts, max_tokens=6, temperature=0, chunks=True)
+    order = []
+    got = [[], [], []]
+    for i, chunk in tiny.batch_stream(prompts, max_tokens=6, temperature=0):
+        order.append(i)
+        got[i].append(chunk)
+    assert [_key(c) for c in got] == [_key(c) for c in want]
+    assert all(c[-1].finish_reason is not None for c in got)
+    assert order != sorted(order)  # not one prompt after another
+    it = tiny.batch_stream(prompts, max_tokens=50, temperature=0)
+    i, first = next(it)
+    assert first.finish_reason is None
+    it.close()  # as breaking out of the loop does once the iterator is dropped
+    assert not [t for t in threading.enumerate() if t.name == "ggufrun-batch"]
+    assert tiny.complete("The", 6, temperature=0) == "".join(c.text for c in want[1])  # the model is free again
+    with pytest.raises(TypeError, match="not one string"):
+        tiny.batch_stream("The")  # checked at the call, before any work
+
+
 def test_batch_generate_names_the_prompt_it_cannot_take(tiny):
     chat = [{"role": "user", "content": "Hi"}]
     with pytest.raises(TypeError, match=r"prompts\[1\] must be text, token ids or a list of chat messages, got int"):

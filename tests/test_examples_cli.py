@@ -27,6 +27,14 @@ def test_example_stream(smollm2_path):
     assert "generated" in r.stderr and "tok/s" in r.stderr
 
 
+def test_example_batch_answers_every_question(smollm2_path):
+    r = _run([sys.executable, "examples/batch.py", "Name three colors.", "Say hello."])
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.split("\n> Say hello.\n")
+    assert first.startswith("> Name three colors.\n") and first.split("\n", 1)[1].strip() and second.strip()
+    assert sorted(line.split(":")[0] for line in r.stderr.splitlines() if " done" in line) == ["[0 done", "[1 done"]
+
+
 def test_example_sampling(smollm2_path):
     r = _run([sys.executable, "examples/sampling.py"])
     assert r.returncode == 0, r.stderr

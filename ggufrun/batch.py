@@ -635,6 +635,7 @@ def batch_generate(
     add_special: bool = True,
     response_format=None,
     logprobs: int | None = None,
+    cancel=None,
     **sampling,
 ) -> list[str] | list[list[Chunk]]:
     """Generate from every prompt at once on a ggufrun.Model; results in the prompts' order: the text of each (or,
@@ -645,9 +646,10 @@ def batch_generate(
     is the model's next turn). Each prompt gets what Model.generate (a chat: Model.chat) gives it alone with the same
     arguments. Sampling arguments are SamplingParams fields or a preset, shared by every prompt. response_format
     (Model.generate's) constrains every reply, each with a Constraint of its own; logprobs (None, or k in 0..20)
-    gives each chunk its log-probability and k best alternatives (with chunks=True). Tools are not taken here: a
-    chat with tools goes through Model.chat, or the server. n_slots: prompts generated at once (default: all of
-    them, at most 16). batch_stream gives the same chunks as they are made.
+    gives each chunk its log-probability and k best alternatives (with chunks=True). cancel (a threading.Event or a
+    callable returning True) ends every generation still running, as Model.generate's ends its one. Tools are not
+    taken here: a chat with tools goes through Model.chat, or the server. n_slots: prompts generated at once
+    (default: all of them, at most 16). batch_stream gives the same chunks as they are made.
 
     >>> batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=16, temperature=0)
     >>> batch_generate(model, [[{"role": "user", "content": "Hi!"}], "The capital of France is"], max_tokens=16)
@@ -655,7 +657,7 @@ def batch_generate(
     prompts = prompts if isinstance(prompts, (str, bytes)) else list(prompts)  # (one string: batch_stream says no)
     stream = batch_stream(model, prompts, max_tokens, stop, n_slots=n_slots, prefill_chunk=prefill_chunk,
                           preset=preset, add_special=add_special, response_format=response_format, logprobs=logprobs,
-                          **sampling)  # fmt: skip
+                          cancel=cancel, **sampling)  # fmt: skip
     results: list[list[Chunk]] = [[] for _ in range(len(prompts))]
     for i, chunk in stream:
         results[i].append(chunk)
@@ -674,6 +676,7 @@ def batch_stream(
     add_special: bool = True,
     response_format=None,
     logprobs: int | None = None,
+    cancel=None,
     **sampling,
 ) -> Iterator[tuple[int, Chunk]]:
     """batch_generate's generations as they are made: (i, chunk) for each chunk of prompts[i], in the order the
@@ -693,10 +696,10 @@ def batch_stream(
     params = SamplingParams.preset(preset, **sampling) if preset is not None else SamplingParams(**sampling)
     stop = check_stop(stop)
     work = [_prompt_work(model, p, i, add_special, response_format) for i, p in enumerate(prompts)]
-    return _stream_all(model, work, params, max_tokens, stop, logprobs, n_slots, prefill_chunk)
+    return _stream_all(model, work, params, max_tokens, stop, logprobs, cancel, n_slots, prefill_chunk)
 
 
-def _stream_all(model, work, params, max_tokens, stop, logprobs, n_slots, prefill_chunk) -> Iterator[tuple[int, Chunk]]:
+def _stream_all(model, work, params, max_tokens, stop, logprobs, cancel, n_slots, prefill_chunk):
     """batch_stream's generator: one engine for the prompts in `work` [(ids, constraint), ...]; each request's
     notify puts its index on one queue per chunk made, which this thread waits on."""
     if not work:
@@ -706,7 +709,7 @@ def _stream_all(model, work, params, max_tokens, stop, logprobs, n_slots, prefil
     streams: list[Stream] = []
     try:
         for i, (ids, constraint) in enumerate(work):
-            streams.append(engine.submit(ids, params, max_tokens, stop, constraint=constraint, logprobs=logprobs,
+            streams.append(engine.submit(ids, params, max_tokens, stop, cancel, constraint, logprobs,
                                          notify=functools.partial(made.put, i)))  # fmt: skip
         left = len(streams)
         while left:

@@ -649,6 +649,12 @@ def test_batch_stream_gives_the_chunks_as_they_are_made(tiny):
     assert tiny.complete("The", 6, temperature=0) == "".join(c.text for c in want[1])  # the model is free again
     with pytest.raises(TypeError, match="not one string"):
         tiny.batch_stream("The")  # checked at the call, before any work
+    stop = threading.Event()
+    seen = [[], [], []]
+    for i, chunk in tiny.batch_stream(prompts, max_tokens=50, temperature=0, cancel=stop):
+        seen[i].append(chunk)
+        stop.set()  # after the first chunk: every generation ends before the next step
+    assert [c[-1].finish_reason for c in seen] == ["cancelled"] * 3 and all(len(c) <= 2 for c in seen)
 
 
 def test_batch_generate_names_the_prompt_it_cannot_take(tiny):

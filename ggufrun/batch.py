@@ -629,14 +629,7 @@ def batch_generate(
     stop: str | Sequence[str] | None = None,
     *,
     chunks: bool = False,
-    n_slots: int | None = None,
-    prefill_chunk: int | None = None,
-    preset: str | None = None,
-    add_special: bool = True,
-    response_format=None,
-    logprobs: int | None = None,
-    cancel=None,
-    **sampling,
+    **kwargs,
 ) -> list[str] | list[list[Chunk]]:
     """Generate from every prompt at once on a ggufrun.Model; results in the prompts' order: the text of each (or,
     with chunks=True, its list of Chunks, the last with finish_reason and stats).
@@ -649,15 +642,14 @@ def batch_generate(
     gives each chunk its log-probability and k best alternatives (with chunks=True). cancel (a threading.Event or a
     callable returning True) ends every generation still running, as Model.generate's ends its one. Tools are not
     taken here: a chat with tools goes through Model.chat, or the server. n_slots: prompts generated at once
-    (default: all of them, at most 16). batch_stream gives the same chunks as they are made.
+    (default: all of them, at most 16); prefill_chunk: BatchEngine's. The keyword arguments are batch_stream's,
+    which gives the same chunks as they are made.
 
     >>> batch_generate(model, ["Once upon a time", "The capital of France is"], max_tokens=16, temperature=0)
     >>> batch_generate(model, [[{"role": "user", "content": "Hi!"}], "The capital of France is"], max_tokens=16)
     """
     prompts = prompts if isinstance(prompts, (str, bytes)) else list(prompts)  # (one string: batch_stream says no)
-    stream = batch_stream(model, prompts, max_tokens, stop, n_slots=n_slots, prefill_chunk=prefill_chunk,
-                          preset=preset, add_special=add_special, response_format=response_format, logprobs=logprobs,
-                          cancel=cancel, **sampling)  # fmt: skip
+    stream = batch_stream(model, prompts, max_tokens, stop, **kwargs)
     results: list[list[Chunk]] = [[] for _ in range(len(prompts))]
     for i, chunk in stream:
         results[i].append(chunk)

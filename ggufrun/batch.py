@@ -62,6 +62,7 @@ from .generate import (
     check_prompt_fits,
     check_stop,
     peak_rss_mb,
+    token_ids,
 )
 from .model.kv_cache import common_prefix_length
 from .runtime import set_threads, signals_to_main_thread
@@ -305,13 +306,7 @@ class BatchEngine:
         if not isinstance(max_tokens, (int, np.integer)) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
         reply = ReplyText(self.tokenizer, stop, self.skip_special)  # checks `stop`
-        try:
-            ids = np.array([int(i) for i in prompt_ids], dtype=np.int64)
-        except (TypeError, ValueError):
-            raise ValueError("prompt_ids must be a sequence of integer token ids") from None
-        bad = ids[(ids < 0) | (ids >= self.n_vocab)]
-        if bad.size:
-            raise ValueError(f"prompt_ids: token id {int(bad[0])} is outside the vocabulary [0, {self.n_vocab})")
+        ids = token_ids(prompt_ids, self.n_vocab, "prompt_ids")
         if logprobs is not None and (
             not isinstance(logprobs, (int, np.integer)) or isinstance(logprobs, bool)
             or not 0 <= logprobs <= MAX_TOP_LOGPROBS
@@ -587,7 +582,7 @@ def _prompt_work(model, prompt, i: int, add_special: bool, response_format) -> t
             raise named from e
         return prepared.ids, prepared.constraint
     else:
-        ids = prompt
+        ids = token_ids(prompt, model.n_vocab, f"prompts[{i}]")
     if response_format is None:
         return ids, None
     from .grammar import compile_constraint

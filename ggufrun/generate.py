@@ -17,7 +17,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -172,6 +172,29 @@ def check_stop(stop) -> list[str]:
     if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
         return list(stop)
     raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+
+
+def token_ids(ids, n_vocab: int, name: str = "prompt") -> np.ndarray:
+    """`ids` (a sequence of integers, or a 1-D integer NumPy array) as int64 [n], every id in [0, n_vocab). Anything
+    else is an error naming `name`, never truncated or coerced: a TypeError for text, floats, bools or other objects,
+    a ValueError for an id outside the vocabulary."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise TypeError(f"{name} must be a 1-D sequence of integer token ids, got an array of {ids.dtype} "
+                            f"{ids.shape}")  # fmt: skip
+        out = ids[(ids < 0) | (ids >= n_vocab)]
+        first = int(out[0]) if out.size else None
+    else:
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise TypeError(f"{name} must be a sequence of integer token ids, got {type(ids).__name__}")
+        ids = list(ids)
+        bad = next((repr(i) for i in ids if not isinstance(i, (int, np.integer)) or isinstance(i, bool)), None)
+        if bad is not None:
+            raise TypeError(f"{name} must be a sequence of integer token ids, got {bad}")
+        first = next((int(i) for i in ids if not 0 <= i < n_vocab), None)
+    if first is not None:
+        raise ValueError(f"{name}: token id {first} is outside the vocabulary [0, {n_vocab})")
+    return np.asarray(ids, dtype=np.int64)
 
 
 def check_prompt_fits(n_prompt: int, n_ctx: int) -> None:

@@ -125,11 +125,7 @@ class Model:
             return self.transformer.logits(ids, cache=self.cache)
 
     def _check_ids(self, ids) -> list[int]:
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.n_vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.n_vocab})")
-        return ids
+        return _gen.token_ids(ids, self.n_vocab, "prompt").tolist()
 
     # ---- generation -------------------------------------------------------------------------------------------
     def _params(self, preset: str | None, sampling: dict) -> SamplingParams:

@@ -554,6 +554,8 @@ def test_submit_checks_its_arguments(tiny):
             engine.submit([1, 2], GREEDY, stop=[1])
         with pytest.raises(ValueError, match=r"prompt_ids: token id 9999 is outside the vocabulary"):
             engine.submit([1, 9999], GREEDY)
+        with pytest.raises(TypeError, match=r"prompt_ids must be a sequence of integer token ids, got 1.5"):
+            engine.submit([1.5, 2], GREEDY)
         with pytest.raises(ContextOverflowError, match="n_ctx"):
             engine.submit(list(range(128)), GREEDY)
         with pytest.raises(TypeError, match="params"):
@@ -667,6 +669,10 @@ def test_batch_generate_names_the_prompt_it_cannot_take(tiny):
         tiny.batch_generate([{"role": "user", "content": "Hi"}], max_tokens=2)  # one chat, not wrapped in a list
     with pytest.raises(ValueError, match=r"prompts\[1\]: "):
         tiny.batch_generate(["A", [{"role": "user", "content": "x"}, 5]], max_tokens=2)
+    with pytest.raises(TypeError, match=r"prompts\[1\] must be a sequence of integer token ids, got 2.5"):
+        tiny.batch_generate(["A", [1, 2.5]], max_tokens=2)  # checked at the call, not truncated to 2
+    with pytest.raises(ValueError, match=r"prompts\[0\]: token id 9999 is outside the vocabulary"):
+        tiny.batch_stream([[1, 9999]])
     with pytest.raises(TypeError, match="does not take tools"):
         tiny.batch_generate([chat], max_tokens=2, tools=[])
     with pytest.raises(TypeError, match="stop"):

@@ -417,6 +417,24 @@ def test_bad_token_ids_and_unknown_argument(model):
         model.generate("hi", temprature=0.5)
 
 
+def test_token_ids_are_integers_never_coerced():
+    """Token ids come as Python or NumPy integers (or a 1-D integer array) and are taken as they are; a float, a
+    bool, text or None is a TypeError naming the argument, not an id truncated to an integer."""
+    from ggufrun.generate import token_ids
+
+    assert token_ids([1, np.int32(2), 3], 10).tolist() == [1, 2, 3]
+    assert token_ids(np.array([4, 5], np.uint16), 10).dtype == np.int64
+    assert token_ids(range(3), 10).tolist() == [0, 1, 2]
+    for bad, shown in [([1, 2.7], "2.7"), ([True], "True"), ([None], "None"), ("12", "str"), (7, "int"),
+                       (np.array([1.0]), "float64"), (np.array([[1]]), r"\(1, 1\)")]:  # fmt: skip
+        with pytest.raises(TypeError, match=rf"^ids must be .*integer token ids, got .*{shown}"):
+            token_ids(bad, 10, "ids")
+    with pytest.raises(ValueError, match=r"ids: token id 12 is outside the vocabulary \[0, 10\)"):
+        token_ids([3, 12], 10, "ids")
+    with pytest.raises(ValueError, match=f"token id {2**64 - 1} is outside"):
+        token_ids(np.array([2**64 - 1], np.uint64), 10, "ids")
+
+
 def test_threading_layer_warning():
     from ggufrun.runtime import check_threading_layer
 

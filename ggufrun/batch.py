@@ -668,7 +668,7 @@ def batch_stream(
 ) -> Iterator[tuple[int, Chunk]]:
     """batch_generate's generations as they are made: (i, chunk) for each chunk of prompts[i], in the order the
     engine produces them (every step gives each running prompt its next chunk; a prompt's chunks come in their own
-    order, its last with finish_reason and stats). The arguments are batch_generate's, checked at the call; the
+    order, its last with finish_reason and stats). batch_generate explains the arguments, checked at the call; the
     work starts at the first next(). Leaving the loop early (or close()) cancels every generation still running.
 
     >>> for i, chunk in batch_stream(model, ["Once upon a time", "The capital of France is"], max_tokens=16):

@@ -97,6 +97,33 @@ def test_batch_invariance_q8_0(stem):
     np.testing.assert_array_equal(rows, whole[[9, 20]])
 
 
+@pytest.mark.parametrize("stem", ["small-llama-q8_0", "small-gemma2-q8_0", "small-qwen3-q8_0"])
+def test_grouped_decode_rows_q8_0(stem, monkeypatch):
+    """Decode rows of q8_0 caches that are slots of one group (a server's) take one qkv_rope_store_group_q8_0 and
+    one attend_group_q8_0 call per layer, prompt chunks their rows' stores on the threads, and each row gets the bits
+    it gets alone (gemma2: the sliding window)."""
+    from ggufrun.model import kernels
+
+    tf, g = load(stem, kv_dtype="q8_0")
+    tokens = g["tokens"]
+    whole = tf.logits(tokens)
+    calls = []
+    for name in ("qkv_rope_store_group_q8_0", "attend_group_q8_0"):
+        kernel = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, k=kernel, n=name: (calls.append(n), k(*a))[1])
+    a, b, c = KVCache.group(tf.config, tf.n_ctx, "q8_0", 3)
+    ends = [9, 20, 3]
+    rows = tf.forward_batch([(a, tokens[:9]), (b, tokens[:20]), (c, tokens[:3])]).copy()
+    np.testing.assert_array_equal(rows, whole[[e - 1 for e in ends]])
+    # prompt chunks: each its own store on the threads (a group of one slot) and its own attend_rows_q8_0
+    assert calls == ["qkv_rope_store_group_q8_0"] * (3 * tf.config.n_layer)
+    calls.clear()
+    for step in range(3):
+        rows = tf.forward_batch([(x, tokens[e + step : e + step + 1]) for x, e in zip((a, b, c), ends)]).copy()
+        np.testing.assert_array_equal(rows, whole[[e + step for e in ends]])
+    assert calls.count("attend_group_q8_0") == calls.count("qkv_rope_store_group_q8_0") == 3 * tf.config.n_layer
+
+
 def hadamard(n: int) -> np.ndarray:
     """The orthonormal Walsh-Hadamard matrix of size n (Sylvester's construction, as llama.cpp's ggml_gen_hadamard)."""
     h = np.ones((1, 1))

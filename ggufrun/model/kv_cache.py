@@ -166,6 +166,7 @@ class KVCache:
         # a group's caches are slots of shared arrays [n_layer, n_slots, ...] (KVCache.group): one layer of all of
         # them is one array, which attention over many decoding sequences takes in a single kernel call
         self.group_kv: tuple[np.ndarray, np.ndarray] | None = None  # (keys, values) [n_layer, n_slots, ...]
+        self.group_scales: tuple[np.ndarray, np.ndarray] | None = None  # q8_0: (key, value) scales, the same way
         self.slot = 0  # this cache's index in the group
         if _group is not None:
             arrays, self.slot = _group
@@ -173,6 +174,7 @@ class KVCache:
             self.k, self.v = arrays[0][:, self.slot], arrays[1][:, self.slot]
             self.k_scale = self.v_scale = None
             if self.quantized:
+                self.group_scales = arrays[2:4]
                 self.k_scale, self.v_scale = arrays[2][:, self.slot], arrays[3][:, self.slot]
         else:
             self.k, self.v, self.k_scale, self.v_scale = _kv_arrays(c, n_ctx, name, ())

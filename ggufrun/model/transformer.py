@@ -82,6 +82,9 @@ ROWS = frozenset(
         kernels.qkv_rope_store_spans,
         kernels.qkv_rope_store_group,
         kernels.attend_group,
+        kernels.qkv_rope_store_group_q8_0,
+        kernels.attend_group_q8_0,
+        kernels.fwht_rows_at,
     }
 )
 # ...and the batched greedy sampler's (sampling.sample_greedy_rows: until it is ready, each row samples alone)
@@ -279,12 +282,12 @@ class Transformer:
         if self.n_ctx >= 2:
             self.forward([0, 0], cache=scratch)  # prefill kernels
             scratch.reset()
-            if not scratch.quantized:  # a batching server's prompts, then its decode steps: two slots of a group
-                a, b = KVCache.group(self.config, 2, scratch.dtype, 2)
-                self.forward_batch([(a, [0, 0]), (b, [0, 0])])
-                a.truncate(1)
-                b.truncate(1)
-                self.forward_batch([(a, [0]), (b, [0])])
+            # a batching server's prompts, then its decode steps: two slots of a group
+            a, b = KVCache.group(self.config, 2, scratch.dtype, 2)
+            self.forward_batch([(a, [0, 0]), (b, [0, 0])])
+            a.truncate(1)
+            b.truncate(1)
+            self.forward_batch([(a, [0]), (b, [0])])
         self.forward([0], cache=scratch)  # decode kernels
         pending = self.pending
         if pending is None or pending.ready(TILED):  # (else a helper compiles it, and passes go without meanwhile)
@@ -493,19 +496,22 @@ class Transformer:
     @staticmethod
     def _group_spans(spans, prompts: bool) -> list[tuple]:
         """The spans of this pass of one kind (prompt chunks of several rows, or one-token decode rows) whose caches
-        are slots of one KVCache group, two or more per group: [(group_kv, [(r0, r1, pos0, slot), ...]), ...]."""
+        are slots of one KVCache group, two or more per group: [(group_kv, [(r0, r1, pos0, slot), ...]), ...];
+        group_kv of a q8_0 group is (keys, values, key scales, value scales), and only its decode rows group."""
         by_group: dict[int, tuple] = {}
         for cache, r0, r1, pos0 in spans:
-            if (r1 - r0 > 1) == prompts and cache.group_kv is not None and not cache.quantized:
-                entry = by_group.setdefault(id(cache.group_kv[0]), (cache.group_kv, []))
+            if (r1 - r0 > 1) == prompts and cache.group_kv is not None and not (prompts and cache.quantized):
+                arrays = (*cache.group_kv, *cache.group_scales) if cache.quantized else cache.group_kv
+                entry = by_group.setdefault(id(cache.group_kv[0]), (arrays, []))
                 entry[1].append((r0, r1, pos0, cache.slot))
         return [(group_kv, members) for group_kv, members in by_group.values() if len(members) >= 2]
 
     def _decode_groups(self, spans) -> tuple[list, frozenset]:
         """The one-token spans of this pass whose caches are slots of one KVCache group (two or more per group):
         their new K/V and their attention run in one kernels.qkv_rope_store_group and one attend_group call per
-        layer instead of one qkv_rope_store and one attend_one per span. ([(group_kv, rows, slots, positions,
-        {window: first visible position}, end positions), ...] with arrays int64 [n], the rows those groups take)."""
+        layer instead of one qkv_rope_store and one attend_one per span (q8_0 caches: qkv_rope_store_group_q8_0,
+        attend_group_q8_0 and fwht_rows_at). ([(group_kv, rows, slots, positions, {window: first visible position},
+        end positions), ...] with arrays int64 [n], the rows those groups take)."""
         groups = []
         for group_kv, members in self._group_spans(spans, prompts=False):
             rows, _, pos, slots = (np.array(col, np.int64) for col in zip(*members))
@@ -588,11 +594,11 @@ class Transformer:
                 k_group[il], v_group[il],
             )  # fmt: skip
         for cache, r0, r1, pos0 in spans:
-            if cache.quantized:
-                self._attend_q8_0(il, lw, q[r0:r1], k[r0:r1], v[r0:r1], cache, r0, r1, pos0)
-                continue
             if r0 in grouped:
                 continue  # after the loop, with the rest of its group
+            if cache.quantized:
+                self._attend_q8_0(il, lw, q[r0:r1], k[r0:r1], v[r0:r1], cache, r0, r1, pos0, rows)
+                continue
             k_cache, v_cache = cache.k[il], cache.v[il]
             if r0 not in stored:
                 store = kernels.qkv_rope_store_rows if rows and r1 - r0 > 1 else kernels.qkv_rope_store
@@ -613,7 +619,11 @@ class Transformer:
                 kernels.attend_rows(
                     q[r0:r1], k_cache, v_cache, pos0, t0, end - t0, window, softcap, s.block_scores, att[r0:r1]
                 )
-        for (k_group, v_group), rows, slots, positions, starts, ends in groups:
+        for arrays, rows, slots, positions, starts, ends in groups:
+            if len(arrays) == 4:  # q8_0 slots
+                self._attend_group_q8_0(il, lw, q, k, v, arrays, rows, slots, positions, starts[window], ends)
+                continue
+            k_group, v_group = arrays
             kernels.qkv_rope_store_group(
                 q, k, v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
                 cos, sin, c.spec.rope_neox, np.float32(c.attn_scale), rows, slots, positions, k_group[il], v_group[il],
@@ -624,20 +634,51 @@ class Transformer:
         add_norm = kernels.add_norm_rows if project.tiles and m > 1 else kernels.add_norm  # (TILED)
         add_norm(s.x[:m], o, lw.post_attention_norm, lw.ffn_norm, c.rms_eps, h)
 
-    def _attend_q8_0(self, il: int, lw: LayerWeights, q, k, v, cache: KVCache, r0: int, r1: int, pos0: int) -> None:
+    def _attend_group_q8_0(self, il: int, lw: LayerWeights, q, k, v, arrays, rows, slots, positions, starts,
+                           ends) -> None:  # fmt: skip
+        """_attend_q8_0 for the decode rows `rows` of q, k, v whose caches are slots of one q8_0 group (group_kv and
+        group_scales: `arrays`), one call of each kernel per layer: the same operations per row, so the same bits."""
+        c, s = self.config, self.state
+        cos, sin = self._rope[il]
+        kq, vq, kd, vd = (a[il] for a in arrays)
+        kernels.qkv_rope_store_group_q8_0(
+            q, k, v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm,
+            c.rms_eps, cos, sin, c.spec.rope_neox, self._rot_k, self._rot_v, s.q_qs, s.q_d, rows, slots, positions,
+            kq, kd, vq, vd,
+        )  # fmt: skip
+        kernels.attend_group_q8_0(s.q_qs, s.q_d, kq, kd, vq, vd, rows, slots, starts, ends, np.float32(c.attn_scale),
+                                  self._attn_softcap, s.block_scores, s.att)  # fmt: skip
+        if self._rot_v:
+            kernels.fwht_rows_at(s.att, rows, self._rot_v)  # V was stored rotated: rotate the outputs back
+
+    def _attend_q8_0(self, il: int, lw: LayerWeights, q, k, v, cache: KVCache, r0: int, r1: int, pos0: int,
+                     rows: bool = True) -> None:  # fmt: skip
         """Rows r0..r1-1 of one sequence on a q8_0 cache (kernels' q8_0 section), their Q, K, V in q, k, v: Q, K, V
         rotated (Walsh-Hadamard, as llama.cpp does for a quantized cache), Q quantized, K/V stored as Q8_0 rows, att
-        = attention over the quantized cache with the attention scale applied to the scores, rotated back."""
+        = attention over the quantized cache with the attention scale applied to the scores, rotated back. A prompt
+        chunk's rows are stored and rotated back on the threads (qkv_rope_store_group_q8_0 on this cache as a group
+        of one slot, fwht_rows_at) where `rows` says those kernels are compiled (ROWS), else one after another: the
+        same bits."""
         c, s = self.config, self.state
         cos, sin = self._rope[il]
         window = self._window[il]
         qs, qd = s.q_qs[r0:r1], s.q_d[r0:r1]
         kq, kd, vq, vd = cache.k[il], cache.k_scale[il], cache.v[il], cache.v_scale[il]
-        kernels.qkv_rope_store_q8_0(
-            q, k, v,
-            lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
-            cos, sin, c.spec.rope_neox, pos0, self._rot_k, self._rot_v, qs, qd, kq, kd, vq, vd,
-        )  # fmt: skip
+        n = r1 - r0
+        parallel = rows and n > 1
+        if parallel:  # (a prompt chunk of SmolLM2's 8 x 32 rows: 53 of a 241 ms pass one row after another)
+            at, zero = np.arange(n, dtype=np.int64), np.zeros(n, np.int64)
+            kernels.qkv_rope_store_group_q8_0(
+                q, k, v, lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
+                cos, sin, c.spec.rope_neox, self._rot_k, self._rot_v, qs, qd, at, zero, at + pos0, kq[None], kd[None],
+                vq[None], vd[None],
+            )  # fmt: skip
+        else:
+            kernels.qkv_rope_store_q8_0(
+                q, k, v,
+                lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, c.rms_eps,
+                cos, sin, c.spec.rope_neox, pos0, self._rot_k, self._rot_v, qs, qd, kq, kd, vq, vd,
+            )  # fmt: skip
         scale, softcap = np.float32(c.attn_scale), self._attn_softcap
         if r1 - r0 == 1:
             t0 = max(0, pos0 - window + 1) if window else 0
@@ -646,8 +687,10 @@ class Transformer:
         else:
             kernels.attend_rows_q8_0(qs, qd, kq, kd, vq, vd, pos0, window, scale, softcap, s.block_scores,
                                      s.att[r0:r1])  # fmt: skip
-        if self._rot_v:
-            kernels.fwht_rows(s.att[r0:r1], self._rot_v)  # V was stored rotated: rotate the output back
+        if self._rot_v and parallel:  # V was stored rotated: rotate the outputs back
+            kernels.fwht_rows_at(s.att, np.arange(r0, r1, dtype=np.int64), self._rot_v)
+        elif self._rot_v:
+            kernels.fwht_rows(s.att[r0:r1], self._rot_v)
 
     def _ffn_block(self, lw: LayerWeights, m: int, next_norm: np.ndarray, project: Projector) -> None:
         """x += [post_norm](ffn_down(act(ffn_gate(h)) * ffn_up(h))) (or the experts' mix); then h = next_norm(x)."""

@@ -1603,8 +1603,9 @@ def _attend_head_q8_0(qq, qd, k_qs, k_d, v_qs, v_d, t0, n, scale, softcap, s, ou
     A score is its blocks' exact integer dots (_dot32_i8, vector code) folded by one scalar FMA a block, in block
     order; the output takes 32 dimensions (one V block) at a time in 16-lane vectors, each lane the FMA chain over
     the positions, in position order, that one dimension took as scalar code: float(code) * scale rounded, then
-    fma(p, that, acc). The same bits as the scalar loops before (SmolLM2, 16 sequences at 64 positions: ~40 ns
-    a position and head -> see the note at attend_group_q8_0)."""
+    fma(p, that, acc). The same bits as the scalar loops this replaced, 3.4-4.7x as fast: attend_one_q8_0 of
+    SmolLM2's 9 heads (64 dimensions) at 64 / 1,000 positions 28.4 / 411 -> 8.3 / 88 us, Gemma3's 4 heads of 256 at
+    200 positions 134 -> 29 us (Ice Lake VM, 2 threads, the two in turns, equal outputs asserted)."""
     hd_k, hd_v = k_qs.shape[1], v_qs.shape[1]
     nb_k = hd_k // QK8_0
     for t in range(n):

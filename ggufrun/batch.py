@@ -644,6 +644,9 @@ def batch_generate(
     >>> batch_generate(model, [[{"role": "user", "content": "Hi!"}], "The capital of France is"], max_tokens=16)
     """
     prompts = prompts if isinstance(prompts, (str, bytes)) else list(prompts)  # (one string: batch_stream says no)
+    # texts carry no log-probabilities: a greedy step then skips each row's normaliser (Gemma3, 16 prompts x 48
+    # tokens, greedy, the two in turns, medians of 6: 1.54 -> 1.51 s)
+    kwargs.setdefault("token_logprob", chunks)
     stream = batch_stream(model, prompts, max_tokens, stop, **kwargs)
     results: list[list[Chunk]] = [[] for _ in range(len(prompts))]
     for i, chunk in stream:
@@ -664,12 +667,15 @@ def batch_stream(
     response_format=None,
     logprobs: int | None = None,
     cancel=None,
+    token_logprob: bool = True,
     **sampling,
 ) -> Iterator[tuple[int, Chunk]]:
     """batch_generate's generations as they are made: (i, chunk) for each chunk of prompts[i], in the order the
     engine produces them (every step gives each running prompt its next chunk; a prompt's chunks come in their own
     order, its last with finish_reason and stats). batch_generate explains the arguments, checked at the call; the
     work starts at the first next(). Leaving the loop early (or close()) cancels every generation still running.
+    token_logprob: False leaves each Chunk.logprob None unless `logprobs` asks (BatchEngine.submit's; batch_generate
+    passes False when it returns texts).
 
     >>> for i, chunk in batch_stream(model, ["Once upon a time", "The capital of France is"], max_tokens=16):
     ...     print(i, chunk.text)
@@ -683,10 +689,11 @@ def batch_stream(
     params = SamplingParams.preset(preset, **sampling) if preset is not None else SamplingParams(**sampling)
     stop = check_stop(stop)
     work = [_prompt_work(model, p, i, add_special, response_format) for i, p in enumerate(prompts)]
-    return _stream_all(model, work, params, max_tokens, stop, logprobs, cancel, n_slots, prefill_chunk)
+    return _stream_all(model, work, params, max_tokens, stop, logprobs, cancel, bool(token_logprob), n_slots,
+                       prefill_chunk)  # fmt: skip
 
 
-def _stream_all(model, work, params, max_tokens, stop, logprobs, cancel, n_slots, prefill_chunk):
+def _stream_all(model, work, params, max_tokens, stop, logprobs, cancel, token_logprob, n_slots, prefill_chunk):
     """batch_stream's generator: one engine for the prompts in `work` [(ids, constraint), ...]; each request's
     notify puts its index on one queue per chunk made, which this thread waits on."""
     if not work:
@@ -696,8 +703,9 @@ def _stream_all(model, work, params, max_tokens, stop, logprobs, cancel, n_slots
     streams: list[Stream] = []
     try:
         for i, (ids, constraint) in enumerate(work):
-            streams.append(engine.submit(ids, params, max_tokens, stop, cancel, constraint, logprobs,
-                                         notify=functools.partial(made.put, i)))  # fmt: skip
+            notify = functools.partial(made.put, i)
+            streams.append(engine.submit(ids, params, max_tokens, stop, cancel, constraint, logprobs, notify,
+                                         token_logprob))  # fmt: skip
         left = len(streams)
         while left:
             i = made.get()

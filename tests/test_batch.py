@@ -661,6 +661,25 @@ def test_batch_stream_gives_the_chunks_as_they_are_made(tiny):
     assert done == [["cancelled", "cancelled"]]  # set before the first step: no token at all
 
 
+def test_batch_generate_texts_skip_the_log_probabilities(tiny, monkeypatch):
+    """Returning texts, batch_generate asks the engine for no per-token log-probability (a greedy step then skips
+    each row's normaliser); with chunks=True the chunks carry them, as Model.generate's do."""
+    asked = []
+    submit = BatchEngine.submit
+
+    def spy(self, ids, params=None, max_tokens=256, stop=None, cancel=None, constraint=None, logprobs=None,
+            notify=None, token_logprob=True):  # fmt: skip
+        asked.append(token_logprob)
+        return submit(self, ids, params, max_tokens, stop, cancel, constraint, logprobs, notify, token_logprob)
+
+    monkeypatch.setattr(BatchEngine, "submit", spy)
+    texts = tiny.batch_generate(["The", "A cat"], max_tokens=4, temperature=0)
+    chunks = tiny.batch_generate(["The", "A cat"], max_tokens=4, temperature=0, chunks=True)
+    assert asked == [False, False, True, True]
+    assert texts == ["".join(c.text for c in r) for r in chunks]
+    assert all(c.logprob is not None for r in chunks for c in r if c.token is not None)
+
+
 def test_batch_generate_names_the_prompt_it_cannot_take(tiny):
     chat = [{"role": "user", "content": "Hi"}]
     with pytest.raises(TypeError, match=r"prompts\[1\] must be text, token ids or a list of chat messages, got int"):

@@ -170,12 +170,22 @@ def _ld_f64x8(typingctx, a, i):
     return F64x8(a, i), codegen
 
 
-@intrinsic
-def _fadd64(typingctx, a, b):
-    """a + b, 8 float64 lanes."""
-    if a != F64x8 or b != F64x8:
-        return None
-    return F64x8(F64x8, F64x8), lambda context, builder, sig, args: builder.fadd(args[0], args[1])
+def _lanewise(lane_type, op: str):
+    """Intrinsic (a, b) -> a op b lane by lane for two vectors of lane_type (op: "fadd", "fsub" or "fmul"), each
+    lane rounded as the scalar operation."""
+
+    @intrinsic
+    def binary(typingctx, a, b):
+        if a != lane_type or b != lane_type:
+            return None
+        return lane_type(lane_type, lane_type), lambda context, builder, sig, args: getattr(builder, op)(*args)
+
+    return binary
+
+
+_fadd64 = _lanewise(F64x8, "fadd")
+# 16 float32 lanes: the Walsh-Hadamard butterflies (_fwht) and q8_0 V rows' codes times their scale (_attend_head_q8_0)
+_fadd16, _fsub16, _fmul16 = (_lanewise(F32x16, op) for op in ("fadd", "fsub", "fmul"))
 
 
 @intrinsic
@@ -1458,22 +1468,6 @@ def _fwht16(typingctx, v):
     return F32x16(F32x16), codegen
 
 
-@intrinsic
-def _fadd16(typingctx, a, b):
-    """a + b, 16 float32 lanes."""
-    if a != F32x16 or b != F32x16:
-        return None
-    return F32x16(F32x16, F32x16), lambda context, builder, sig, args: builder.fadd(args[0], args[1])
-
-
-@intrinsic
-def _fsub16(typingctx, a, b):
-    """a - b, 16 float32 lanes."""
-    if a != F32x16 or b != F32x16:
-        return None
-    return F32x16(F32x16, F32x16), lambda context, builder, sig, args: builder.fsub(args[0], args[1])
-
-
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _fwht(x, n):
     """x (contiguous, a multiple of n long) = H_n x per chunk of n values: the orthonormal Walsh-Hadamard rotation
@@ -1483,7 +1477,8 @@ def _fwht(x, n):
     n a multiple of 16 (the rotations are 64 or more): 16-lane vectors, each value taking the scalar steps' operations
     in their order: the spans below 16 pair values of one vector (_fwht16), the others whole vectors; a span's
     butterflies are independent of each other, and those below 16 never reach past a vector, so a vector can take
-    them all before the next one. (Q8_0 KV rotations of SmolLM2's heads: ~1.6 us a 576-value row as scalar code.)"""
+    them all before the next one. The same bits as the scalar steps below, 6-8x as fast: fwht_rows of 16 rows, n 64 x
+    576 values 38.9 -> 6.3 us, 128 x 1,536 113.6 -> 14.8 us, 256 x 1,024 101.8 -> 12.7 us (Ice Lake VM, in turns)."""
     scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(n)))
     if n % 16 == 0:
         s16 = _fbcast16(scale)
@@ -1638,14 +1633,6 @@ def _ld_i8f32x16(typingctx, a, i):
                                            align=1), _v16f32)  # fmt: skip
 
     return F32x16(a, i), codegen
-
-
-@intrinsic
-def _fmul16(typingctx, a, b):
-    """a * b, 16 float32 lanes, each rounded as the scalar product."""
-    if a != F32x16 or b != F32x16:
-        return None
-    return F32x16(F32x16, F32x16), lambda context, builder, sig, args: builder.fmul(args[0], args[1])
 
 
 @numba.njit(inline="always", **ATT)

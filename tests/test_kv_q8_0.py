@@ -124,6 +124,31 @@ def test_grouped_decode_rows_q8_0(stem, monkeypatch):
     assert calls.count("attend_group_q8_0") == calls.count("qkv_rope_store_group_q8_0") == 3 * tf.config.n_layer
 
 
+def test_fwht_takes_ggmls_float32_steps():
+    """kernels' Walsh-Hadamard rotation (16-lane vectors) gives the bits of ggml_compute_forward_fwht's float32 steps,
+    replayed here in NumPy: scale by 1 / sqrtf(n), then butterflies u + v, u - v of growing span, per chunk of n.
+    The tolerant checks above would not see a value taking its operations in another order."""
+    from ggufrun.model import kernels
+
+    rng = np.random.default_rng(5)
+    for n, width in ((64, 576), (128, 1536), (256, 1024), (64, 64)):
+        x = (rng.standard_normal((6, width)) * rng.choice([1e-3, 1.0, 1e3], (6, 1))).astype(np.float32)
+        want = x.reshape(6, -1, n) * (np.float32(1.0) / np.float32(np.sqrt(np.float32(n))))
+        span = 1
+        while span < n:
+            blocks = want.reshape(6, -1, n // (2 * span), 2, span)
+            u, v = blocks[..., 0, :].copy(), blocks[..., 1, :].copy()
+            blocks[..., 0, :], blocks[..., 1, :] = u + v, u - v
+            span *= 2
+        want = want.reshape(6, width)
+        got = x.copy()
+        kernels.fwht_rows(got, n)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        got = x.copy()
+        kernels.fwht_rows_at(got, np.array([4, 0, 2, 1, 5, 3], np.int64), n)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def hadamard(n: int) -> np.ndarray:
     """The orthonormal Walsh-Hadamard matrix of size n (Sylvester's construction, as llama.cpp's ggml_gen_hadamard)."""
     h = np.ones((1, 1))

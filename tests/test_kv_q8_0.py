@@ -124,6 +124,78 @@ def test_grouped_decode_rows_q8_0(stem, monkeypatch):
     assert calls.count("attend_group_q8_0") == calls.count("qkv_rope_store_group_q8_0") == 3 * tf.config.n_layer
 
 
+def _q8_0_attention_reference(qq, qd, kq, kd, vq, vd, t0, n, scale, softcap):
+    """One query head over positions t0..t0+n-1 of a q8_0 K/V head, in float64 from the codes and scales:
+    softmax(scale * sum_b dot_b * kd_b * qd_b) . (codes * scale)."""
+    h = lambda a: a.view(np.float16).astype(np.float64)  # noqa: E731
+    nb = kq.shape[1] // 32
+    k = kq[t0 : t0 + n].astype(np.float64).reshape(n, nb, 32)
+    dots = (k * qq.astype(np.float64).reshape(nb, 32)).sum(-1)  # [n, nb], exact integers
+    s = (dots * h(kd[t0 : t0 + n]) * h(qd)).sum(-1) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    p = np.exp(s - s.max())
+    v = vq[t0 : t0 + n].astype(np.float64).reshape(n, nb, 32) * h(vd[t0 : t0 + n])[..., None]
+    return (p / p.sum()) @ v.reshape(n, -1)
+
+
+@pytest.mark.parametrize("n_head, n_kv, hd", [(9, 3, 64), (4, 1, 256), (12, 2, 128), (6, 2, 96), (4, 4, 64)])
+def test_q8_0_attention_kernels_agree_bit_for_bit(n_head, n_kv, hd):
+    """attend_group_q8_0 (a sequence's query heads on one K/V head in blocks of up to 4, each key block gathered once
+    for them) and attend_rows_q8_0 (a prompt chunk's causal rows, windowed or not) give each head the bits that
+    attend_one_q8_0 gives it (one head at a time), at lengths with and without a partial 16-position tile; and
+    attend_one_q8_0 is the float64 computation from the codes to float32 rounding."""
+    from ggufrun.model import kernels
+
+    rng = np.random.default_rng(n_head * hd)
+    nb, n_ctx, slots, threads = hd // 32, 400, 5, 2
+
+    def halves(shape, lo, hi):
+        return rng.uniform(lo, hi, shape).astype(np.float16).view(np.uint16)
+
+    def codes(shape):
+        return rng.integers(-128, 128, shape, dtype=np.int8)
+
+    kq, vq = codes((slots, n_kv, n_ctx, hd)), codes((slots, n_kv, n_ctx, hd))
+    kd, vd = halves((slots, n_kv, n_ctx, nb), 0.002, 0.03), halves((slots, n_kv, n_ctx, nb), 0.002, 0.03)
+    scale = np.float32(hd**-0.5)
+    for n, t0, softcap in ((1, 0, 0.0), (16, 0, 0.0), (17, 5, 0.0), (33, 0, 20.0), (300, 60, 0.0)):
+        # four sequences of one group, rows in another order than slots, each its own span
+        q, qd = codes((4, n_head * hd)), halves((4, n_head * nb), 0.01, 0.05)
+        rows, at = np.array([2, 0, 3, 1], np.int64), np.array([4, 1, 0, 3], np.int64)
+        t0s = np.array([t0, 0, t0 // 2, 2], np.int64)
+        t1s = t0s + np.array([n, max(1, n - 3), n, max(1, n - 1)], np.int64)
+        out = np.full((4, n_head * hd), np.nan, np.float32)
+        kernels.attend_group_q8_0(q, qd, kq, kd, vq, vd, rows, at, t0s, t1s, scale, np.float32(softcap),
+                                  np.zeros((threads, 4, n_ctx + 32), np.float32), out)  # fmt: skip
+        for i in range(4):
+            one = np.full(n_head * hd, np.nan, np.float32)
+            s = at[i]
+            kernels.attend_one_q8_0(q[rows[i]], qd[rows[i]], kq[s], kd[s], vq[s], vd[s], t0s[i], t1s[i], scale,
+                                    np.float32(softcap), np.zeros((n_head, n_ctx + 32), np.float32), one)  # fmt: skip
+            np.testing.assert_array_equal(out[rows[i]], one)
+            group = n_head // n_kv
+            for h in (0, n_head - 1):
+                g, qh, qdh = h // group, q[rows[i], h * hd : (h + 1) * hd], qd[rows[i], h * nb : (h + 1) * nb]
+                ref = _q8_0_attention_reference(qh, qdh, kq[s, g], kd[s, g], vq[s, g], vd[s, g], t0s[i],
+                                                t1s[i] - t0s[i], float(scale), softcap)  # fmt: skip
+                np.testing.assert_allclose(one[h * hd : (h + 1) * hd], ref, rtol=2e-5, atol=1e-6)
+        # a prompt chunk of 5 rows after n cached positions, causal; windowed too
+        pos0, m = t0 + n, 5
+        qr, qdr = codes((m, n_head * hd)), halves((m, n_head * nb), 0.01, 0.05)
+        for window in (0, 12):
+            out = np.full((m, n_head * hd), np.nan, np.float32)
+            kernels.attend_rows_q8_0(qr, qdr, kq[1], kd[1], vq[1], vd[1], pos0, window, scale, np.float32(softcap),
+                                     np.zeros((threads, 4, n_ctx + 32), np.float32), out)  # fmt: skip
+            for j in range(m):
+                p = pos0 + j
+                lo = max(0, p - window + 1) if window else 0
+                one, scratch = np.full(n_head * hd, np.nan, np.float32), np.zeros((n_head, n_ctx + 32), np.float32)
+                kernels.attend_one_q8_0(qr[j], qdr[j], kq[1], kd[1], vq[1], vd[1], lo, p + 1, scale,
+                                        np.float32(softcap), scratch, one)  # fmt: skip
+                np.testing.assert_array_equal(out[j], one)
+
+
 def test_fwht_takes_ggmls_float32_steps():
     """kernels' Walsh-Hadamard rotation (16-lane vectors) gives the bits of ggml_compute_forward_fwht's float32 steps,
     replayed here in NumPy: scale by 1 / sqrtf(n), then butterflies u + v, u - v of growing span, per chunk of n.

@@ -7,8 +7,8 @@ CPU's F16C instructions (LLVM `fpext`/`fptrunc` on `half`), so the loops still v
 
 All helpers a kernel calls are in this module: Numba's on-disk cache keys a kernel on its own source file, so a
 kernel that inlined a helper from another file would keep running stale machine code after that file changed. The
-imports are the F32x8 / F32x16 / F64x8 lane types of ggufrun.quants.dot, type registrations that generate no code, its
-HAS_ZMM constant (attention takes 16-lane tiles where the CPU has AVX-512: the same chains per lane), and
+imports are the F32x8 / F32x16 / F64x8 / I32x16 lane types of ggufrun.quants.dot, type registrations that generate
+no code, its HAS_ZMM constant (attention takes 16-lane tiles where the CPU has AVX-512: the same chains per lane), and
 ggufrun.quants.launch, whose run_items emits only calls by name: each attention kernel is a launcher that hands a
 serial worker of this module (`_attend_*`) to the one shared parallel loop by its exported name instead of compiling
 a copy of it (cold compile of attend_rows 8.1 -> 3.1 s, attend_one 3.7 -> 2.0 s, SmolLM2's shapes; then without a
@@ -32,7 +32,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from ..quants.dot import HAS_ZMM, F32x8, F32x16, F64x8, bits_f32
+from ..quants.dot import HAS_ZMM, F32x8, F32x16, F64x8, I32x16, bits_f32
 from ..quants.launch import launcher, run_items
 
 # Fast-math without nnan/ninf: masks and softmax rely on -inf / large values behaving as IEEE says. No reference
@@ -184,7 +184,7 @@ def _lanewise(lane_type, op: str):
 
 
 _fadd64 = _lanewise(F64x8, "fadd")
-# 16 float32 lanes: the Walsh-Hadamard butterflies (_fwht) and q8_0 V rows' codes times their scale (_attend_head_q8_0)
+# 16 float32 lanes: the Walsh-Hadamard butterflies (_fwht) and q8_0 V rows' codes times their scale (_attend_heads_q8_0)
 _fadd16, _fsub16, _fmul16 = (_lanewise(F32x16, op) for op in ("fadd", "fsub", "fmul"))
 
 
@@ -1602,23 +1602,111 @@ def qkv_rope_store_group_q8_0(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, e
                                                   vq_group, vd_group), rows.shape[0], GROUP_STORE_ROWS)  # fmt: skip
 
 
+def _splat_i32(builder, x):
+    """A 32-bit integer in all 16 lanes."""
+    v16i32 = ir.VectorType(ir.IntType(32), 16)
+    v = builder.insert_element(ir.Constant(v16i32, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(v, v, ir.Constant(v16i32, [0] * 16))
+
+
 @intrinsic
-def _dot32_i8(typingctx, a, i, b, j):
-    """The integer dot of int8 a[i:i+32] and b[j:j+32] (flat indices into C-contiguous arrays) as int32: exact,
-    whatever order the vector code adds the products in (ggml_vec_dot_q8_0_q8_0's per-block sum)."""
-    if not all(isinstance(x, types.Array) and x.layout == "C" and x.dtype == types.int8 for x in (a, b)):
+def _quads_u8x16(typingctx, a, i, stride, count):
+    """16 lanes of 4 codes of int8 array a (flat, C-contiguous): lane l < count the 4 bytes at a[i + l * stride ..],
+    each + 128 (so unsigned, vpdpbusd's first operand; exact), by one masked hardware gather: lane l is position l's
+    quad of a q8_0 key block. Lanes from count on are never read (their value is 128 per byte)."""
+    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.int8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32, i8p, v16i32 = ir.IntType(32), ir.IntType(8).as_pointer(), ir.VectorType(ir.IntType(32), 16)
+        base = builder.bitcast(_elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), i8p)
+        stride, count = (builder.trunc(context.cast(builder, args[k], sig.args[k], types.intp), i32) for k in (2, 3))
+        lanes = ir.Constant(v16i32, list(range(16)))
+        mask = builder.icmp_signed("<", lanes, _splat_i32(builder, count))
+        mask_t = ir.VectorType(ir.IntType(1), 16)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16i32, [v16i32, i8p, v16i32, mask_t, i32]),
+                                            "llvm.x86.avx512.mask.gather.dpi.512")  # fmt: skip
+        index = builder.mul(lanes, _splat_i32(builder, stride))
+        v = builder.call(fn, [ir.Constant(v16i32, [0] * 16), base, index, mask, ir.Constant(i32, 1)])
+        return builder.xor(v, ir.Constant(v16i32, [-0x7F7F7F80] * 16))  # 0x80808080: each byte + 128
+
+    return I32x16(a, i, stride, count), codegen
+
+
+@intrinsic
+def _dpbusd16(typingctx, acc, u, q, j):
+    """acc + vpdpbusd(u, the 4 int8 at q[j..j+3] in every lane): per lane the 4 products of u's unsigned bytes and
+    the quad's signed ones, summed into acc (exact int32)."""
+    if acc != I32x16 or u != I32x16 or not (isinstance(q, types.Array) and q.layout == "C" and q.dtype == types.int8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32, v16i32 = ir.IntType(32), ir.VectorType(ir.IntType(32), 16)
+        ptr = builder.bitcast(_elem_ptr(context, builder, sig.args[2], args[2], args[3], sig.args[3]), i32.as_pointer())
+        quad = _splat_i32(builder, builder.load(ptr, align=1))
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16i32, [v16i32] * 3),
+                                            "llvm.x86.avx512.vpdpbusd.512")  # fmt: skip
+        return builder.call(fn, [args[0], args[1], quad])
+
+    return I32x16(I32x16, I32x16, q, j), codegen
+
+
+@intrinsic
+def _izero16(typingctx):
+    return I32x16(), lambda context, builder, sig, args: ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16)
+
+
+@intrinsic
+def _i32_minus_f32x16(typingctx, v, c):
+    """float32(v - c) lane by lane (v - c exact in int32; the conversion is exact below 2^24)."""
+    if v != I32x16 or not isinstance(c, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        c = builder.trunc(context.cast(builder, args[1], sig.args[1], types.int64), ir.IntType(32))
+        return builder.sitofp(builder.sub(args[0], _splat_i32(builder, c)), _v16f32)
+
+    return F32x16(I32x16, c), codegen
+
+
+@intrinsic
+def _sum32_i8(typingctx, a, i):
+    """The sum of int8 a[i:i+32] (flat index into a C-contiguous array) as int32 (exact)."""
+    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.int8):
         return None
 
     def codegen(context, builder, sig, args):
         v32i8, v32i32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(32), 32)
-        x, y = (builder.sext(builder.load(builder.bitcast(_elem_ptr(context, builder, sig.args[k], args[k], args[k + 1],
-                                                                    sig.args[k + 1]), v32i8.as_pointer()), align=1),
-                             v32i32) for k in (0, 2))  # fmt: skip
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        ptr = builder.bitcast(ptr, v32i8.as_pointer())
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [v32i32]),
                                             "llvm.vector.reduce.add.v32i32")  # fmt: skip
-        return builder.call(fn, [builder.mul(x, y)])
+        return builder.call(fn, [builder.sext(builder.load(ptr, align=1), v32i32)])
 
-    return types.int32(a, i, b, j), codegen
+    return types.int32(a, i), codegen
+
+
+@intrinsic
+def _halves_f32x16(typingctx, a, i, stride, count):
+    """16 IEEE halves of uint16 array a (flat, C-contiguous) as float32 (exact): lane l the one at a[i + l * stride],
+    lanes from count on repeating lane count - 1's (16 scalar loads: the scales of 16 positions' key blocks)."""
+    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.uint16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i64, i16 = ir.IntType(64), ir.IntType(16)
+        base = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        stride, count = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (2, 3))
+        v = ir.Constant(ir.VectorType(i16, 16), ir.Undefined)
+        last = builder.sub(count, ir.Constant(i64, 1))
+        for lane in range(16):
+            k = ir.Constant(i64, lane)
+            at = builder.mul(stride, builder.select(builder.icmp_signed("<", k, count), k, last))
+            x = builder.load(builder.gep(base, [at], inbounds=True))
+            v = builder.insert_element(v, x, ir.Constant(ir.IntType(32), lane))
+        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 16)), _v16f32)
+
+    return F32x16(a, i, stride, count), codegen
 
 
 @intrinsic
@@ -1636,59 +1724,156 @@ def _ld_i8f32x16(typingctx, a, i):
 
 
 @numba.njit(inline="always", **ATT)
-def _attend_head_q8_0(qq, qd, k_qs, k_d, v_qs, v_d, t0, n, scale, softcap, s, out):
-    """One query head over positions t0..t0+n-1 of one K/V head of a q8_0 cache: out [hd_v] = softmax(scale *
-    K.Q) . V. qq int8 [hd_k] / qd uint16 [hd_k/32]: the quantized query; s: float32 scratch [>= n].
+def _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, q, j):
+    """16 positions' integer dots with one 32-value query block q[j:j+32] (int8): from their quads + 128 (u0..u7,
+    _quads_u8x16), 8 vpdpbusd, then 128 x the block's sum taken off (_i32_minus_f32x16's c): exact, so each lane
+    holds ggml_vec_dot_q8_0_q8_0's integer sum for its position, as float32."""
+    acc = _dpbusd16(_izero16(), u0, q, j)
+    acc = _dpbusd16(acc, u1, q, j + 4)
+    acc = _dpbusd16(acc, u2, q, j + 8)
+    acc = _dpbusd16(acc, u3, q, j + 12)
+    acc = _dpbusd16(acc, u4, q, j + 16)
+    acc = _dpbusd16(acc, u5, q, j + 20)
+    acc = _dpbusd16(acc, u6, q, j + 24)
+    acc = _dpbusd16(acc, u7, q, j + 28)
+    return _i32_minus_f32x16(acc, 128 * _sum32_i8(q, j))
 
-    A score is its blocks' exact integer dots (_dot32_i8, vector code) folded by one scalar FMA a block, in block
-    order; the output takes 32 dimensions (one V block) at a time in 16-lane vectors, each lane the FMA chain over
-    the positions, in position order, that one dimension took as scalar code: float(code) * scale rounded, then
-    fma(p, that, acc). The same bits as the scalar loops this replaced, 3.4-4.7x as fast: attend_one_q8_0 of
-    SmolLM2's 9 heads (64 dimensions) at 64 / 1,000 positions 28.4 / 411 -> 8.3 / 88 us, Gemma3's 4 heads of 256 at
-    200 positions 134 -> 29 us (Ice Lake VM, 2 threads, the two in turns, equal outputs asserted)."""
+
+@numba.njit(inline="always", **ATT)
+def _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs, k_d, v_qs, v_d, scale, softcap, sc, s0, out2):
+    """nr <= QUERY_BLOCK quantized queries on one K/V head of a q8_0 cache (k_qs int8 [n_ctx, hd_k], k_d uint16
+    [n_ctx, hd_k/32], v_qs / v_d alike): query r is row rows[r] of qq2 int8 [R, hd_k] / qd2 uint16 [R, hd_k/32] (a
+    token's heads that share the K/V head, or a prompt's tokens for one head), over positions los[r]..ends[r]-1; row
+    rows[r] of out2 [R, hd_v] = softmax(scale * K.Q) . V. Scratch rows s0..s0+nr-1 of sc (float32, >= the span from
+    the first position to the last + 16).
+
+    A score is its blocks' exact integer dots folded by one FMA a block, in block order, then times scale
+    (ggml_vec_dot_q8_0_q8_0's sums): 16 positions at a time, a lane each (_block_dot16 on each block's quads,
+    gathered once for the nr queries). The output takes 32 dimensions (one V block) at a time in 16-lane vectors,
+    each lane the FMA chain over the query's positions, in position order, of float(code) * scale rounded, each V
+    block loaded and scaled once for the nr queries. Each query gets the bits it gets alone, and the bits of the code
+    this replaced (a query head at a time, a score a position: each block's integer dot reduced across a vector),
+    which took 1.6-2.4x the time in attend_group_q8_0 (16 sequences, every layer's cache out of cache: SmolLM2 at 64 /
+    300 / 2,000 positions 7.33 / 19.86 / 79.06 -> 3.74 / 11.90 / 49.55 ms a step, Gemma3 6.83 / 16.13 / 88.04 ->
+    2.81 / 9.51 / 49.42), 1.12-1.30x in attend_one_q8_0 and 1.65-1.75x in attend_rows_q8_0 (a 512-token prompt's
+    attention: SmolLM2 265-275 -> 160-164 ms, Gemma3 268 -> 153; Ice Lake VM, 2 threads, the two in turns, equal
+    outputs asserted)."""
     hd_k, hd_v = k_qs.shape[1], v_qs.shape[1]
-    nb_k = hd_k // QK8_0
-    for t in range(n):
-        row = (t0 + t) * hd_k
-        acc = np.float32(0.0)
-        for b in range(nb_k):
-            dot = _dot32_i8(k_qs, row + b * QK8_0, qq, b * QK8_0)
-            acc = _fma(np.float32(dot), _f16_to_f32(k_d[t0 + t, b]) * _f16_to_f32(qd[b]), acc)
-        s[t] = acc * scale
-    p = s[:n]
-    if softcap != 0.0:
-        _softcap_scores(p, softcap)
-    inv = _softmax_inplace(p)
+    nb = hd_k // QK8_0
+    kf, kdf, qf = k_qs.reshape(-1), k_d.reshape(-1), qq2.reshape(-1)
+    t0, t1 = los[0], ends[0]
+    for r in range(1, nr):
+        t0, t1 = min(t0, los[r]), max(t1, ends[r])
+    n = t1 - t0
+    q0, q1, q2, q3 = rows[0], rows[min(1, nr - 1)], rows[min(2, nr - 1)], rows[min(3, nr - 1)]
+    for t in range(0, n, 16):
+        count = min(16, n - t)
+        a0, a1, a2, a3 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+        for b in range(nb):
+            kd = _halves_f32x16(kdf, (t0 + t) * nb + b, nb, count)
+            at = (t0 + t) * hd_k + b * QK8_0
+            u0, u1 = _quads_u8x16(kf, at, hd_k, count), _quads_u8x16(kf, at + 4, hd_k, count)
+            u2, u3 = _quads_u8x16(kf, at + 8, hd_k, count), _quads_u8x16(kf, at + 12, hd_k, count)
+            u4, u5 = _quads_u8x16(kf, at + 16, hd_k, count), _quads_u8x16(kf, at + 20, hd_k, count)
+            u6, u7 = _quads_u8x16(kf, at + 24, hd_k, count), _quads_u8x16(kf, at + 28, hd_k, count)
+            d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q0 * hd_k + b * QK8_0)
+            a0 = _fma_v16(a0, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q0, b]))))
+            if nr > 1:
+                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q1 * hd_k + b * QK8_0)
+                a1 = _fma_v16(a1, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q1, b]))))
+            if nr > 2:
+                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q2 * hd_k + b * QK8_0)
+                a2 = _fma_v16(a2, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q2, b]))))
+            if nr > 3:
+                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q3 * hd_k + b * QK8_0)
+                a3 = _fma_v16(a3, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q3, b]))))
+        f = _fbcast16(scale)
+        _st_f32x16(sc[s0], t, _fmul16(a0, f))
+        if nr > 1:
+            _st_f32x16(sc[s0 + 1], t, _fmul16(a1, f))
+        if nr > 2:
+            _st_f32x16(sc[s0 + 2], t, _fmul16(a2, f))
+        if nr > 3:
+            _st_f32x16(sc[s0 + 3], t, _fmul16(a3, f))
+    inv0 = inv1 = inv2 = inv3 = np.float32(0.0)
+    for r in range(nr):
+        p = sc[s0 + r, los[r] - t0 : ends[r] - t0]  # this query's positions
+        if softcap != 0.0:
+            _softcap_scores(p, softcap)
+        inv = _softmax_inplace(p)
+        if r == 0:
+            inv0 = inv
+        elif r == 1:
+            inv1 = inv
+        elif r == 2:
+            inv2 = inv
+        else:
+            inv3 = inv
+    p0, p1, p2, p3 = sc[s0], sc[s0 + min(1, nr - 1)], sc[s0 + min(2, nr - 1)], sc[s0 + min(3, nr - 1)]
+    lo0, lo1, lo2, lo3 = los[0], los[min(1, nr - 1)], los[min(2, nr - 1)], los[min(3, nr - 1)]
+    e0, e1, e2, e3 = ends[0], ends[min(1, nr - 1)], ends[min(2, nr - 1)], ends[min(3, nr - 1)]
     for b in range(hd_v // QK8_0):
-        a0, a1 = _fzero16(), _fzero16()
+        c0, c1, d0, d1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+        f0, f1, g0, g1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
         for t in range(n):
-            pt = _fbcast16(p[t] * inv)
-            d = _fbcast16(_f16_to_f32(v_d[t0 + t, b]))
-            o = (t0 + t) * hd_v + b * QK8_0
-            a0 = _fma_v16(a0, pt, _fmul16(_ld_i8f32x16(v_qs, o), d))
-            a1 = _fma_v16(a1, pt, _fmul16(_ld_i8f32x16(v_qs, o + 16), d))
-        _st_f32x16(out, b * QK8_0, a0)
-        _st_f32x16(out, b * QK8_0 + 16, a1)
+            pos = t0 + t
+            d = _fbcast16(_f16_to_f32(v_d[pos, b]))
+            o = pos * hd_v + b * QK8_0
+            x0, x1 = _fmul16(_ld_i8f32x16(v_qs, o), d), _fmul16(_ld_i8f32x16(v_qs, o + 16), d)
+            if lo0 <= pos < e0:
+                pt = _fbcast16(p0[t] * inv0)
+                c0, c1 = _fma_v16(c0, pt, x0), _fma_v16(c1, pt, x1)
+            if nr > 1 and lo1 <= pos < e1:
+                pt = _fbcast16(p1[t] * inv1)
+                d0, d1 = _fma_v16(d0, pt, x0), _fma_v16(d1, pt, x1)
+            if nr > 2 and lo2 <= pos < e2:
+                pt = _fbcast16(p2[t] * inv2)
+                f0, f1 = _fma_v16(f0, pt, x0), _fma_v16(f1, pt, x1)
+            if nr > 3 and lo3 <= pos < e3:
+                pt = _fbcast16(p3[t] * inv3)
+                g0, g1 = _fma_v16(g0, pt, x0), _fma_v16(g1, pt, x1)
+        o = b * QK8_0
+        _st_f32x16(out2[q0], o, c0)
+        _st_f32x16(out2[q0], o + 16, c1)
+        if nr > 1:
+            _st_f32x16(out2[q1], o, d0)
+            _st_f32x16(out2[q1], o + 16, d1)
+        if nr > 2:
+            _st_f32x16(out2[q2], o, f0)
+            _st_f32x16(out2[q2], o + 16, f1)
+        if nr > 3:
+            _st_f32x16(out2[q3], o, g0)
+            _st_f32x16(out2[q3], o + 16, g1)
+
+
+@numba.njit(inline="always", **ATT)
+def _attend_heads_q8_0(qq2, qd2, h0, nr, k_qs, k_d, v_qs, v_d, t0, n, scale, softcap, sc, s0, out2):
+    """Query heads h0..h0+nr-1 of one token (rows of qq2 [n_head, hd_k] / qd2, out2 [n_head, hd_v]) that share one
+    K/V head, over positions t0..t0+n-1 (_attend_q8_0_rows)."""
+    heads = (h0, h0 + min(1, nr - 1), h0 + min(2, nr - 1), h0 + min(3, nr - 1))
+    span = (t0, t0, t0, t0)
+    end = (t0 + n, t0 + n, t0 + n, t0 + n)
+    _attend_q8_0_rows(qq2, qd2, heads, nr, span, end, k_qs, k_d, v_qs, v_d, scale, softcap, sc, s0, out2)
 
 
 @numba.njit(**ATT)
 def _attend_one_q8_0_heads(q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out, h0, h1):
     """attend_one_q8_0's query heads h0..h1-1."""
     hd_k, hd_v = k_qs.shape[2], v_qs.shape[2]
-    nb = hd_k // QK8_0
     n_head = q_qs.shape[0] // hd_k
     group = n_head // k_qs.shape[0]
+    qq2, qd2, out2 = q_qs.reshape(n_head, hd_k), q_d.reshape(n_head, hd_k // QK8_0), out.reshape(n_head, hd_v)
     for h in range(h0, h1):
         g = h // group
-        _attend_head_q8_0(q_qs[h * hd_k : (h + 1) * hd_k], q_d[h * nb : (h + 1) * nb], k_qs[g], k_d[g], v_qs[g],
-                          v_d[g], t0, t1 - t0, scale, softcap, scores[h], out[h * hd_v : (h + 1) * hd_v])  # fmt: skip
+        _attend_heads_q8_0(qq2, qd2, h, 1, k_qs[g], k_d[g], v_qs[g], v_d[g], t0, t1 - t0, scale, softcap, scores, h,
+                           out2)  # fmt: skip
 
 
 @launcher(_attend_one_q8_0_heads, ATT_PARALLEL)
 def attend_one_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out):
     """attend_one on a q8_0 cache: one token's quantized query (q_qs int8 [n_head*hd_k], q_d uint16
     [n_head*hd_k/32]) over positions t0..t1-1, heads spread over threads; scale: the attention scale applied to
-    every score; scores: float32 scratch [n_head, >= t1 - t0]; out [n_head*hd_v]."""
+    every score; scores: float32 scratch [n_head, >= t1 - t0 + 16]; out [n_head*hd_v]."""
     run_items("_attend_one_q8_0_heads", (q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, scores, out),
               q_qs.shape[0] // k_qs.shape[2], 1)  # fmt: skip
 
@@ -1696,21 +1881,29 @@ def attend_one_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, t0, t1, scale, softcap, sco
 @numba.njit(**ATT)
 def _attend_group_q8_0_tasks(q_qs, q_d, kq_group, kd_group, vq_group, vd_group, rows, slots, t0s, t1s, scale, softcap,
                              scores, out, task0, task1):  # fmt: skip
-    """attend_group_q8_0's tasks task0..task1-1: task j takes work items j, j + n_tasks, ... (item = sequence i,
-    query head h: i * n_head + h), with scratch row scores[j, 0]."""
+    """attend_group_q8_0's tasks task0..task1-1: task j takes work items j, j + n_tasks, ... (_heads_or_blocks: a
+    sequence's block of up to QUERY_BLOCK query heads on one K/V head, or a query head), with scratch scores[j]."""
     hd_k, hd_v = kq_group.shape[3], vq_group.shape[3]
-    nb = hd_k // QK8_0
+    n_kv = kq_group.shape[1]
     n_head = q_qs.shape[1] // hd_k
-    group = n_head // kq_group.shape[1]
-    n_items = rows.shape[0] * n_head
+    group = n_head // n_kv
+    grouped, per_seq = _heads_or_blocks(n_head, n_kv, rows.shape[0], scores.shape[0])
+    nblk = (group + QUERY_BLOCK - 1) // QUERY_BLOCK
+    n_items = rows.shape[0] * per_seq
     n_tasks = min(scores.shape[0], n_items)
     for task in range(task0, task1):
         for item in range(task, n_items, n_tasks):
-            i, h = item // n_head, item % n_head
-            m, sl, g = rows[i], slots[i], h // group
-            _attend_head_q8_0(q_qs[m, h * hd_k : (h + 1) * hd_k], q_d[m, h * nb : (h + 1) * nb], kq_group[sl, g],
-                              kd_group[sl, g], vq_group[sl, g], vd_group[sl, g], t0s[i], t1s[i] - t0s[i], scale,
-                              softcap, scores[task, 0], out[m, h * hd_v : (h + 1) * hd_v])  # fmt: skip
+            i, j = item // per_seq, item % per_seq
+            if grouped:
+                g, blk = j // nblk, j % nblk
+                h0, nr = g * group + blk * QUERY_BLOCK, min(QUERY_BLOCK, group - blk * QUERY_BLOCK)
+            else:
+                g, h0, nr = j // group, j, 1
+            m, sl = rows[i], slots[i]
+            qq2, qd2 = q_qs[m].reshape(n_head, hd_k), q_d[m].reshape(n_head, hd_k // QK8_0)
+            _attend_heads_q8_0(qq2, qd2, h0, nr, kq_group[sl, g], kd_group[sl, g], vq_group[sl, g], vd_group[sl, g],
+                               t0s[i], t1s[i] - t0s[i], scale, softcap, scores[task], 0,
+                               out[m].reshape(n_head, hd_v))  # fmt: skip
 
 
 @launcher(_attend_group_q8_0_tasks, ATT_PARALLEL)
@@ -1719,11 +1912,14 @@ def attend_group_q8_0(q_qs, q_d, kq_group, kd_group, vq_group, vd_group, rows, s
     """attend_one_q8_0 for several decoding sequences whose q8_0 caches are slots of one group, in one call (as
     attend_group for f16 / f32 caches): row rows[i] of q_qs / q_d (quantized queries) and of out attends positions
     t0s[i]..t1s[i]-1 of slot slots[i] of kq_group [n_slots, n_kv, n_ctx, hd_k] / kd_group and vq_group / vd_group.
-    scores: float32 scratch [n_tasks, QUERY_BLOCK, >= n_ctx]. Work items (sequence, query head) are dealt round-robin
-    to the tasks; each runs attend_one_q8_0's code for its head (_attend_head_q8_0), so the same bits."""
-    n_items = rows.shape[0] * (q_qs.shape[1] // kq_group.shape[3])
+    scores: float32 scratch [n_tasks, QUERY_BLOCK, >= n_ctx + 16]. Work items (_heads_or_blocks: a sequence's query
+    heads on one K/V head in blocks, each key block gathered once for them, or one query head) are dealt round-robin
+    to the tasks; every head gets attend_one_q8_0's bits (_attend_heads_q8_0; speed: _attend_q8_0_rows)."""
+    n_head = q_qs.shape[1] // kq_group.shape[3]
+    _, per_seq = _heads_or_blocks(n_head, kq_group.shape[1], rows.shape[0], scores.shape[0])
     run_items("_attend_group_q8_0_tasks", (q_qs, q_d, kq_group, kd_group, vq_group, vd_group, rows, slots, t0s, t1s,
-                                           scale, softcap, scores, out), min(scores.shape[0], n_items), 1)  # fmt: skip
+                                           scale, softcap, scores, out), min(scores.shape[0], rows.shape[0] * per_seq),
+              1)  # fmt: skip
 
 
 FWHT_ROWS = 4  # rows per work item of fwht_rows_at
@@ -1746,27 +1942,36 @@ def fwht_rows_at(x, rows, n):
 def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out, slot0, slot1):
     """attend_rows_q8_0's slots slot0..slot1-1."""
     m_rows, hd_k, hd_v = q_qs.shape[0], k_qs.shape[2], v_qs.shape[2]
-    nb = hd_k // QK8_0
     n_head = q_qs.shape[1] // hd_k
     group = n_head // k_qs.shape[0]
     n_slots = scores.shape[0]
+    qq2, qd2 = q_qs.reshape(m_rows * n_head, hd_k), q_d.reshape(m_rows * n_head, hd_k // QK8_0)
+    out2 = out.reshape(m_rows * n_head, hd_v)
+    nblk = (m_rows + QUERY_BLOCK - 1) // QUERY_BLOCK
     for slot in range(slot0, slot1):
-        sc = scores[slot, 0]
-        for item in range(slot, n_head * m_rows, n_slots):
-            h, m = item // m_rows, item % m_rows
-            g, p = h // group, pos0 + m
-            lo = max(0, p - window + 1) if window > 0 else 0
-            _attend_head_q8_0(q_qs[m, h * hd_k : (h + 1) * hd_k], q_d[m, h * nb : (h + 1) * nb], k_qs[g], k_d[g],
-                              v_qs[g], v_d[g], lo, p + 1 - lo, scale, softcap, sc,
-                              out[m, h * hd_v : (h + 1) * hd_v])  # fmt: skip
+        for item in range(slot, n_head * nblk, n_slots):
+            h, m0 = item // nblk, item % nblk * QUERY_BLOCK
+            nr = min(QUERY_BLOCK, m_rows - m0)
+            m1, m2, m3 = m0 + min(1, nr - 1), m0 + min(2, nr - 1), m0 + min(3, nr - 1)
+            rows = (m0 * n_head + h, m1 * n_head + h, m2 * n_head + h, m3 * n_head + h)
+            ends = (pos0 + m0 + 1, pos0 + m1 + 1, pos0 + m2 + 1, pos0 + m3 + 1)
+            if window > 0:
+                los = (max(0, ends[0] - window), max(0, ends[1] - window), max(0, ends[2] - window),
+                       max(0, ends[3] - window))  # fmt: skip
+            else:
+                los = (0, 0, 0, 0)
+            g = h // group
+            _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs[g], k_d[g], v_qs[g], v_d[g], scale, softcap,
+                              scores[slot], 0, out2)  # fmt: skip
 
 
 @launcher(_attend_rows_q8_0_slots, ATT_PARALLEL)
 def attend_rows_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out):
     """attend_rows on a q8_0 cache: M queries (positions pos0..pos0+M-1, quantized: q_qs [M, n_head*hd_k],
     q_d [M, n_head*hd_k/32]), causal, a query at p seeing keys p - window < key <= p (window 0: all <= p);
-    scores: float32 scratch [n_slots, QUERY_BLOCK, >= pos0 + M]; out [M, n_head*hd_v]. Each (head, query) runs
-    what attend_one_q8_0 runs for that query alone."""
+    scores: float32 scratch [n_slots, QUERY_BLOCK, >= pos0 + M + 16]; out [M, n_head*hd_v]. Work items: a head's
+    queries in blocks of QUERY_BLOCK (_attend_q8_0_rows: each key block gathered once for the block); each query
+    gets what attend_one_q8_0 gives it alone."""
     run_items("_attend_rows_q8_0_slots", (q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out),
               scores.shape[0], 1)  # fmt: skip
 

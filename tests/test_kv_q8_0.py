@@ -10,6 +10,8 @@ for a quantized V cache); batch invariance; memory; errors.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +126,11 @@ def test_grouped_decode_rows_q8_0(stem, monkeypatch):
     assert calls.count("attend_group_q8_0") == calls.count("qkv_rope_store_group_q8_0") == 3 * tf.config.n_layer
 
 
+# heads, K/V heads, head size: SmolLM2, Gemma3-270M, Qwen2.5-1.5B (two blocks of heads a K/V head), an odd number of
+# blocks a row, no grouping
+AGREE_CASES = [(9, 3, 64), (4, 1, 256), (12, 2, 128), (6, 2, 96), (4, 4, 64)]
+
+
 def _q8_0_attention_reference(qq, qd, kq, kd, vq, vd, t0, n, scale, softcap):
     """One query head over positions t0..t0+n-1 of a q8_0 K/V head, in float64 from the codes and scales:
     softmax(scale * sum_b dot_b * kd_b * qd_b) . (codes * scale)."""
@@ -139,7 +146,7 @@ def _q8_0_attention_reference(qq, qd, kq, kd, vq, vd, t0, n, scale, softcap):
     return (p / p.sum()) @ v.reshape(n, -1)
 
 
-@pytest.mark.parametrize("n_head, n_kv, hd", [(9, 3, 64), (4, 1, 256), (12, 2, 128), (6, 2, 96), (4, 4, 64)])
+@pytest.mark.parametrize("n_head, n_kv, hd", AGREE_CASES)
 def test_q8_0_attention_kernels_agree_bit_for_bit(n_head, n_kv, hd):
     """attend_group_q8_0 (a sequence's query heads on one K/V head in blocks of up to 4, each key block gathered once
     for them) and attend_rows_q8_0 (a prompt chunk's causal rows, windowed or not) give each head the bits that
@@ -194,6 +201,33 @@ def test_q8_0_attention_kernels_agree_bit_for_bit(n_head, n_kv, hd):
                 kernels.attend_one_q8_0(qr[j], qdr[j], kq[1], kd[1], vq[1], vd[1], lo, p + 1, scale,
                                         np.float32(softcap), scratch, one)  # fmt: skip
                 np.testing.assert_array_equal(out[j], one)
+
+
+WITHOUT_AVX512 = """
+import sys
+sys.path.insert(0, TESTS)
+from ggufrun.quants import dot
+assert not dot.HAS_ZMM
+import test_kv_q8_0 as t
+for case in t.AGREE_CASES:
+    t.test_q8_0_attention_kernels_agree_bit_for_bit(*case)
+print("ok")
+"""
+
+
+def _kernels_without_avx512(folder: Path) -> tuple[list[str], dict]:
+    """(argv, env) of the agreement test above compiled for an AVX2 CPU (Haswell: no AVX-512, so no gathers or
+    vpdpbusd: _attend_head_q8_0 a query at a time) with a Numba cache of its own in `folder`."""
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(folder / "cache"))
+    return [sys.executable, "-c", WITHOUT_AVX512.replace("TESTS", repr(str(Path(__file__).parent)))], env
+
+
+@pytest.mark.background.with_args(_kernels_without_avx512)  # with_args: a lone function argument would be decorated
+def test_q8_0_attention_without_avx512(background):
+    """Where the CPU has no AVX-512 VNNI the q8_0 attention kernels compile without its intrinsics and give the
+    same agreement (each query its bits alone; the float64 reference)."""
+    returncode, stdout, stderr = background
+    assert returncode == 0 and stdout.strip() == "ok", stderr[-3000:]
 
 
 def test_fwht_takes_ggmls_float32_steps():

@@ -1710,6 +1710,25 @@ def _halves_f32x16(typingctx, a, i, stride, count):
 
 
 @intrinsic
+def _dot32_i8(typingctx, a, i, b, j):
+    """The integer dot of int8 a[i:i+32] and b[j:j+32] (flat indices into C-contiguous arrays) as int32: exact,
+    whatever order the vector code adds the products in (ggml_vec_dot_q8_0_q8_0's per-block sum)."""
+    if not all(isinstance(x, types.Array) and x.layout == "C" and x.dtype == types.int8 for x in (a, b)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v32i8, v32i32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(32), 32)
+        x, y = (builder.sext(builder.load(builder.bitcast(_elem_ptr(context, builder, sig.args[k], args[k], args[k + 1],
+                                                                    sig.args[k + 1]), v32i8.as_pointer()), align=1),
+                             v32i32) for k in (0, 2))  # fmt: skip
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [v32i32]),
+                                            "llvm.vector.reduce.add.v32i32")  # fmt: skip
+        return builder.call(fn, [builder.mul(x, y)])
+
+    return types.int32(a, i, b, j), codegen
+
+
+@intrinsic
 def _ld_i8f32x16(typingctx, a, i):
     """int8 a[i:i+16] (flat index into a C-contiguous array) as 16 x float32 (exact)."""
     if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.int8):
@@ -1721,6 +1740,41 @@ def _ld_i8f32x16(typingctx, a, i):
                                            align=1), _v16f32)  # fmt: skip
 
     return F32x16(a, i), codegen
+
+
+@numba.njit(inline="always", **ATT)
+def _attend_head_q8_0(qq, qd, k_qs, k_d, v_qs, v_d, t0, n, scale, softcap, s, out):
+    """One query head over positions t0..t0+n-1 of one K/V head of a q8_0 cache: out [hd_v] = softmax(scale *
+    K.Q) . V. qq int8 [hd_k] / qd uint16 [hd_k/32]: the quantized query; s: float32 scratch [>= n]. A position at a
+    time: _attend_q8_0_rows's code where the CPU has no AVX-512 VNNI (its gathers and vpdpbusd), the same bits.
+
+    A score is its blocks' exact integer dots (_dot32_i8, vector code) folded by one scalar FMA a block, in block
+    order; the output takes 32 dimensions (one V block) at a time in 16-lane vectors, each lane the FMA chain over
+    the positions, in position order, that one dimension took as scalar code: float(code) * scale rounded, then
+    fma(p, that, acc)."""
+    hd_k, hd_v = k_qs.shape[1], v_qs.shape[1]
+    nb_k = hd_k // QK8_0
+    for t in range(n):
+        row = (t0 + t) * hd_k
+        acc = np.float32(0.0)
+        for b in range(nb_k):
+            dot = _dot32_i8(k_qs, row + b * QK8_0, qq, b * QK8_0)
+            acc = _fma(np.float32(dot), _f16_to_f32(k_d[t0 + t, b]) * _f16_to_f32(qd[b]), acc)
+        s[t] = acc * scale
+    p = s[:n]
+    if softcap != 0.0:
+        _softcap_scores(p, softcap)
+    inv = _softmax_inplace(p)
+    for b in range(hd_v // QK8_0):
+        a0, a1 = _fzero16(), _fzero16()
+        for t in range(n):
+            pt = _fbcast16(p[t] * inv)
+            d = _fbcast16(_f16_to_f32(v_d[t0 + t, b]))
+            o = (t0 + t) * hd_v + b * QK8_0
+            a0 = _fma_v16(a0, pt, _fmul16(_ld_i8f32x16(v_qs, o), d))
+            a1 = _fma_v16(a1, pt, _fmul16(_ld_i8f32x16(v_qs, o + 16), d))
+        _st_f32x16(out, b * QK8_0, a0)
+        _st_f32x16(out, b * QK8_0 + 16, a1)
 
 
 @numba.njit(inline="always", **ATT)
@@ -1751,13 +1805,19 @@ def _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs, k_d, v_qs, v_d, scale
     (ggml_vec_dot_q8_0_q8_0's sums): 16 positions at a time, a lane each (_block_dot16 on each block's quads,
     gathered once for the nr queries). The output takes 32 dimensions (one V block) at a time in 16-lane vectors,
     each lane the FMA chain over the query's positions, in position order, of float(code) * scale rounded, each V
-    block loaded and scaled once for the nr queries. Each query gets the bits it gets alone, and the bits of the code
-    this replaced (a query head at a time, a score a position: each block's integer dot reduced across a vector),
-    which took 1.6-2.4x the time in attend_group_q8_0 (16 sequences, every layer's cache out of cache: SmolLM2 at 64 /
-    300 / 2,000 positions 7.33 / 19.86 / 79.06 -> 3.74 / 11.90 / 49.55 ms a step, Gemma3 6.83 / 16.13 / 88.04 ->
-    2.81 / 9.51 / 49.42), 1.12-1.30x in attend_one_q8_0 and 1.65-1.75x in attend_rows_q8_0 (a 512-token prompt's
-    attention: SmolLM2 265-275 -> 160-164 ms, Gemma3 268 -> 153; Ice Lake VM, 2 threads, the two in turns, equal
-    outputs asserted)."""
+    block loaded and scaled once for the nr queries. That is on AVX-512 VNNI (HAS_ZMM); elsewhere _attend_head_q8_0
+    takes a query at a time. Each query gets the bits it gets alone, and the bits of _attend_head_q8_0 (a score a
+    position: each block's integer dot reduced across a vector), which on Ice Lake took 1.6-2.4x the time in
+    attend_group_q8_0 (16 sequences, every layer's cache out of cache: SmolLM2 at 64 / 300 / 2,000 positions 7.33 /
+    19.86 / 79.06 -> 3.74 / 11.90 / 49.55 ms a step, Gemma3 6.83 / 16.13 / 88.04 -> 2.81 / 9.51 / 49.42), 1.12-1.30x
+    in attend_one_q8_0 and 1.65-1.75x in attend_rows_q8_0 (a 512-token prompt's attention: SmolLM2 265-275 -> 160-164
+    ms, Gemma3 268 -> 153; a VM, 2 threads, the two in turns, equal outputs asserted)."""
+    if not HAS_ZMM:  # a query at a time, a position at a time: the same bits
+        for r in range(nr):
+            i = rows[r]
+            _attend_head_q8_0(qq2[i], qd2[i], k_qs, k_d, v_qs, v_d, los[r], ends[r] - los[r], scale, softcap,
+                              sc[s0 + r], out2[i])  # fmt: skip
+        return
     hd_k, hd_v = k_qs.shape[1], v_qs.shape[1]
     nb = hd_k // QK8_0
     kf, kdf, qf = k_qs.reshape(-1), k_d.reshape(-1), qq2.reshape(-1)

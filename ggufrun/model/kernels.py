@@ -87,6 +87,12 @@ def _elem_ptr(context, builder, aryty, ary, idx, idxty):
     return builder.gep(data, [context.cast(builder, idx, idxty, types.intp)], inbounds=True)
 
 
+def _c_array(a, *dtypes) -> bool:
+    """Whether Numba type a is a C-contiguous array (of one of `dtypes`, when given): what the intrinsics below index
+    by flat element offset."""
+    return isinstance(a, types.Array) and a.layout == "C" and (not dtypes or a.dtype in dtypes)
+
+
 def _f32_lanes(n: int, lane_type):
     """The loads, stores, broadcast, zero and FMA of n x float32 vectors (lane_type: F32x8 or F32x16), as intrinsics:
     (ld, st, bcast, zero, fma). ld(a, i) is a[i:i+n] (flat element index into a C-contiguous array; uint16 arrays
@@ -95,7 +101,7 @@ def _f32_lanes(n: int, lane_type):
 
     @intrinsic
     def ld(typingctx, a, i):
-        if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype in (types.uint16, types.float32)):
+        if not _c_array(a, types.uint16, types.float32):
             return None
 
         def codegen(context, builder, sig, args):
@@ -109,7 +115,7 @@ def _f32_lanes(n: int, lane_type):
 
     @intrinsic
     def st(typingctx, a, i, v):
-        if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32):
+        if not _c_array(a, types.float32):
             return None
 
         def codegen(context, builder, sig, args):
@@ -159,7 +165,7 @@ _v8f64, _v16f32 = ir.VectorType(ir.DoubleType(), 8), ir.VectorType(ir.FloatType(
 @intrinsic
 def _ld_f64x8(typingctx, a, i):
     """float32 a[i:i+8] widened to 8 x float64 (exact)."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32):
+    if not _c_array(a, types.float32):
         return None
 
     def codegen(context, builder, sig, args):
@@ -255,7 +261,7 @@ def _hmax16(typingctx, v):
 @intrinsic
 def _eq_first16(typingctx, a, i, v):
     """The lane of the first of a[i:i+16] equal to v, or 16 when none is (a compare mask's trailing zeros)."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32) or v != types.float32:
+    if not _c_array(a, types.float32) or v != types.float32:
         return None
 
     def codegen(context, builder, sig, args):
@@ -279,7 +285,7 @@ def _prefetch_hint(rw: int, locality: int):
 
     @intrinsic
     def hint(typingctx, a, i):
-        if not (isinstance(a, types.Array) and a.layout == "C"):
+        if not _c_array(a):
             return None
 
         def codegen(context, builder, sig, args):
@@ -1614,7 +1620,7 @@ def _quads_u8x16(typingctx, a, i, stride, count):
     """16 lanes of 4 codes of int8 array a (flat, C-contiguous): lane l < count the 4 bytes at a[i + l * stride ..],
     each + 128 (so unsigned, vpdpbusd's first operand; exact), by one masked hardware gather: lane l is position l's
     quad of a q8_0 key block. Lanes from count on are never read (their value is 128 per byte)."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.int8):
+    if not _c_array(a, types.int8):
         return None
 
     def codegen(context, builder, sig, args):
@@ -1637,7 +1643,7 @@ def _quads_u8x16(typingctx, a, i, stride, count):
 def _dpbusd16(typingctx, acc, u, q, j):
     """acc + vpdpbusd(u, the 4 int8 at q[j..j+3] in every lane): per lane the 4 products of u's unsigned bytes and
     the quad's signed ones, summed into acc (exact int32)."""
-    if acc != I32x16 or u != I32x16 or not (isinstance(q, types.Array) and q.layout == "C" and q.dtype == types.int8):
+    if acc != I32x16 or u != I32x16 or not _c_array(q, types.int8):
         return None
 
     def codegen(context, builder, sig, args):
@@ -1672,7 +1678,7 @@ def _i32_minus_f32x16(typingctx, v, c):
 @intrinsic
 def _sum32_i8(typingctx, a, i):
     """The sum of int8 a[i:i+32] (flat index into a C-contiguous array) as int32 (exact)."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.int8):
+    if not _c_array(a, types.int8):
         return None
 
     def codegen(context, builder, sig, args):
@@ -1690,7 +1696,7 @@ def _sum32_i8(typingctx, a, i):
 def _halves_f32x16(typingctx, a, i, stride, count):
     """16 IEEE halves of uint16 array a (flat, C-contiguous) as float32 (exact): lane l the one at a[i + l * stride],
     lanes from count on repeating lane count - 1's (16 scalar loads: the scales of 16 positions' key blocks)."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.uint16):
+    if not _c_array(a, types.uint16):
         return None
 
     def codegen(context, builder, sig, args):
@@ -1713,7 +1719,7 @@ def _halves_f32x16(typingctx, a, i, stride, count):
 def _dot32_i8(typingctx, a, i, b, j):
     """The integer dot of int8 a[i:i+32] and b[j:j+32] (flat indices into C-contiguous arrays) as int32: exact,
     whatever order the vector code adds the products in (ggml_vec_dot_q8_0_q8_0's per-block sum)."""
-    if not all(isinstance(x, types.Array) and x.layout == "C" and x.dtype == types.int8 for x in (a, b)):
+    if not (_c_array(a, types.int8) and _c_array(b, types.int8)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -1731,7 +1737,7 @@ def _dot32_i8(typingctx, a, i, b, j):
 @intrinsic
 def _ld_i8f32x16(typingctx, a, i):
     """int8 a[i:i+16] (flat index into a C-contiguous array) as 16 x float32 (exact)."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.int8):
+    if not _c_array(a, types.int8):
         return None
 
     def codegen(context, builder, sig, args):

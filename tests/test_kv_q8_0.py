@@ -149,7 +149,8 @@ def _q8_0_attention_reference(qq, qd, kq, kd, vq, vd, t0, n, scale, softcap):
 @pytest.mark.parametrize("n_head, n_kv, hd", AGREE_CASES)
 def test_q8_0_attention_kernels_agree_bit_for_bit(n_head, n_kv, hd):
     """attend_group_q8_0 (a sequence's query heads on one K/V head in blocks of up to 4, each key block gathered once
-    for them) and attend_rows_q8_0 (a prompt chunk's causal rows, windowed or not) give each head the bits that
+    for them) and attend_rows_q8_0 (a prompt chunk's causal rows, windowed or not, its keys laid out as tiles in
+    scratch holding another layout's leftovers) give each head the bits that
     attend_one_q8_0 gives it (one head at a time), at lengths with and without a partial 16-position tile; and
     attend_one_q8_0 is the float64 computation from the codes to float32 rounding."""
     from ggufrun.model import kernels
@@ -187,13 +188,17 @@ def test_q8_0_attention_kernels_agree_bit_for_bit(n_head, n_kv, hd):
                 ref = _q8_0_attention_reference(qh, qdh, kq[s, g], kd[s, g], vq[s, g], vd[s, g], t0s[i],
                                                 t1s[i] - t0s[i], float(scale), softcap)  # fmt: skip
                 np.testing.assert_allclose(one[h * hd : (h + 1) * hd], ref, rtol=2e-5, atol=1e-6)
-        # a prompt chunk of 5 rows after n cached positions, causal; windowed too
+        # a prompt chunk of 5 rows after n cached positions, causal; windowed too. The keys' tiles start from
+        # another layout's leftovers (random), which the kernel must not read.
         pos0, m = t0 + n, 5
         qr, qdr = codes((m, n_head * hd)), halves((m, n_head * nb), 0.01, 0.05)
+        key_tiles = rng.integers(-(2**31), 2**31, (threads, hd // 4 + 1, n_ctx + 32), dtype=np.int32)
+        key_scales = rng.integers(0, 2**16, (threads, nb, n_ctx + 32), dtype=np.uint16)
         for window in (0, 12):
             out = np.full((m, n_head * hd), np.nan, np.float32)
+            scores = np.zeros((threads, 4, n_ctx + 32), np.float32)
             kernels.attend_rows_q8_0(qr, qdr, kq[1], kd[1], vq[1], vd[1], pos0, window, scale, np.float32(softcap),
-                                     np.zeros((threads, 4, n_ctx + 32), np.float32), out)  # fmt: skip
+                                     scores, key_tiles, key_scales, out)  # fmt: skip
             for j in range(m):
                 p = pos0 + j
                 lo = max(0, p - window + 1) if window else 0

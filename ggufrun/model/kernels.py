@@ -1640,6 +1640,19 @@ def _quads_u8x16(typingctx, a, i, stride, count):
 
 
 @intrinsic
+def _ld_i32x16(typingctx, a, i):
+    """int32 a[i:i+16] (flat index into a C-contiguous array): a tile's quad column (_key_tiles_q8_0)."""
+    if not _c_array(a, types.int32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(32), 16).as_pointer()), align=4)
+
+    return I32x16(a, i), codegen
+
+
+@intrinsic
 def _dpbusd16(typingctx, acc, u, q, j):
     """acc + vpdpbusd(u, the 4 int8 at q[j..j+3] in every lane): per lane the 4 products of u's unsigned bytes and
     the quad's signed ones, summed into acc (exact int32)."""
@@ -1784,9 +1797,9 @@ def _attend_head_q8_0(qq, qd, k_qs, k_d, v_qs, v_d, t0, n, scale, softcap, s, ou
 
 
 @numba.njit(inline="always", **ATT)
-def _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, q, j):
+def _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, q, j, c):
     """16 positions' integer dots with one 32-value query block q[j:j+32] (int8): from their quads + 128 (u0..u7,
-    _quads_u8x16), 8 vpdpbusd, then 128 x the block's sum taken off (_i32_minus_f32x16's c): exact, so each lane
+    _quads_u8x16), 8 vpdpbusd, then c = 128 x the block's sum taken off (_i32_minus_f32x16): exact, so each lane
     holds ggml_vec_dot_q8_0_q8_0's integer sum for its position, as float32."""
     acc = _dpbusd16(_izero16(), u0, q, j)
     acc = _dpbusd16(acc, u1, q, j + 4)
@@ -1796,7 +1809,7 @@ def _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, q, j):
     acc = _dpbusd16(acc, u5, q, j + 20)
     acc = _dpbusd16(acc, u6, q, j + 24)
     acc = _dpbusd16(acc, u7, q, j + 28)
-    return _i32_minus_f32x16(acc, 128 * _sum32_i8(q, j))
+    return _i32_minus_f32x16(acc, c)
 
 
 @numba.njit(inline="always", **ATT)
@@ -1809,28 +1822,51 @@ def _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs, k_d, v_qs, v_d, scale
 
     A score is its blocks' exact integer dots folded by one FMA a block, in block order, then times scale
     (ggml_vec_dot_q8_0_q8_0's sums): 16 positions at a time, a lane each (_block_dot16 on each block's quads,
-    gathered once for the nr queries). The output takes 32 dimensions (one V block) at a time in 16-lane vectors,
-    each lane the FMA chain over the query's positions, in position order, of float(code) * scale rounded, each V
-    block loaded and scaled once for the nr queries. That is on AVX-512 VNNI (HAS_ZMM); elsewhere _attend_head_q8_0
-    takes a query at a time. Each query gets the bits it gets alone, and the bits of _attend_head_q8_0 (a score a
-    position: each block's integer dot reduced across a vector), which on Ice Lake took 1.6-2.4x the time in
-    attend_group_q8_0 (16 sequences, every layer's cache out of cache: SmolLM2 at 64 / 300 / 2,000 positions 7.33 /
-    19.86 / 79.06 -> 3.74 / 11.90 / 49.55 ms a step, Gemma3 6.83 / 16.13 / 88.04 -> 2.81 / 9.51 / 49.42), 1.12-1.30x
-    in attend_one_q8_0 and 1.65-1.75x in attend_rows_q8_0 (a 512-token prompt's attention: SmolLM2 265-275 -> 160-164
-    ms, Gemma3 268 -> 153; a VM, 2 threads, the two in turns, equal outputs asserted)."""
+    gathered once for the nr queries: _scores_q8_0_gathered). The output takes 32 dimensions (one V block) at a time
+    in 16-lane vectors, each lane the FMA chain over the query's positions, in position order, of float(code) * scale
+    rounded, each V block loaded and scaled once for the nr queries (_softmax_values_q8_0). That is on AVX-512 VNNI
+    (HAS_ZMM); elsewhere _attend_head_q8_0 takes a query at a time. Each query gets the bits it gets alone, and the
+    bits of _attend_head_q8_0 (a score a position: each block's integer dot reduced across a vector), which on Ice
+    Lake took 1.6-2.4x the time in attend_group_q8_0 (16 sequences, every layer's cache out of cache: SmolLM2 at 64 /
+    300 / 2,000 positions 7.33 / 19.86 / 79.06 -> 3.74 / 11.90 / 49.55 ms a step, Gemma3 6.83 / 16.13 / 88.04 ->
+    2.81 / 9.51 / 49.42) and 1.12-1.30x in attend_one_q8_0 (a VM, 2 threads, the two in turns, equal outputs
+    asserted). Prompts take _attend_q8_0_tiles instead: the same steps on keys laid out by _key_tiles_q8_0."""
     if not HAS_ZMM:  # a query at a time, a position at a time: the same bits
         for r in range(nr):
             i = rows[r]
             _attend_head_q8_0(qq2[i], qd2[i], k_qs, k_d, v_qs, v_d, los[r], ends[r] - los[r], scale, softcap,
                               sc[s0 + r], out2[i])  # fmt: skip
         return
-    hd_k, hd_v = k_qs.shape[1], v_qs.shape[1]
-    nb = hd_k // QK8_0
-    kf, kdf, qf = k_qs.reshape(-1), k_d.reshape(-1), qq2.reshape(-1)
+    t0, n = _q8_0_span(nr, los, ends)
+    _scores_q8_0_gathered(qq2, qd2, rows, nr, t0, n, k_qs, k_d, scale, sc, s0)
+    _softmax_values_q8_0(rows, nr, los, ends, t0, n, v_qs, v_d, softcap, sc, s0, out2)
+
+
+@numba.njit(inline="always", **ATT)
+def _attend_q8_0_tiles(qq2, qd2, rows, nr, los, ends, kt, kdt, v_qs, v_d, scale, softcap, sc, s0, out2):
+    """_attend_q8_0_rows (HAS_ZMM) with the keys read from kt / kdt, one K/V head's keys as _key_tiles_q8_0 lays them
+    out (_scores_q8_0_tiles): the same bits."""
+    t0, n = _q8_0_span(nr, los, ends)
+    _scores_q8_0_tiles(qq2, qd2, rows, nr, t0, n, kt, kdt, scale, sc, s0)
+    _softmax_values_q8_0(rows, nr, los, ends, t0, n, v_qs, v_d, softcap, sc, s0, out2)
+
+
+@numba.njit(inline="always", **ATT)
+def _q8_0_span(nr, los, ends):
+    """(first position, number of positions) of the span that the nr queries' spans los[r]..ends[r]-1 cover."""
     t0, t1 = los[0], ends[0]
     for r in range(1, nr):
         t0, t1 = min(t0, los[r]), max(t1, ends[r])
-    n = t1 - t0
+    return t0, t1 - t0
+
+
+@numba.njit(inline="always", **ATT)
+def _scores_q8_0_gathered(qq2, qd2, rows, nr, t0, n, k_qs, k_d, scale, sc, s0):
+    """Row s0 + r of sc, positions 0..n-1 (t0..t0+n-1 of the cache) = query rows[r]'s scores: each tile's key block
+    quads gathered once for the nr queries (_quads_u8x16, a masked vpgatherdd a quad column)."""
+    hd_k = k_qs.shape[1]
+    nb = hd_k // QK8_0
+    kf, kdf, qf = k_qs.reshape(-1), k_d.reshape(-1), qq2.reshape(-1)
     q0, q1, q2, q3 = rows[0], rows[min(1, nr - 1)], rows[min(2, nr - 1)], rows[min(3, nr - 1)]
     for t in range(0, n, 16):
         count = min(16, n - t)
@@ -1842,25 +1878,103 @@ def _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs, k_d, v_qs, v_d, scale
             u2, u3 = _quads_u8x16(kf, at + 8, hd_k, count), _quads_u8x16(kf, at + 12, hd_k, count)
             u4, u5 = _quads_u8x16(kf, at + 16, hd_k, count), _quads_u8x16(kf, at + 20, hd_k, count)
             u6, u7 = _quads_u8x16(kf, at + 24, hd_k, count), _quads_u8x16(kf, at + 28, hd_k, count)
-            d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q0 * hd_k + b * QK8_0)
+            j = q0 * hd_k + b * QK8_0
+            d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j))
             a0 = _fma_v16(a0, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q0, b]))))
             if nr > 1:
-                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q1 * hd_k + b * QK8_0)
+                j = q1 * hd_k + b * QK8_0
+                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j))
                 a1 = _fma_v16(a1, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q1, b]))))
             if nr > 2:
-                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q2 * hd_k + b * QK8_0)
+                j = q2 * hd_k + b * QK8_0
+                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j))
                 a2 = _fma_v16(a2, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q2, b]))))
             if nr > 3:
-                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q3 * hd_k + b * QK8_0)
+                j = q3 * hd_k + b * QK8_0
+                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j))
                 a3 = _fma_v16(a3, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q3, b]))))
-        f = _fbcast16(scale)
-        _st_f32x16(sc[s0], t, _fmul16(a0, f))
-        if nr > 1:
-            _st_f32x16(sc[s0 + 1], t, _fmul16(a1, f))
-        if nr > 2:
-            _st_f32x16(sc[s0 + 2], t, _fmul16(a2, f))
-        if nr > 3:
-            _st_f32x16(sc[s0 + 3], t, _fmul16(a3, f))
+        _store_scores16(sc, s0, nr, t, scale, a0, a1, a2, a3)
+
+
+@numba.njit(inline="always", **ATT)
+def _scores_q8_0_tiles(qq2, qd2, rows, nr, t0, n, kt, kdt, scale, sc, s0):
+    """_scores_q8_0_gathered's scores, the same bits, from keys laid out by _key_tiles_q8_0: a tile's quad column is
+    one 64-byte load, its scales one load of 16 halves. Each query block's 128 x sum (_block_dot16's c) is taken
+    once, into row hd_k/4 of kt (columns r * nb + b), rather than once a tile."""
+    hd_k = qq2.shape[1]
+    nb, nq, S = hd_k // QK8_0, hd_k // 4, kt.shape[1]
+    qf = qq2.reshape(-1)
+    q0, q1, q2, q3 = rows[0], rows[min(1, nr - 1)], rows[min(2, nr - 1)], rows[min(3, nr - 1)]
+    for b in range(nb):
+        kt[nq, b] = 128 * _sum32_i8(qf, q0 * hd_k + b * QK8_0)
+        kt[nq, nb + b] = 128 * _sum32_i8(qf, q1 * hd_k + b * QK8_0)
+        kt[nq, 2 * nb + b] = 128 * _sum32_i8(qf, q2 * hd_k + b * QK8_0)
+        kt[nq, 3 * nb + b] = 128 * _sum32_i8(qf, q3 * hd_k + b * QK8_0)
+    for t in range(0, n, 16):
+        a0, a1, a2, a3 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+        for b in range(nb):
+            kd = _ld_f32x16(kdt, b * kdt.shape[1] + t0 + t)
+            at = 8 * b * S + t0 + t
+            u0, u1 = _ld_i32x16(kt, at), _ld_i32x16(kt, at + S)
+            u2, u3 = _ld_i32x16(kt, at + 2 * S), _ld_i32x16(kt, at + 3 * S)
+            u4, u5 = _ld_i32x16(kt, at + 4 * S), _ld_i32x16(kt, at + 5 * S)
+            u6, u7 = _ld_i32x16(kt, at + 6 * S), _ld_i32x16(kt, at + 7 * S)
+            d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q0 * hd_k + b * QK8_0, kt[nq, b])
+            a0 = _fma_v16(a0, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q0, b]))))
+            if nr > 1:
+                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q1 * hd_k + b * QK8_0, kt[nq, nb + b])
+                a1 = _fma_v16(a1, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q1, b]))))
+            if nr > 2:
+                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q2 * hd_k + b * QK8_0, kt[nq, 2 * nb + b])
+                a2 = _fma_v16(a2, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q2, b]))))
+            if nr > 3:
+                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q3 * hd_k + b * QK8_0, kt[nq, 3 * nb + b])
+                a3 = _fma_v16(a3, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q3, b]))))
+        _store_scores16(sc, s0, nr, t, scale, a0, a1, a2, a3)
+
+
+@numba.njit(inline="always", **ATT)
+def _store_scores16(sc, s0, nr, t, scale, a0, a1, a2, a3):
+    """Positions t..t+15 of the nr rows s0.. of sc = the tiles' sums a0..a3 times scale."""
+    f = _fbcast16(scale)
+    _st_f32x16(sc[s0], t, _fmul16(a0, f))
+    if nr > 1:
+        _st_f32x16(sc[s0 + 1], t, _fmul16(a1, f))
+    if nr > 2:
+        _st_f32x16(sc[s0 + 2], t, _fmul16(a2, f))
+    if nr > 3:
+        _st_f32x16(sc[s0 + 3], t, _fmul16(a3, f))
+
+
+@numba.njit(inline="always", **ATT)
+def _key_tiles_q8_0(k_qs, k_d, n, kt, kdt):
+    """Positions 0..n-1 of one K/V head of a q8_0 cache (k_qs int8 [n_ctx, hd_k], k_d uint16 [n_ctx, hd_k/32]) laid
+    out for _scores_q8_0_tiles: kt int32 [>= hd_k/4 + 1, >= n + 16], kt[j, t] = quad j of position t's codes (4
+    int8 as one int32) with each byte + 128 (vpdpbusd's unsigned operand, as _quads_u8x16 gathers them); kdt uint16
+    [>= hd_k/32, >= n + 16], kdt[b, t] = position t's scale of block b. Positions n..n+15 (the lanes a last tile
+    reads past the span) get codes 0 and scale 0. A prompt's attention reads each key once for every 4 queries:
+    laid out once a call and K/V head, its tiles are loads instead of gathers (_attend_rows_q8_0_slots)."""
+    nq, nb = k_qs.shape[1] // 4, k_qs.shape[1] // QK8_0
+    k32 = k_qs.view(np.int32)
+    plus128 = np.int32(-0x7F7F7F80)  # 0x80808080
+    for t in range(n):
+        for j in range(nq):
+            kt[j, t] = k32[t, j] ^ plus128
+        for b in range(nb):
+            kdt[b, t] = k_d[t, b]
+    for t in range(n, n + 16):
+        for j in range(nq):
+            kt[j, t] = plus128
+        for b in range(nb):
+            kdt[b, t] = 0
+
+
+@numba.njit(inline="always", **ATT)
+def _softmax_values_q8_0(rows, nr, los, ends, t0, n, v_qs, v_d, softcap, sc, s0, out2):
+    """The nr queries' scores in rows s0.. of sc (position t0 + t at column t) to probabilities over each query's
+    own span, then row rows[r] of out2 = those probabilities . V (_attend_q8_0_rows)."""
+    hd_v = v_qs.shape[1]
+    q0, q1, q2, q3 = rows[0], rows[min(1, nr - 1)], rows[min(2, nr - 1)], rows[min(3, nr - 1)]
     inv0 = inv1 = inv2 = inv3 = np.float32(0.0)
     for r in range(nr):
         p = sc[s0 + r, los[r] - t0 : ends[r] - t0]  # this query's positions
@@ -2005,8 +2119,11 @@ def fwht_rows_at(x, rows, n):
 
 
 @numba.njit(**ATT)
-def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out, slot0, slot1):
-    """attend_rows_q8_0's slots slot0..slot1-1."""
+def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, key_tiles,
+                            key_scales, out, slot0, slot1):  # fmt: skip
+    """attend_rows_q8_0's slots slot0..slot1-1: a slot lays out the keys of each K/V head its items read once
+    (_key_tiles_q8_0, into key_tiles[slot] / key_scales[slot]; its items run head by head), where the CPU has AVX-512
+    VNNI."""
     m_rows, hd_k, hd_v = q_qs.shape[0], k_qs.shape[2], v_qs.shape[2]
     n_head = q_qs.shape[1] // hd_k
     group = n_head // k_qs.shape[0]
@@ -2015,6 +2132,7 @@ def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale
     out2 = out.reshape(m_rows * n_head, hd_v)
     nblk = (m_rows + QUERY_BLOCK - 1) // QUERY_BLOCK
     for slot in range(slot0, slot1):
+        laid_out = -1  # the K/V head in key_tiles[slot]
         for item in range(slot, n_head * nblk, n_slots):
             h, m0 = item // nblk, item % nblk * QUERY_BLOCK
             nr = min(QUERY_BLOCK, m_rows - m0)
@@ -2027,19 +2145,34 @@ def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale
             else:
                 los = (0, 0, 0, 0)
             g = h // group
-            _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs[g], k_d[g], v_qs[g], v_d[g], scale, softcap,
-                              scores[slot], 0, out2)  # fmt: skip
+            if not HAS_ZMM:
+                _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs[g], k_d[g], v_qs[g], v_d[g], scale, softcap,
+                                  scores[slot], 0, out2)  # fmt: skip
+                continue
+            if g != laid_out:
+                _key_tiles_q8_0(k_qs[g], k_d[g], pos0 + m_rows, key_tiles[slot], key_scales[slot])
+                laid_out = g
+            _attend_q8_0_tiles(qq2, qd2, rows, nr, los, ends, key_tiles[slot], key_scales[slot], v_qs[g], v_d[g], scale,
+                               softcap, scores[slot], 0, out2)  # fmt: skip
 
 
 @launcher(_attend_rows_q8_0_slots, ATT_PARALLEL)
-def attend_rows_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out):
+def attend_rows_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, key_tiles, key_scales,
+                     out):  # fmt: skip
     """attend_rows on a q8_0 cache: M queries (positions pos0..pos0+M-1, quantized: q_qs [M, n_head*hd_k],
     q_d [M, n_head*hd_k/32]), causal, a query at p seeing keys p - window < key <= p (window 0: all <= p);
-    scores: float32 scratch [n_slots, QUERY_BLOCK, >= pos0 + M + 16]; out [M, n_head*hd_v]. Work items: a head's
-    queries in blocks of QUERY_BLOCK (_attend_q8_0_rows: each key block gathered once for the block); each query
-    gets what attend_one_q8_0 gives it alone."""
-    run_items("_attend_rows_q8_0_slots", (q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, out),
-              scores.shape[0], 1)  # fmt: skip
+    scores: float32 scratch [n_slots, QUERY_BLOCK, >= pos0 + M + 16]; key_tiles int32 [n_slots, hd_k/4 + 1,
+    >= pos0 + M + 16] and key_scales uint16 [n_slots, hd_k/32, >= pos0 + M + 16]: scratch for a K/V head's keys laid
+    out as tiles (_key_tiles_q8_0); out [M, n_head*hd_v]. Work items: a head's queries in blocks of QUERY_BLOCK
+    (_attend_q8_0_tiles); each query gets what attend_one_q8_0 gives it alone.
+
+    The tiles' loads replace _attend_q8_0_rows' gathers and each query block's sum is taken once an item, not once a
+    tile. Ice Lake VM, 2 threads, the two kernels in turns, equal outputs asserted, every layer's cache in turn: a
+    512-token prompt's attention SmolLM2 (30 layers) 164-193 -> 112-135 ms, Gemma3 (18) 153-192 -> 102-140 ms (1.38-
+    1.49x); 256 queries after 1,744 positions 594-666 -> 391-426 ms and 569-570 -> 376 ms (1.51-1.56x). A whole
+    2,000-token prompt: SmolLM2 5.49 -> 4.30 s (f16 cache: 4.14), Gemma3 3.51 -> 2.99 s (2.87)."""
+    run_items("_attend_rows_q8_0_slots", (q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores,
+                                          key_tiles, key_scales, out), scores.shape[0], 1)  # fmt: skip
 
 
 # ---- feed-forward -----------------------------------------------------------------------------------------------

@@ -111,6 +111,10 @@ class RunState:
     gate_up: np.ndarray  # [n_batch, 2 n_ff] a pass's gate and up from one product (LayerWeights.ffn_gate_up)
     head_scores: np.ndarray  # [n_head, n_ctx + KV_PAD] attention scores, then probabilities (decode)
     block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx + KV_PAD] the same for blocks of queries (prefill)
+    # a prompt pass on a q8_0 cache: each slot's copy of one K/V head's keys laid out as tiles
+    # (kernels._key_tiles_q8_0); np.zeros: the pages no pass touches take no memory
+    key_tiles: np.ndarray  # int32 [n_slots, head_dim_k / 4 + 1, n_ctx + KV_PAD], else [0, 0, 0]
+    key_scales: np.ndarray  # uint16 [n_slots, head_dim_k / 32, n_ctx + KV_PAD], else [0, 0, 0]
     logits: np.ndarray  # [1, n_vocab] of the last token; forward() returns logits[0]
     # mixture of experts (zero-size for a dense model); k = n_expert_used, f = max(n_ff_exp, n_ff_shexp)
     router: np.ndarray  # [n_batch, n_expert] router logits, then probabilities
@@ -133,6 +137,7 @@ class RunState:
         f32 = np.float32
         k, f = c.n_expert_used, max(c.n_ff_exp, c.n_ff_shexp)
         gate_up = np.zeros((n_batch, 2 * c.n_ff), f32)
+        slots, width, q8 = numba.config.NUMBA_NUM_THREADS, n_ctx + kernels.KV_PAD, c.head_dim_k % 32 == 0
         return cls(
             x=np.zeros((n_batch, c.n_embd), f32),
             h=np.zeros((n_batch, c.n_embd), f32),
@@ -149,7 +154,9 @@ class RunState:
             gate_up=gate_up,
             head_scores=np.zeros((c.n_head, n_ctx + kernels.KV_PAD), f32),
             # one slot per thread Numba may ever run (the thread count can change between calls)
-            block_scores=np.zeros((numba.config.NUMBA_NUM_THREADS, kernels.QUERY_BLOCK, n_ctx + kernels.KV_PAD), f32),
+            block_scores=np.zeros((slots, kernels.QUERY_BLOCK, width), f32),
+            key_tiles=np.zeros((slots, c.head_dim_k // 4 + 1, width) if q8 else (0, 0, 0), np.int32),
+            key_scales=np.zeros((slots, c.head_dim_k // 32, width) if q8 else (0, 0, 0), np.uint16),
             logits=np.zeros((1, c.n_vocab), f32),
             router=np.zeros((n_batch, c.n_expert), f32),
             expert_sel=np.zeros((n_batch, k), np.int32),
@@ -685,8 +692,8 @@ class Transformer:
             kernels.attend_one_q8_0(qs[0], qd[0], kq, kd, vq, vd, t0, pos0 + 1, scale, softcap, s.head_scores,
                                     s.att[r0])  # fmt: skip
         else:
-            kernels.attend_rows_q8_0(qs, qd, kq, kd, vq, vd, pos0, window, scale, softcap, s.block_scores,
-                                     s.att[r0:r1])  # fmt: skip
+            kernels.attend_rows_q8_0(qs, qd, kq, kd, vq, vd, pos0, window, scale, softcap, s.block_scores, s.key_tiles,
+                                     s.key_scales, s.att[r0:r1])  # fmt: skip
         if self._rot_v and parallel:  # V was stored rotated: rotate the outputs back
             kernels.fwht_rows_at(s.att, np.arange(r0, r1, dtype=np.int64), self._rot_v)
         elif self._rot_v:

@@ -162,18 +162,29 @@ _ld_f32x16, _st_f32x16, _fbcast16, _fzero16, _fma_v16 = _f32_lanes(16, F32x16)
 _v8f64, _v16f32 = ir.VectorType(ir.DoubleType(), 8), ir.VectorType(ir.FloatType(), 16)
 
 
-@intrinsic
-def _ld_f64x8(typingctx, a, i):
-    """float32 a[i:i+8] widened to 8 x float64 (exact)."""
-    if not _c_array(a, types.float32):
-        return None
+def _load_lanes(dtype, n: int, lane_type, widen=None):
+    """Intrinsic (a, i): the n elements a[i:i+n] of a C-contiguous array of `dtype` (flat index) as one vector,
+    converted by widen(builder, vector) where given (exact conversions only)."""
+    elem = {types.int8: ir.IntType(8), types.int32: ir.IntType(32), types.float32: ir.FloatType()}[dtype]
 
-    def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        v = builder.load(builder.bitcast(ptr, ir.VectorType(ir.FloatType(), 8).as_pointer()), align=4)
-        return builder.fpext(v, _v8f64)
+    @intrinsic
+    def ld(typingctx, a, i):
+        if not _c_array(a, dtype):
+            return None
 
-    return F64x8(a, i), codegen
+        def codegen(context, builder, sig, args):
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            v = builder.load(builder.bitcast(ptr, ir.VectorType(elem, n).as_pointer()), align=dtype.bitwidth // 8)
+            return v if widen is None else widen(builder, v)
+
+        return lane_type(a, i), codegen
+
+    return ld
+
+
+_ld_f64x8 = _load_lanes(types.float32, 8, F64x8, lambda b, v: b.fpext(v, _v8f64))  # float32 x 8 as float64
+_ld_i8f32x16 = _load_lanes(types.int8, 16, F32x16, lambda b, v: b.sitofp(v, _v16f32))  # int8 x 16 as float32
+_ld_i32x16 = _load_lanes(types.int32, 16, I32x16)  # int32 x 16: a tile's quad column (_key_tiles_q8_0)
 
 
 def _lanewise(lane_type, op: str):
@@ -1640,19 +1651,6 @@ def _quads_u8x16(typingctx, a, i, stride, count):
 
 
 @intrinsic
-def _ld_i32x16(typingctx, a, i):
-    """int32 a[i:i+16] (flat index into a C-contiguous array): a tile's quad column (_key_tiles_q8_0)."""
-    if not _c_array(a, types.int32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(32), 16).as_pointer()), align=4)
-
-    return I32x16(a, i), codegen
-
-
-@intrinsic
 def _dpbusd16(typingctx, acc, u, q, j):
     """acc + vpdpbusd(u, the 4 int8 at q[j..j+3] in every lane): per lane the 4 products of u's unsigned bytes and
     the quad's signed ones, summed into acc (exact int32)."""
@@ -1745,20 +1743,6 @@ def _dot32_i8(typingctx, a, i, b, j):
         return builder.call(fn, [builder.mul(x, y)])
 
     return types.int32(a, i, b, j), codegen
-
-
-@intrinsic
-def _ld_i8f32x16(typingctx, a, i):
-    """int8 a[i:i+16] (flat index into a C-contiguous array) as 16 x float32 (exact)."""
-    if not _c_array(a, types.int8):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        return builder.sitofp(builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), 16).as_pointer()),
-                                           align=1), _v16f32)  # fmt: skip
-
-    return F32x16(a, i), codegen
 
 
 @numba.njit(inline="always", **ATT)

@@ -1931,22 +1931,23 @@ def _store_scores16(sc, s0, nr, t, scale, a0, a1, a2, a3):
 
 
 @numba.njit(inline="always", **ATT)
-def _key_tiles_q8_0(k_qs, k_d, n, kt, kdt):
-    """Positions 0..n-1 of one K/V head of a q8_0 cache (k_qs int8 [n_ctx, hd_k], k_d uint16 [n_ctx, hd_k/32]) laid
-    out for _scores_q8_0_tiles: kt int32 [>= hd_k/4 + 1, >= n + 16], kt[j, t] = quad j of position t's codes (4
-    int8 as one int32) with each byte + 128 (vpdpbusd's unsigned operand, as _quads_u8x16 gathers them); kdt uint16
-    [>= hd_k/32, >= n + 16], kdt[b, t] = position t's scale of block b. Positions n..n+15 (the lanes a last tile
-    reads past the span) get codes 0 and scale 0. A prompt's attention reads each key once for every 4 queries:
-    laid out once a call and K/V head, its tiles are loads instead of gathers (_attend_rows_q8_0_slots)."""
+def _key_tiles_q8_0(k_qs, k_d, t0, t1, kt, kdt):
+    """Positions t0..t1-1 of one K/V head of a q8_0 cache (k_qs int8 [n_ctx, hd_k], k_d uint16 [n_ctx, hd_k/32]) laid
+    out for _scores_q8_0_tiles, in the columns of their positions: kt int32 [>= hd_k/4 + 1, >= t1 + 16], kt[j, t] =
+    quad j of position t's codes (4 int8 as one int32) with each byte + 128 (vpdpbusd's unsigned operand, as
+    _quads_u8x16 gathers them); kdt uint16 [>= hd_k/32, >= t1 + 16], kdt[b, t] = position t's scale of block b.
+    Positions t1..t1+15 (the lanes a last tile reads past the span) get codes 0 and scale 0; columns before t0 are left
+    as they are. A prompt's attention reads each key once for every 4 queries: laid out once a call and K/V head, its
+    tiles are loads instead of gathers (_attend_rows_q8_0_slots)."""
     nq, nb = k_qs.shape[1] // 4, k_qs.shape[1] // QK8_0
     k32 = k_qs.view(np.int32)
     plus128 = np.int32(-0x7F7F7F80)  # 0x80808080
-    for t in range(n):
+    for t in range(t0, t1):
         for j in range(nq):
             kt[j, t] = k32[t, j] ^ plus128
         for b in range(nb):
             kdt[b, t] = k_d[t, b]
-    for t in range(n, n + 16):
+    for t in range(t1, t1 + 16):
         for j in range(nq):
             kt[j, t] = plus128
         for b in range(nb):
@@ -2133,8 +2134,9 @@ def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale
                 _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs[g], k_d[g], v_qs[g], v_d[g], scale, softcap,
                                   scores[slot], 0, out2)  # fmt: skip
                 continue
-            if g != laid_out:
-                _key_tiles_q8_0(k_qs[g], k_d[g], pos0 + m_rows, key_tiles[slot], key_scales[slot])
+            if g != laid_out:  # the positions some query of the pass sees (a window's first query: the fewest)
+                first = max(0, pos0 + 1 - window) if window > 0 else 0
+                _key_tiles_q8_0(k_qs[g], k_d[g], first, pos0 + m_rows, key_tiles[slot], key_scales[slot])
                 laid_out = g
             _attend_q8_0_tiles(qq2, qd2, rows, nr, los, ends, key_tiles[slot], key_scales[slot], v_qs[g], v_d[g], scale,
                                softcap, scores[slot], 0, out2)  # fmt: skip

@@ -272,6 +272,40 @@ def test_attend_one_long_rows_and_wide_heads_give_attend_rows_bits(kv_dtype, hd)
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("n_head,n_kv,hd", [(4, 2, 64), (3, 1, 96), (2, 2, 80)])
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (3050, 0.0), (0, 30.0)])
+def test_long_prompt_spans_in_key_tiles_give_each_query_its_bits(kv_dtype, n_head, n_kv, hd, window, softcap):
+    """A prompt chunk whose span passes LONG_SPAN positions takes _attend_rows_tiled where the scratch has rows for
+    several blocks of queries (its scores and values KEY_TILE positions at a time, the sums waiting in the output):
+    each query gets the bits attend_one gives it alone and attend_rows gives it with one block a work item, with a
+    window, softcap, a last block of fewer queries and a head of 80 dimensions (not a multiple of 32: one block at a
+    time) too."""
+    rng = np.random.default_rng(n_head * hd + window)
+    n_ctx, pos0, m = kernels.LONG_SPAN + 200, kernels.LONG_SPAN + 100, 45
+    store = np.uint16 if kv_dtype == np.float16 else np.float32
+    k_cache = np.zeros((n_kv, hd, n_ctx + kernels.KV_PAD), store)
+    k_cache[..., :n_ctx] = rng.standard_normal((n_kv, hd, n_ctx)).astype(kv_dtype).view(store)
+    v_cache = np.ascontiguousarray(rng.standard_normal((n_kv, n_ctx, hd)).astype(kv_dtype).view(store))
+    q = (rng.standard_normal((m, n_head * hd)) / np.sqrt(hd)).astype(np.float32)
+    t0 = max(0, pos0 - window + 1) if window else 0
+    outs = []
+    for blocks in (kernels.TILED_BLOCKS, 3, 1):  # the model's scratch, another count, one block (no tiles)
+        scores = np.full((2, kernels.QUERY_BLOCK * blocks, n_ctx + kernels.KV_PAD), np.nan, np.float32)
+        out = np.full((m, n_head * hd), np.nan, np.float32)
+        kernels.attend_rows(q, k_cache, v_cache, pos0, t0, pos0 + m - t0, window, np.float32(softcap), scores, out)
+        outs.append(out)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
+    for j in (0, 5, 31, m - 1):
+        p = pos0 + j
+        one = np.zeros(n_head * hd, np.float32)
+        head_scores = np.zeros((n_head, n_ctx + kernels.KV_PAD), np.float32)
+        lo = max(0, p - window + 1) if window else 0
+        kernels.attend_one(q[j], k_cache, v_cache, lo, p + 1, np.float32(softcap), head_scores, one)
+        np.testing.assert_array_equal(one, outs[0][j])
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("n_head,n_kv", [(4, 2), (10, 2), (9, 3), (4, 1), (3, 3)])
 @pytest.mark.parametrize("n", [11, 300])
 def test_batched_decode_attention_by_heads_or_blocks_of_heads_gives_attend_rows_bits(kv_dtype, n_head, n_kv, n):

@@ -110,7 +110,9 @@ class RunState:
     qkv: np.ndarray  # [n_batch, q + k + v] a pass's Q, K, V from one product (LayerWeights.attn_qkv)
     gate_up: np.ndarray  # [n_batch, 2 n_ff] a pass's gate and up from one product (LayerWeights.ffn_gate_up)
     head_scores: np.ndarray  # [n_head, n_ctx + KV_PAD] attention scores, then probabilities (decode)
-    block_scores: np.ndarray  # [n_slots, QUERY_BLOCK, n_ctx + KV_PAD] the same for blocks of queries (prefill)
+    block_scores: np.ndarray  # [n_slots, QUERY_BLOCK x TILED_BLOCKS, n_ctx + KV_PAD] the same for blocks of queries
+    # (prefill; a long span's work item takes TILED_BLOCKS blocks, kernels._attend_rows_tiled; np.zeros: a short
+    # prompt's passes touch the first QUERY_BLOCK rows only)
     # a prompt pass on a q8_0 cache: each slot's copy of one K/V head's keys laid out as tiles
     # (kernels._key_tiles_q8_0); np.zeros: the pages no pass touches take no memory
     key_tiles: np.ndarray  # int32 [n_slots, head_dim_k / 4 + 1, n_ctx + KV_PAD], else [0, 0, 0]
@@ -154,7 +156,7 @@ class RunState:
             gate_up=gate_up,
             head_scores=np.zeros((c.n_head, n_ctx + kernels.KV_PAD), f32),
             # one slot per thread Numba may ever run (the thread count can change between calls)
-            block_scores=np.zeros((slots, kernels.QUERY_BLOCK, width), f32),
+            block_scores=np.zeros((slots, kernels.QUERY_BLOCK * kernels.TILED_BLOCKS, width), f32),
             key_tiles=np.zeros((slots, c.head_dim_k // 4 + 1, width) if q8 else (0, 0, 0), np.int32),
             key_scales=np.zeros((slots, c.head_dim_k // 32, width) if q8 else (0, 0, 0), np.uint16),
             logits=np.zeros((1, c.n_vocab), f32),

@@ -1382,6 +1382,16 @@ def _values_block_z(sc, lo, hi, values, t0, out, r0, nr, oo, from_out):
 
 
 @numba.njit(inline="always", **ATT)
+def _block_span(b, m_rows, pos0, t0, n, window):
+    """Block b of a prompt chunk's queries (M = m_rows at positions pos0..): (its first row, its rows, the columns
+    [lo, hi) of the keys t0.. that some query of it sees)."""
+    m0 = b * QUERY_BLOCK
+    nr = min(QUERY_BLOCK, m_rows - m0)
+    lo = max(0, pos0 + m0 - window + 1 - t0) if window > 0 else 0
+    return m0, nr, lo, min(n, pos0 + m0 + nr - t0)
+
+
+@numba.njit(inline="always", **ATT)
 def _block_probabilities(sc, nr, lo, hi, c0, n, window, softcap, v_cache):
     """Rows 0..3 of sc, a block's scores over columns [lo, hi) whose row r is the query at column c0 + r, to
     probabilities: each of the first nr rows softmaxed over the columns it sees (window 0: all up to its own, of n),
@@ -1435,28 +1445,21 @@ def _attend_rows_tiled(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores
             last = min(n, pos0 + min(m_rows, b1 * QUERY_BLOCK) - t0)
             for a in range(first, last, KEY_TILE):
                 for b in range(b0, b1):
-                    m0 = b * QUERY_BLOCK
-                    nr = min(QUERY_BLOCK, m_rows - m0)
-                    lo = max(max(0, pos0 + m0 - window + 1 - t0) if window > 0 else 0, a)
-                    hi = min(min(n, pos0 + m0 + nr - t0), a + KEY_TILE)
+                    m0, nr, lo, hi = _block_span(b, m_rows, pos0, t0, n, window)
+                    lo, hi = max(lo, a), min(hi, a + KEY_TILE)
                     if lo < hi:
                         r1, r2, r3 = m0 + min(1, nr - 1), m0 + min(2, nr - 1), m0 + min(3, nr - 1)
                         sc = scores[slot][(b - b0) * QUERY_BLOCK : (b - b0 + 1) * QUERY_BLOCK]
                         _scores_block_z(q, m0, r1, r2, r3, h * hd_k, k_cache[g], t0, lo, hi, sc, 0)
             for b in range(b0, b1):
-                m0 = b * QUERY_BLOCK
-                nr = min(QUERY_BLOCK, m_rows - m0)
-                lo = max(0, pos0 + m0 - window + 1 - t0) if window > 0 else 0
-                hi = min(n, pos0 + m0 + nr - t0)
+                m0, nr, lo, hi = _block_span(b, m_rows, pos0, t0, n, window)
                 sc = scores[slot][(b - b0) * QUERY_BLOCK : (b - b0 + 1) * QUERY_BLOCK]
                 _block_probabilities(sc, nr, lo, hi, pos0 + m0 - t0, n, window, softcap, v_cache)
                 out[m0 : m0 + nr, h * hd_v : (h + 1) * hd_v] = 0.0
             for a in range(first, last, KEY_TILE):
                 for b in range(b0, b1):
-                    m0 = b * QUERY_BLOCK
-                    nr = min(QUERY_BLOCK, m_rows - m0)
-                    lo = max(max(0, pos0 + m0 - window + 1 - t0) if window > 0 else 0, a)
-                    hi = min(min(n, pos0 + m0 + nr - t0), a + KEY_TILE)
+                    m0, nr, lo, hi = _block_span(b, m_rows, pos0, t0, n, window)
+                    lo, hi = max(lo, a), min(hi, a + KEY_TILE)
                     if lo < hi:
                         sc = scores[slot][(b - b0) * QUERY_BLOCK : (b - b0 + 1) * QUERY_BLOCK]
                         _values_block_z(sc, lo, hi, v_cache[g], t0, out, m0, nr, h * hd_v, True)
@@ -1477,11 +1480,9 @@ def _attend_rows_slots(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores
     for slot in range(slot0, slot1):
         sc = scores[slot]
         for item in range(slot, n_head * n_blocks, n_slots):
-            h, m0 = item // n_blocks, item % n_blocks * QUERY_BLOCK
-            g, nr = h // group, min(QUERY_BLOCK, m_rows - m0)
-            # columns [lo, hi) visible to some query of the block; missing rows repeat the last one
-            lo = max(0, pos0 + m0 - window + 1 - t0) if window > 0 else 0
-            hi = min(n, pos0 + m0 + nr - t0)
+            h, g = item // n_blocks, item // n_blocks // group
+            m0, nr, lo, hi = _block_span(item % n_blocks, m_rows, pos0, t0, n, window)
+            # missing rows repeat the last one
             r1, r2, r3 = m0 + min(1, nr - 1), m0 + min(2, nr - 1), m0 + min(3, nr - 1)
             if HAS_ZMM:
                 _scores_block_z(q, m0, r1, r2, r3, h * hd_k, k_cache[g], t0, lo, hi, sc, 0)

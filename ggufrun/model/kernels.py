@@ -1877,6 +1877,14 @@ def _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, q, j, c):
 
 
 @numba.njit(inline="always", **ATT)
+def _fold_block16(acc, u0, u1, u2, u3, u4, u5, u6, u7, q, j, c, kd, qd):
+    """acc + 16 positions' integer dots with query block q[j:j+32] (_block_dot16, c its 128 x sum) times the key
+    blocks' scales kd and the query block's (qd, an IEEE half): one FMA a lane, ggml_vec_dot_q8_0_q8_0's step."""
+    d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, q, j, c)
+    return _fma_v16(acc, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd))))
+
+
+@numba.njit(inline="always", **ATT)
 def _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs, k_d, v_qs, v_d, scale, softcap, sc, s0, out2):
     """nr <= QUERY_BLOCK quantized queries on one K/V head of a q8_0 cache (k_qs int8 [n_ctx, hd_k], k_d uint16
     [n_ctx, hd_k/32], v_qs / v_d alike): query r is row rows[r] of qq2 int8 [R, hd_k] / qd2 uint16 [R, hd_k/32] (a
@@ -1943,20 +1951,16 @@ def _scores_q8_0_gathered(qq2, qd2, rows, nr, t0, n, k_qs, k_d, scale, sc, s0):
             u4, u5 = _quads_u8x16(kf, at + 16, hd_k, count), _quads_u8x16(kf, at + 20, hd_k, count)
             u6, u7 = _quads_u8x16(kf, at + 24, hd_k, count), _quads_u8x16(kf, at + 28, hd_k, count)
             j = q0 * hd_k + b * QK8_0
-            d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j))
-            a0 = _fma_v16(a0, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q0, b]))))
+            a0 = _fold_block16(a0, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j), kd, qd2[q0, b])
             if nr > 1:
                 j = q1 * hd_k + b * QK8_0
-                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j))
-                a1 = _fma_v16(a1, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q1, b]))))
+                a1 = _fold_block16(a1, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j), kd, qd2[q1, b])
             if nr > 2:
                 j = q2 * hd_k + b * QK8_0
-                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j))
-                a2 = _fma_v16(a2, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q2, b]))))
+                a2 = _fold_block16(a2, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j), kd, qd2[q2, b])
             if nr > 3:
                 j = q3 * hd_k + b * QK8_0
-                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j))
-                a3 = _fma_v16(a3, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q3, b]))))
+                a3 = _fold_block16(a3, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, 128 * _sum32_i8(qf, j), kd, qd2[q3, b])
         _store_scores16(sc, s0, nr, t, scale, a0, a1, a2, a3)
 
 
@@ -1983,17 +1987,17 @@ def _scores_q8_0_tiles(qq2, qd2, rows, nr, t0, n, kt, kdt, scale, sc, s0):
             u2, u3 = _ld_i32x16(kt, at + 2 * S), _ld_i32x16(kt, at + 3 * S)
             u4, u5 = _ld_i32x16(kt, at + 4 * S), _ld_i32x16(kt, at + 5 * S)
             u6, u7 = _ld_i32x16(kt, at + 6 * S), _ld_i32x16(kt, at + 7 * S)
-            d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q0 * hd_k + b * QK8_0, kt[nq, b])
-            a0 = _fma_v16(a0, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q0, b]))))
+            j = q0 * hd_k + b * QK8_0
+            a0 = _fold_block16(a0, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, b], kd, qd2[q0, b])
             if nr > 1:
-                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q1 * hd_k + b * QK8_0, kt[nq, nb + b])
-                a1 = _fma_v16(a1, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q1, b]))))
+                j = q1 * hd_k + b * QK8_0
+                a1 = _fold_block16(a1, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, nb + b], kd, qd2[q1, b])
             if nr > 2:
-                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q2 * hd_k + b * QK8_0, kt[nq, 2 * nb + b])
-                a2 = _fma_v16(a2, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q2, b]))))
+                j = q2 * hd_k + b * QK8_0
+                a2 = _fold_block16(a2, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, 2 * nb + b], kd, qd2[q2, b])
             if nr > 3:
-                d = _block_dot16(u0, u1, u2, u3, u4, u5, u6, u7, qf, q3 * hd_k + b * QK8_0, kt[nq, 3 * nb + b])
-                a3 = _fma_v16(a3, d, _fmul16(kd, _fbcast16(_f16_to_f32(qd2[q3, b]))))
+                j = q3 * hd_k + b * QK8_0
+                a3 = _fold_block16(a3, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, 3 * nb + b], kd, qd2[q3, b])
         _store_scores16(sc, s0, nr, t, scale, a0, a1, a2, a3)
 
 

@@ -208,6 +208,43 @@ def test_q8_0_attention_kernels_agree_bit_for_bit(n_head, n_kv, hd):
                 np.testing.assert_array_equal(out[j], one)
 
 
+@pytest.mark.parametrize("n_head, n_kv, hd", [(4, 1, 256), (8, 2, 256), (3, 3, 256)])
+@pytest.mark.parametrize("window, softcap", [(0, 0.0), (3050, 0.0), (0, 30.0)])
+def test_long_q8_0_prompt_spans_in_key_tiles_give_each_query_its_bits(n_head, n_kv, hd, window, softcap):
+    """A prompt chunk on a q8_0 cache whose span passes LONG_SPAN positions takes _attend_rows_q8_0_tiled where the
+    scratch has rows for several blocks of queries and the heads are of 256 dimensions (LONG_ROW_BYTES_Q8_0): scores
+    and values KEY_TILE positions at a time, the sums waiting in the output. Each query gets the bits attend_one_q8_0
+    gives it alone and attend_rows_q8_0 gives it with one block a work item, with a window, softcap, a last block of
+    fewer queries, and key tiles holding leftovers."""
+    from ggufrun.model import kernels
+
+    assert 2 * hd >= kernels.LONG_ROW_BYTES_Q8_0
+    rng = np.random.default_rng(n_head * hd + window)
+    nb, n_ctx, pos0, m, threads = hd // 32, kernels.LONG_SPAN + 200, kernels.LONG_SPAN + 100, 45, 2
+    kq, vq = (rng.integers(-128, 128, (n_kv, n_ctx, hd), dtype=np.int8) for _ in range(2))
+    kd, vd = (rng.uniform(0.002, 0.03, (n_kv, n_ctx, nb)).astype(np.float16).view(np.uint16) for _ in range(2))
+    qq = rng.integers(-128, 128, (m, n_head * hd), dtype=np.int8)
+    qd = rng.uniform(0.01, 0.05, (m, n_head * nb)).astype(np.float16).view(np.uint16)
+    scale = np.float32(hd**-0.5)
+    outs = []
+    for blocks in (kernels.TILED_BLOCKS, 3, 1):  # the model's scratch, another count, one block (no tiles)
+        scores = np.full((threads, kernels.QUERY_BLOCK * blocks, n_ctx + 32), np.nan, np.float32)
+        key_tiles = rng.integers(-(2**31), 2**31, (threads, hd // 4 + 1, n_ctx + 32), dtype=np.int32)
+        key_scales = rng.integers(0, 2**16, (threads, nb, n_ctx + 32), dtype=np.uint16)
+        out = np.full((m, n_head * hd), np.nan, np.float32)
+        kernels.attend_rows_q8_0(qq, qd, kq, kd, vq, vd, pos0, window, scale, np.float32(softcap), scores, key_tiles,
+                                 key_scales, out)  # fmt: skip
+        outs.append(out)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
+    for j in (0, 5, 31, m - 1):
+        p = pos0 + j
+        lo = max(0, p - window + 1) if window else 0
+        one, scratch = np.full(n_head * hd, np.nan, np.float32), np.zeros((n_head, n_ctx + 32), np.float32)
+        kernels.attend_one_q8_0(qq[j], qd[j], kq, kd, vq, vd, lo, p + 1, scale, np.float32(softcap), scratch, one)
+        np.testing.assert_array_equal(one, outs[0][j])
+
+
 WITHOUT_AVX512 = """
 import sys
 sys.path.insert(0, TESTS)

@@ -1966,39 +1966,57 @@ def _scores_q8_0_gathered(qq2, qd2, rows, nr, t0, n, k_qs, k_d, scale, sc, s0):
 
 @numba.njit(inline="always", **ATT)
 def _scores_q8_0_tiles(qq2, qd2, rows, nr, t0, n, kt, kdt, scale, sc, s0):
-    """_scores_q8_0_gathered's scores, the same bits, from keys laid out by _key_tiles_q8_0: a tile's quad column is
-    one 64-byte load, its scales one load of 16 halves. Each query block's 128 x sum (_block_dot16's c) is taken
-    once, into row hd_k/4 of kt (columns r * nb + b), rather than once a tile."""
+    """_scores_q8_0_gathered's scores, the same bits, from keys laid out by _key_tiles_q8_0 (_scores_q8_0_range):
+    each query block's 128 x sum (_block_dot16's c) is taken once (_query_sums_q8_0), not once a tile."""
     hd_k = qq2.shape[1]
-    nb, nq, S = hd_k // QK8_0, hd_k // 4, kt.shape[1]
     qf = qq2.reshape(-1)
+    _query_sums_q8_0(qf, rows, nr, hd_k, kt, 0)
+    _scores_q8_0_range(qf, qd2, rows, nr, t0, t0 + n, t0, kt, kdt, 0, scale, sc, s0)
+
+
+@numba.njit(inline="always", **ATT)
+def _query_sums_q8_0(qf, rows, nr, hd_k, kt, at):
+    """The 128 x sums (_block_dot16's c) of the blocks of queries rows[0..3] (the rows past nr repeating the last;
+    qf: the queries' codes, rows of hd_k) into row hd_k/4 of kt, columns at + r * nb + b."""
+    nb, nq = hd_k // QK8_0, hd_k // 4
+    for r in range(QUERY_BLOCK):
+        i = rows[min(r, nr - 1)]
+        for b in range(nb):
+            kt[nq, at + r * nb + b] = 128 * _sum32_i8(qf, i * hd_k + b * QK8_0)
+
+
+@numba.njit(inline="always", **ATT)
+def _scores_q8_0_range(qf, qd2, rows, nr, ta, tb, col0, kt, kdt, sums, scale, sc, s0):
+    """Row s0 + r of sc, columns position - col0 = query rows[r]'s scores at positions ta..tb-1 (16 a step from ta:
+    a last step's lanes past tb get the scores of the positions after, or of the padding), from keys laid out by
+    _key_tiles_q8_0: a tile's quad column is one 64-byte load, its scales one load of 16 halves. The queries' block
+    sums come from kt[hd_k/4, sums + r * nb + b] (_query_sums_q8_0). A score's chain is over its blocks alone, so
+    any range of positions gives each score the same bits."""
+    hd_k = qd2.shape[1] * QK8_0
+    nb, nq, S = hd_k // QK8_0, hd_k // 4, kt.shape[1]
     q0, q1, q2, q3 = rows[0], rows[min(1, nr - 1)], rows[min(2, nr - 1)], rows[min(3, nr - 1)]
-    for b in range(nb):
-        kt[nq, b] = 128 * _sum32_i8(qf, q0 * hd_k + b * QK8_0)
-        kt[nq, nb + b] = 128 * _sum32_i8(qf, q1 * hd_k + b * QK8_0)
-        kt[nq, 2 * nb + b] = 128 * _sum32_i8(qf, q2 * hd_k + b * QK8_0)
-        kt[nq, 3 * nb + b] = 128 * _sum32_i8(qf, q3 * hd_k + b * QK8_0)
-    for t in range(0, n, 16):
+    c0, c1, c2, c3 = sums, sums + nb, sums + 2 * nb, sums + 3 * nb
+    for t in range(ta, tb, 16):
         a0, a1, a2, a3 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
         for b in range(nb):
-            kd = _ld_f32x16(kdt, b * kdt.shape[1] + t0 + t)
-            at = 8 * b * S + t0 + t
+            kd = _ld_f32x16(kdt, b * kdt.shape[1] + t)
+            at = 8 * b * S + t
             u0, u1 = _ld_i32x16(kt, at), _ld_i32x16(kt, at + S)
             u2, u3 = _ld_i32x16(kt, at + 2 * S), _ld_i32x16(kt, at + 3 * S)
             u4, u5 = _ld_i32x16(kt, at + 4 * S), _ld_i32x16(kt, at + 5 * S)
             u6, u7 = _ld_i32x16(kt, at + 6 * S), _ld_i32x16(kt, at + 7 * S)
             j = q0 * hd_k + b * QK8_0
-            a0 = _fold_block16(a0, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, b], kd, qd2[q0, b])
+            a0 = _fold_block16(a0, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, c0 + b], kd, qd2[q0, b])
             if nr > 1:
                 j = q1 * hd_k + b * QK8_0
-                a1 = _fold_block16(a1, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, nb + b], kd, qd2[q1, b])
+                a1 = _fold_block16(a1, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, c1 + b], kd, qd2[q1, b])
             if nr > 2:
                 j = q2 * hd_k + b * QK8_0
-                a2 = _fold_block16(a2, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, 2 * nb + b], kd, qd2[q2, b])
+                a2 = _fold_block16(a2, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, c2 + b], kd, qd2[q2, b])
             if nr > 3:
                 j = q3 * hd_k + b * QK8_0
-                a3 = _fold_block16(a3, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, 3 * nb + b], kd, qd2[q3, b])
-        _store_scores16(sc, s0, nr, t, scale, a0, a1, a2, a3)
+                a3 = _fold_block16(a3, u0, u1, u2, u3, u4, u5, u6, u7, qf, j, kt[nq, c3 + b], kd, qd2[q3, b])
+        _store_scores16(sc, s0, nr, t - col0, scale, a0, a1, a2, a3)
 
 
 @numba.njit(inline="always", **ATT)
@@ -2042,11 +2060,17 @@ def _key_tiles_q8_0(k_qs, k_d, t0, t1, kt, kdt):
 def _softmax_values_q8_0(rows, nr, los, ends, t0, n, v_qs, v_d, softcap, sc, s0, out2):
     """The nr queries' scores in rows s0.. of sc (position t0 + t at column t) to probabilities over each query's
     own span, then row rows[r] of out2 = those probabilities . V (_attend_q8_0_rows)."""
-    hd_v = v_qs.shape[1]
-    q0, q1, q2, q3 = rows[0], rows[min(1, nr - 1)], rows[min(2, nr - 1)], rows[min(3, nr - 1)]
+    invs = _softmax_q8_0(nr, los, ends, t0, softcap, sc, s0)
+    _values_q8_0_range(rows, nr, los, ends, t0, t0 + n, t0, v_qs, v_d, invs, sc, s0, out2, False)
+
+
+@numba.njit(inline="always", **ATT)
+def _softmax_q8_0(nr, los, ends, col0, softcap, sc, s0):
+    """Each of the nr queries' scores (row s0 + r of sc, positions los[r]..ends[r]-1 at columns position - col0)
+    soft-capped, then exponentiated in place (_softmax_inplace); returns the four 1 / sums (0 past nr)."""
     inv0 = inv1 = inv2 = inv3 = np.float32(0.0)
     for r in range(nr):
-        p = sc[s0 + r, los[r] - t0 : ends[r] - t0]  # this query's positions
+        p = sc[s0 + r, los[r] - col0 : ends[r] - col0]  # this query's positions
         if softcap != 0.0:
             _softcap_scores(p, softcap)
         inv = _softmax_inplace(p)
@@ -2058,17 +2082,37 @@ def _softmax_values_q8_0(rows, nr, los, ends, t0, n, v_qs, v_d, softcap, sc, s0,
             inv2 = inv
         else:
             inv3 = inv
+    return inv0, inv1, inv2, inv3
+
+
+@numba.njit(inline="always", **ATT)
+def _values_q8_0_range(rows, nr, los, ends, ta, tb, col0, v_qs, v_d, invs, sc, s0, out2, from_out):
+    """Row rows[r] of out2 = the sum over the positions ta..tb-1 that query r sees (los[r] <= position < ends[r])
+    of its probability (row s0 + r of sc at column position - col0, times invs[r]) times V's row there, from 0, or
+    (from_out) going on from the sums in out2 (positions after ones summed before). 32 dimensions (one V block) at a
+    time in 16-lane vectors, each lane the FMA chain over the positions in position order of float(code) * scale
+    rounded, each V block loaded and scaled once for the nr queries; a range after a range gives the chain of both."""
+    hd_v = v_qs.shape[1]
+    q0, q1, q2, q3 = rows[0], rows[min(1, nr - 1)], rows[min(2, nr - 1)], rows[min(3, nr - 1)]
+    inv0, inv1, inv2, inv3 = invs
     p0, p1, p2, p3 = sc[s0], sc[s0 + min(1, nr - 1)], sc[s0 + min(2, nr - 1)], sc[s0 + min(3, nr - 1)]
     lo0, lo1, lo2, lo3 = los[0], los[min(1, nr - 1)], los[min(2, nr - 1)], los[min(3, nr - 1)]
     e0, e1, e2, e3 = ends[0], ends[min(1, nr - 1)], ends[min(2, nr - 1)], ends[min(3, nr - 1)]
     for b in range(hd_v // QK8_0):
-        c0, c1, d0, d1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
-        f0, f1, g0, g1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
-        for t in range(n):
-            pos = t0 + t
+        o = b * QK8_0
+        if from_out:  # rows past nr load a stored row again; their sums are never stored
+            c0, c1 = _ld_f32x16(out2[q0], o), _ld_f32x16(out2[q0], o + 16)
+            d0, d1 = _ld_f32x16(out2[q1], o), _ld_f32x16(out2[q1], o + 16)
+            f0, f1 = _ld_f32x16(out2[q2], o), _ld_f32x16(out2[q2], o + 16)
+            g0, g1 = _ld_f32x16(out2[q3], o), _ld_f32x16(out2[q3], o + 16)
+        else:
+            c0, c1, d0, d1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+            f0, f1, g0, g1 = _fzero16(), _fzero16(), _fzero16(), _fzero16()
+        for pos in range(ta, tb):
+            t = pos - col0
             d = _fbcast16(_f16_to_f32(v_d[pos, b]))
-            o = pos * hd_v + b * QK8_0
-            x0, x1 = _fmul16(_ld_i8f32x16(v_qs, o), d), _fmul16(_ld_i8f32x16(v_qs, o + 16), d)
+            at = pos * hd_v + o
+            x0, x1 = _fmul16(_ld_i8f32x16(v_qs, at), d), _fmul16(_ld_i8f32x16(v_qs, at + 16), d)
             if lo0 <= pos < e0:
                 pt = _fbcast16(p0[t] * inv0)
                 c0, c1 = _fma_v16(c0, pt, x0), _fma_v16(c1, pt, x1)
@@ -2081,7 +2125,6 @@ def _softmax_values_q8_0(rows, nr, los, ends, t0, n, v_qs, v_d, softcap, sc, s0,
             if nr > 3 and lo3 <= pos < e3:
                 pt = _fbcast16(p3[t] * inv3)
                 g0, g1 = _fma_v16(g0, pt, x0), _fma_v16(g1, pt, x1)
-        o = b * QK8_0
         _st_f32x16(out2[q0], o, c0)
         _st_f32x16(out2[q0], o + 16, c1)
         if nr > 1:
@@ -2187,39 +2230,121 @@ def fwht_rows_at(x, rows, n):
     run_items("_fwht_rows_part", (x, rows, n), rows.shape[0], FWHT_ROWS)
 
 
+# A q8_0 prompt chunk's attention takes _attend_rows_q8_0_tiled where its span passes LONG_SPAN positions, the scratch
+# has rows for several blocks of queries, and a position of a K/V head holds this many bytes of codes or more (K and V:
+# heads of 256 dimensions). Ice Lake VM, 2 threads, 256 queries, every layer's cache in turn, the two paths in turns
+# (medians of 3), one block a work item -> TILED_BLOCKS: Gemma3's heads (4 on 1, 256 dimensions, 18 layers) at 3,000 /
+# 3,500 / 5,000 / 12,000 positions 1.13 / 1.16 / 1.37 / 1.24x faster; Qwen2.5-1.5B's (12 on 2, 128) at 3,500 / 6,500
+# / 12,000 1.01 / 1.00 / 1.06x; SmolLM2's (9 on 3, 64) at 3,500 / 5,000 / 12,000 / 16,000 0.96 / 0.89-0.95 / 0.85-
+# 0.99 / 0.88x, whose 132 bytes a position a block of queries reads from L2 or as fast from L3.
+LONG_ROW_BYTES_Q8_0 = 512
+
+
+@numba.njit(inline="always", **ATT)
+def _query_block_q8_0(blk, h, n_head, pos0, m_rows, window):
+    """Block blk of a prompt chunk's queries of head h (M = m_rows at positions pos0..; rows of m * n_head + h in
+    the queries laid out [M * n_head, hd_k]): (its four rows, the rows past nr repeating the last; nr; each row's
+    first position and end, a query at p seeing p - window < key <= p, window 0: every key <= p)."""
+    m0 = blk * QUERY_BLOCK
+    nr = min(QUERY_BLOCK, m_rows - m0)
+    m1, m2, m3 = m0 + min(1, nr - 1), m0 + min(2, nr - 1), m0 + min(3, nr - 1)
+    rows = (m0 * n_head + h, m1 * n_head + h, m2 * n_head + h, m3 * n_head + h)
+    ends = (pos0 + m0 + 1, pos0 + m1 + 1, pos0 + m2 + 1, pos0 + m3 + 1)
+    if window > 0:
+        los = (max(0, ends[0] - window), max(0, ends[1] - window), max(0, ends[2] - window),
+               max(0, ends[3] - window))  # fmt: skip
+    else:
+        los = (0, 0, 0, 0)
+    return rows, nr, los, ends
+
+
+@numba.njit(**ATT)
+def _attend_rows_q8_0_tiled(qq2, qd2, n_head, k_qs, k_d, v_qs, v_d, pos0, m_rows, window, scale, softcap, scores,
+                            key_tiles, key_scales, out2, slot0, slot1):  # fmt: skip
+    """_attend_rows_q8_0_slots for long spans (AVX-512 VNNI), as _attend_rows_tiled for f16 / f32 caches: a work item
+    is a head's scores.shape[1] / 4 blocks of 4 queries, which take their scores KEY_TILE positions at a time (each
+    tile of laid-out keys read from memory once for all of them, then from L2), each query's probabilities scaled by
+    its 1 / sum, then the values KEY_TILE positions at a time, the sums waiting in out2 between tiles. A score's
+    chain is over its own blocks, a sum's over positions in order, tile after tile, and p * (1 / sum) is rounded once
+    either way: each query gets the bits _attend_q8_0_tiles gives it."""
+    hd_k = k_qs.shape[2]
+    nb = hd_k // QK8_0
+    group = n_head // k_qs.shape[0]
+    qf = qq2.reshape(-1)
+    n_blocks = (m_rows + QUERY_BLOCK - 1) // QUERY_BLOCK
+    n_slots, per_item = scores.shape[0], scores.shape[1] // QUERY_BLOCK
+    n_items = (n_blocks + per_item - 1) // per_item
+    ones = (np.float32(1.0), np.float32(1.0), np.float32(1.0), np.float32(1.0))
+    for slot in range(slot0, slot1):
+        kt, kdt, sc = key_tiles[slot], key_scales[slot], scores[slot]
+        laid_out = -1  # the K/V head in kt / kdt
+        for item in range(slot, n_head * n_items, n_slots):
+            h, b0 = item // n_items, item % n_items * per_item
+            b1 = min(n_blocks, b0 + per_item)
+            g = h // group
+            if g != laid_out:
+                _key_tiles_q8_0(k_qs[g], k_d[g], max(0, pos0 + 1 - window) if window > 0 else 0, pos0 + m_rows, kt, kdt)
+                laid_out = g
+            for blk in range(b0, b1):
+                rows, nr, los, ends = _query_block_q8_0(blk, h, n_head, pos0, m_rows, window)
+                _query_sums_q8_0(qf, rows, nr, hd_k, kt, (blk - b0) * QUERY_BLOCK * nb)
+            first = _query_block_q8_0(b0, h, n_head, pos0, m_rows, window)[2][0]
+            last = pos0 + min(m_rows, b1 * QUERY_BLOCK)
+            for a in range(first, last, KEY_TILE):
+                for blk in range(b0, b1):
+                    rows, nr, los, ends = _query_block_q8_0(blk, h, n_head, pos0, m_rows, window)
+                    lo, hi = max(los[0], a), min(ends[nr - 1], a + KEY_TILE)
+                    if lo < hi:
+                        s0 = (blk - b0) * QUERY_BLOCK
+                        _scores_q8_0_range(qf, qd2, rows, nr, lo, hi, 0, kt, kdt, s0 * nb, scale, sc, s0)
+            for blk in range(b0, b1):
+                rows, nr, los, ends = _query_block_q8_0(blk, h, n_head, pos0, m_rows, window)
+                s0 = (blk - b0) * QUERY_BLOCK
+                invs = _softmax_q8_0(nr, los, ends, 0, softcap, sc, s0)
+                for r in range(nr):
+                    p, inv = sc[s0 + r], invs[r]
+                    for t in range(los[r], ends[r]):
+                        p[t] = p[t] * inv
+            for a in range(first, last, KEY_TILE):
+                for blk in range(b0, b1):
+                    rows, nr, los, ends = _query_block_q8_0(blk, h, n_head, pos0, m_rows, window)
+                    lo, hi = max(los[0], a), min(ends[nr - 1], a + KEY_TILE)
+                    if lo < hi:
+                        _values_q8_0_range(rows, nr, los, ends, lo, hi, 0, v_qs[g], v_d[g], ones, sc,
+                                           (blk - b0) * QUERY_BLOCK, out2, lo > los[0])  # fmt: skip
+
+
 @numba.njit(**ATT)
 def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores, key_tiles,
                             key_scales, out, slot0, slot1):  # fmt: skip
     """attend_rows_q8_0's slots slot0..slot1-1: a slot lays out the keys of each K/V head its items read once
     (_key_tiles_q8_0, into key_tiles[slot] / key_scales[slot]; its items run head by head), where the CPU has AVX-512
-    VNNI."""
+    VNNI; spans of more than LONG_SPAN positions, where scores has rows for several blocks of queries, take
+    _attend_rows_q8_0_tiled."""
     m_rows, hd_k, hd_v = q_qs.shape[0], k_qs.shape[2], v_qs.shape[2]
     n_head = q_qs.shape[1] // hd_k
     group = n_head // k_qs.shape[0]
     n_slots = scores.shape[0]
     qq2, qd2 = q_qs.reshape(m_rows * n_head, hd_k), q_d.reshape(m_rows * n_head, hd_k // QK8_0)
     out2 = out.reshape(m_rows * n_head, hd_v)
+    first = max(0, pos0 + 1 - window) if window > 0 else 0  # the positions some query of the pass sees
+    long = pos0 + m_rows - first > LONG_SPAN and hd_k + hd_v >= LONG_ROW_BYTES_Q8_0
+    if HAS_ZMM and scores.shape[1] > QUERY_BLOCK and long:
+        _attend_rows_q8_0_tiled(qq2, qd2, n_head, k_qs, k_d, v_qs, v_d, pos0, m_rows, window, scale, softcap, scores,
+                                key_tiles, key_scales, out2, slot0, slot1)  # fmt: skip
+        return
     nblk = (m_rows + QUERY_BLOCK - 1) // QUERY_BLOCK
     for slot in range(slot0, slot1):
         laid_out = -1  # the K/V head in key_tiles[slot]
         for item in range(slot, n_head * nblk, n_slots):
-            h, m0 = item // nblk, item % nblk * QUERY_BLOCK
-            nr = min(QUERY_BLOCK, m_rows - m0)
-            m1, m2, m3 = m0 + min(1, nr - 1), m0 + min(2, nr - 1), m0 + min(3, nr - 1)
-            rows = (m0 * n_head + h, m1 * n_head + h, m2 * n_head + h, m3 * n_head + h)
-            ends = (pos0 + m0 + 1, pos0 + m1 + 1, pos0 + m2 + 1, pos0 + m3 + 1)
-            if window > 0:
-                los = (max(0, ends[0] - window), max(0, ends[1] - window), max(0, ends[2] - window),
-                       max(0, ends[3] - window))  # fmt: skip
-            else:
-                los = (0, 0, 0, 0)
+            h = item // nblk
+            rows, nr, los, ends = _query_block_q8_0(item % nblk, h, n_head, pos0, m_rows, window)
             g = h // group
             if not HAS_ZMM:
                 _attend_q8_0_rows(qq2, qd2, rows, nr, los, ends, k_qs[g], k_d[g], v_qs[g], v_d[g], scale, softcap,
                                   scores[slot], 0, out2)  # fmt: skip
                 continue
-            if g != laid_out:  # the positions some query of the pass sees (a window's first query: the fewest)
-                first = max(0, pos0 + 1 - window) if window > 0 else 0
+            if g != laid_out:  # (a window's first query sees the fewest)
                 _key_tiles_q8_0(k_qs[g], k_d[g], first, pos0 + m_rows, key_tiles[slot], key_scales[slot])
                 laid_out = g
             _attend_q8_0_tiles(qq2, qd2, rows, nr, los, ends, key_tiles[slot], key_scales[slot], v_qs[g], v_d[g], scale,
@@ -2240,7 +2365,9 @@ def attend_rows_q8_0(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softc
     tile. Ice Lake VM, 2 threads, the two kernels in turns, equal outputs asserted, every layer's cache in turn: a
     512-token prompt's attention SmolLM2 (30 layers) 164-193 -> 112-135 ms, Gemma3 (18) 153-192 -> 102-140 ms (1.38-
     1.49x); 256 queries after 1,744 positions 594-666 -> 391-426 ms and 569-570 -> 376 ms (1.51-1.56x). A whole
-    2,000-token prompt: SmolLM2 5.49 -> 4.30 s (f16 cache: 4.14), Gemma3 3.51 -> 2.99 s (2.87)."""
+    2,000-token prompt: SmolLM2 5.49 -> 4.30 s (f16 cache: 4.14), Gemma3 3.51 -> 2.99 s (2.87). Spans past
+    LONG_SPAN positions with heads of 256 dimensions (LONG_ROW_BYTES_Q8_0) take their scores and values in key tiles
+    (_attend_rows_q8_0_tiled): Gemma3's heads, 256 queries at 12,000 positions, 3,218 -> 2,258 ms (18 layers)."""
     run_items("_attend_rows_q8_0_slots", (q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale, softcap, scores,
                                           key_tiles, key_scales, out), scores.shape[0], 1)  # fmt: skip
 

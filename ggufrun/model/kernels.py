@@ -2234,9 +2234,9 @@ def fwht_rows_at(x, rows, n):
 # has rows for several blocks of queries, and a position of a K/V head holds this many bytes of codes or more (K and V:
 # heads of 256 dimensions). Ice Lake VM, 2 threads, 256 queries, every layer's cache in turn, the two paths in turns
 # (medians of 3), one block a work item -> TILED_BLOCKS: Gemma3's heads (4 on 1, 256 dimensions, 18 layers) at 3,000 /
-# 3,500 / 5,000 / 12,000 positions 1.13 / 1.16 / 1.37 / 1.24x faster; Qwen2.5-1.5B's (12 on 2, 128) at 3,500 / 6,500
-# / 12,000 1.01 / 1.00 / 1.06x; SmolLM2's (9 on 3, 64) at 3,500 / 5,000 / 12,000 / 16,000 0.96 / 0.89-0.95 / 0.85-
-# 0.99 / 0.88x, whose 132 bytes a position a block of queries reads from L2 or as fast from L3.
+# 3,500 / 5,000 / 12,000 positions 1.13 / 1.16 / 1.37 / 1.24-1.43x faster; Qwen2.5-1.5B's (12 on 2, 128) at 3,500 /
+# 6,500 / 12,000 1.01 / 1.00 / 1.06x; SmolLM2's (9 on 3, 64) at 3,500 / 5,000 / 12,000 / 16,000 0.96 / 0.89-0.94 /
+# 0.85-0.99 / 0.88x, whose 132 bytes a position a block of queries reads from L2 or as fast from L3.
 LONG_ROW_BYTES_Q8_0 = 512
 
 
@@ -2259,14 +2259,15 @@ def _query_block_q8_0(blk, h, n_head, pos0, m_rows, window):
 
 
 @numba.njit(**ATT)
-def _attend_rows_q8_0_tiled(qq2, qd2, n_head, k_qs, k_d, v_qs, v_d, pos0, m_rows, window, scale, softcap, scores,
-                            key_tiles, key_scales, out2, slot0, slot1):  # fmt: skip
+def _attend_rows_q8_0_tiled(qq2, qd2, n_head, k_qs, k_d, v_qs, v_d, pos0, m_rows, window, first_key, scale, softcap,
+                            scores, key_tiles, key_scales, out2, slot0, slot1):  # fmt: skip
     """_attend_rows_q8_0_slots for long spans (AVX-512 VNNI), as _attend_rows_tiled for f16 / f32 caches: a work item
     is a head's scores.shape[1] / 4 blocks of 4 queries, which take their scores KEY_TILE positions at a time (each
     tile of laid-out keys read from memory once for all of them, then from L2), each query's probabilities scaled by
     its 1 / sum, then the values KEY_TILE positions at a time, the sums waiting in out2 between tiles. A score's
     chain is over its own blocks, a sum's over positions in order, tile after tile, and p * (1 / sum) is rounded once
-    either way: each query gets the bits _attend_q8_0_tiles gives it."""
+    either way: each query gets the bits _attend_q8_0_tiles gives it. first_key: the first position the pass's
+    queries see, from which the keys are laid out."""
     hd_k = k_qs.shape[2]
     nb = hd_k // QK8_0
     group = n_head // k_qs.shape[0]
@@ -2283,7 +2284,7 @@ def _attend_rows_q8_0_tiled(qq2, qd2, n_head, k_qs, k_d, v_qs, v_d, pos0, m_rows
             b1 = min(n_blocks, b0 + per_item)
             g = h // group
             if g != laid_out:
-                _key_tiles_q8_0(k_qs[g], k_d[g], max(0, pos0 + 1 - window) if window > 0 else 0, pos0 + m_rows, kt, kdt)
+                _key_tiles_q8_0(k_qs[g], k_d[g], first_key, pos0 + m_rows, kt, kdt)
                 laid_out = g
             for blk in range(b0, b1):
                 rows, nr, los, ends = _query_block_q8_0(blk, h, n_head, pos0, m_rows, window)
@@ -2319,8 +2320,8 @@ def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale
                             key_scales, out, slot0, slot1):  # fmt: skip
     """attend_rows_q8_0's slots slot0..slot1-1: a slot lays out the keys of each K/V head its items read once
     (_key_tiles_q8_0, into key_tiles[slot] / key_scales[slot]; its items run head by head), where the CPU has AVX-512
-    VNNI; spans of more than LONG_SPAN positions, where scores has rows for several blocks of queries, take
-    _attend_rows_q8_0_tiled."""
+    VNNI; spans of more than LONG_SPAN positions of heads of 256 dimensions (LONG_ROW_BYTES_Q8_0), where scores has
+    rows for several blocks of queries, take _attend_rows_q8_0_tiled."""
     m_rows, hd_k, hd_v = q_qs.shape[0], k_qs.shape[2], v_qs.shape[2]
     n_head = q_qs.shape[1] // hd_k
     group = n_head // k_qs.shape[0]
@@ -2330,8 +2331,8 @@ def _attend_rows_q8_0_slots(q_qs, q_d, k_qs, k_d, v_qs, v_d, pos0, window, scale
     first = max(0, pos0 + 1 - window) if window > 0 else 0  # the positions some query of the pass sees
     long = pos0 + m_rows - first > LONG_SPAN and hd_k + hd_v >= LONG_ROW_BYTES_Q8_0
     if HAS_ZMM and scores.shape[1] > QUERY_BLOCK and long:
-        _attend_rows_q8_0_tiled(qq2, qd2, n_head, k_qs, k_d, v_qs, v_d, pos0, m_rows, window, scale, softcap, scores,
-                                key_tiles, key_scales, out2, slot0, slot1)  # fmt: skip
+        _attend_rows_q8_0_tiled(qq2, qd2, n_head, k_qs, k_d, v_qs, v_d, pos0, m_rows, window, first, scale, softcap,
+                                scores, key_tiles, key_scales, out2, slot0, slot1)  # fmt: skip
         return
     nblk = (m_rows + QUERY_BLOCK - 1) // QUERY_BLOCK
     for slot in range(slot0, slot1):

@@ -1455,14 +1455,13 @@ def _attend_rows_tiled(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores
                 m0, nr, lo, hi = _block_span(b, m_rows, pos0, t0, n, window)
                 sc = scores[slot][(b - b0) * QUERY_BLOCK : (b - b0 + 1) * QUERY_BLOCK]
                 _block_probabilities(sc, nr, lo, hi, pos0 + m0 - t0, n, window, softcap, v_cache)
-                out[m0 : m0 + nr, h * hd_v : (h + 1) * hd_v] = 0.0
             for a in range(first, last, KEY_TILE):
                 for b in range(b0, b1):
-                    m0, nr, lo, hi = _block_span(b, m_rows, pos0, t0, n, window)
-                    lo, hi = max(lo, a), min(hi, a + KEY_TILE)
-                    if lo < hi:
+                    m0, nr, lo0, hi = _block_span(b, m_rows, pos0, t0, n, window)
+                    lo, hi = max(lo0, a), min(hi, a + KEY_TILE)
+                    if lo < hi:  # the block's first tile starts its sums from 0
                         sc = scores[slot][(b - b0) * QUERY_BLOCK : (b - b0 + 1) * QUERY_BLOCK]
-                        _values_block_z(sc, lo, hi, v_cache[g], t0, out, m0, nr, h * hd_v, True)
+                        _values_block_z(sc, lo, hi, v_cache[g], t0, out, m0, nr, h * hd_v, lo > lo0)
 
 
 @numba.njit(**ATT)

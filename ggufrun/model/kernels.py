@@ -1441,8 +1441,8 @@ def _attend_rows_tiled(q, k_cache, v_cache, pos0, t0, n, window, softcap, scores
             h, b0 = item // n_items, item % n_items * per_item
             b1 = min(n_blocks, b0 + per_item)
             g = h // group
-            first = max(0, pos0 + b0 * QUERY_BLOCK - window + 1 - t0) if window > 0 else 0
-            last = min(n, pos0 + min(m_rows, b1 * QUERY_BLOCK) - t0)
+            first = _block_span(b0, m_rows, pos0, t0, n, window)[2]  # the columns the item's blocks see
+            last = _block_span(b1 - 1, m_rows, pos0, t0, n, window)[3]
             for a in range(first, last, KEY_TILE):
                 for b in range(b0, b1):
                     m0, nr, lo, hi = _block_span(b, m_rows, pos0, t0, n, window)

@@ -15,6 +15,10 @@ Measured, and printed (JSON with --json, PNG chart with --chart):
 - for each client count: every client's time to first token (TTFT) and decode tokens/s, the aggregate tokens/s
   (all tokens / wall time from the first request to the last token, prefills included), the decode tokens/s while
   every client is decoding (from the last first token to the first last token), and their ratios to one client's;
+- for each client count, where the CPU time went (Linux, a server this run started or --engine): the target's
+  --threads busiest threads (its compute threads), its other threads (HTTP, the batch engine's scheduling, sampling,
+  --engine's client threads) and this load generator, per token; on a machine with as many cores as compute threads
+  the last two take their time from the first;
 - the TTFT of a request arriving while 7 others stream, against the same request alone (medians of --probes);
 - a --long-prompt-token prompt (default 2,000) arriving while 4 clients stream: the longest gap between two
   tokens of those streams while it is prefilled, against their median gap before it arrived, and one prefill
@@ -112,6 +116,7 @@ class EngineTarget:
         from ggufrun.sampling import SamplingParams
 
         self.engine = BatchEngine.from_model(model, n_slots=n_slots, prefill_chunk=prefill_chunk)
+        self.pid = os.getpid()  # the engine's threads are this process's (thread_cpu_s)
         bias = {t: float("-inf") for t in model.tokenizer.eog_ids}
         self.params = SamplingParams(temperature=0, logit_bias=bias)
 
@@ -145,6 +150,7 @@ class ServerTarget:
         from urllib.parse import urlsplit
 
         self.server = server
+        self.pid = server.proc.pid if server is not None else None  # a server this run started (thread_cpu_s)
         self.url = url.rstrip("/") + "/v1/completions"
         parts = urlsplit(url.rstrip("/"))
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -288,6 +294,34 @@ class Prompts:
             head = self.tokenize(f"Request {self.count}:")
             out.append((head + self.text)[: self.n])
         return out
+
+
+def thread_cpu_s(pid: int | None) -> dict[int, float] | None:
+    """CPU seconds (user + system) each thread of process `pid` has used, by thread id, from /proc (Linux; None
+    elsewhere, for pid None, or once the process is gone). Resolution: the kernel's clock tick (10 ms at 100 Hz)."""
+    if pid is None:
+        return None
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": field 3 (state) is fields[0]
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # fields 14 and 15: utime, stime
+        return out
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_split(before: dict[int, float] | None, after: dict[int, float] | None, n_busy: int) -> tuple[float, float]:
+    """(CPU seconds of the n_busy threads that used the most between two thread_cpu_s readings, of all the others):
+    a server's compute threads (ggufrun: the compute thread and Numba's workers; llama-server: its -t threads)
+    against its HTTP side, which on a machine with as many cores as compute threads takes its time from them.
+    (nan, nan) without both readings."""
+    if before is None or after is None:
+        return float("nan"), float("nan")
+    used = sorted((t - before.get(tid, 0.0) for tid, t in after.items()), reverse=True)
+    return sum(used[:n_busy]), sum(used[n_busy:])
 
 
 def steady_decode_tps(clients: list[Client]) -> float:
@@ -509,15 +543,21 @@ def main() -> None:
                     print(name)
                 for n in counts:
                     load0 = os.getloadavg()[0]
+                    cpu0, mine0 = thread_cpu_s(t.pid), time.process_time()
                     clients, wall = run_clients(t, prompts.take(n), args.max_tokens)
-                    agg = sum(len(c.t_tokens) for c in clients) / wall
+                    mine = time.process_time() - mine0
+                    busy, other = cpu_split(cpu0, thread_cpu_s(t.pid), args.threads)
+                    tokens = sum(len(c.t_tokens) for c in clients)
+                    agg = tokens / wall
                     steady = steady_decode_tps(clients)
                     single = single or ((agg, steady) if n == 1 else None)
                     this_round[name, n] = (agg, steady)
                     run = {"target": name, "clients": n, "round": r, "wall_s": wall, "aggregate_tps": agg,
                            "decode_tps_all_streaming": steady, "ttft_s": [c.ttft for c in clients],
                            "decode_tps": [c.decode_tps for c in clients],
-                           "load_avg": [load0, os.getloadavg()[0]]}  # fmt: skip
+                           "load_avg": [load0, os.getloadavg()[0]],
+                           "cpu_s": {"busiest_threads": busy, "other_threads": other,
+                                     "load_generator": None if args.engine else mine}}  # fmt: skip
                     results["runs"].append(run)
                     ratio = f" ({agg / single[0]:.2f}x one client)" if single else ""
                     ratio_steady = f" ({steady / single[1]:.2f}x)" if single and single[1] else ""
@@ -525,6 +565,15 @@ def main() -> None:
                         f"{n:3d} clients: aggregate {agg:6.1f} tok/s{ratio}, while all decode {steady:6.1f} tok/s"
                         f"{ratio_steady}; wall {wall:.1f} s; load average {load0:.1f}"
                     )
+                    if busy == busy:  # the target's threads could be read (not nan)
+                        who = "the process's" if args.engine else f"{name}'s"
+                        gen = (
+                            "" if args.engine else f", this load generator {mine:.2f} s ({mine / tokens * 1e3:.2f} ms)"
+                        )
+                        print(
+                            f"      CPU: {busy:.2f} s on {who} {args.threads} busiest threads, {other:.2f} s on its "
+                            f"others ({other / tokens * 1e3:.2f} ms a token){gen}"
+                        )
                     for i, c in enumerate(clients):
                         print(f"      client {i:2d}: TTFT {c.ttft:6.2f} s, decode {c.decode_tps:6.1f} tok/s")
                 if 1 in counts:  # each count's ratios to this round's one-client run, whatever the order

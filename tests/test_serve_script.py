@@ -75,3 +75,27 @@ def test_a_spawned_server_that_exits_is_reported_with_its_log(tmp_path):
     fake.chmod(0o755)
     with pytest.raises(RuntimeError, match="llama-server exited with 3: error: failed to load model"):
         serve.SpawnedLlamaServer(str(fake), "model.gguf", 2, 2, 512, "f16", 256)
+
+
+def test_cpu_split_takes_the_busiest_threads_apart_from_the_others():
+    before = {1: 1.0, 2: 5.0, 3: 0.5}
+    after = {1: 3.0, 2: 6.0, 3: 0.75, 4: 0.25}  # thread 4 started in between
+    assert serve.cpu_split(before, after, 2) == (3.0, 0.5)
+    assert serve.cpu_split(before, after, 1) == (2.0, 1.5)
+    busy, other = serve.cpu_split(None, after, 2)
+    assert busy != busy and other != other  # nan: the target's threads could not be read
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_thread_cpu_s_sees_a_thread_use_the_cpu():
+    import os
+    import time
+
+    me = threading.get_native_id()
+    before = serve.thread_cpu_s(os.getpid())
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.3:  # CPU time of this thread, however busy the machine
+        pass
+    after = serve.thread_cpu_s(os.getpid())
+    assert after[me] - before[me] >= 0.2
+    assert serve.thread_cpu_s(None) is None

@@ -1,6 +1,7 @@
 """benchmarks/serve.py's HTTP clients (ServerTarget: raw HTTP/1.1 on one event loop, the chunked SSE body parsed as
 it comes) against a real `ggufrun serve` app on 127.0.0.1 with the tiny synthetic model: every client sees the
-events an ordinary client sees, an error answer is an error, and a stop event ends a stream early."""
+events an ordinary client sees, an error answer is an error, and a stop event ends a stream early. And its CPU
+accounting: thread_cpu_s reads a thread's CPU time from /proc, cpu_split takes the busiest threads apart."""
 
 from __future__ import annotations
 

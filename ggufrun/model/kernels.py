@@ -2288,8 +2288,9 @@ def _attend_rows_q8_0_tiled(qq2, qd2, n_head, k_qs, k_d, v_qs, v_d, pos0, m_rows
             for blk in range(b0, b1):
                 rows, nr, los, ends = _query_block_q8_0(blk, h, n_head, pos0, m_rows, window)
                 _query_sums_q8_0(qf, rows, nr, hd_k, kt, (blk - b0) * QUERY_BLOCK * nb)
-            first = _query_block_q8_0(b0, h, n_head, pos0, m_rows, window)[2][0]
-            last = pos0 + min(m_rows, b1 * QUERY_BLOCK)
+            first = _query_block_q8_0(b0, h, n_head, pos0, m_rows, window)[2][0]  # the item's blocks' first key
+            _, nr_last, _, ends_last = _query_block_q8_0(b1 - 1, h, n_head, pos0, m_rows, window)
+            last = ends_last[nr_last - 1]  # and their end
             for a in range(first, last, KEY_TILE):
                 for blk in range(b0, b1):
                     rows, nr, los, ends = _query_block_q8_0(blk, h, n_head, pos0, m_rows, window)

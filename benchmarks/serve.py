@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -565,7 +566,7 @@ def main() -> None:
                         f"{n:3d} clients: aggregate {agg:6.1f} tok/s{ratio}, while all decode {steady:6.1f} tok/s"
                         f"{ratio_steady}; wall {wall:.1f} s; load average {load0:.1f}"
                     )
-                    if busy == busy:  # the target's threads could be read (not nan)
+                    if not math.isnan(busy):  # the target's threads could be read
                         who = "the process's" if args.engine else f"{name}'s"
                         gen = (
                             "" if args.engine else f", this load generator {mine:.2f} s ({mine / tokens * 1e3:.2f} ms)"

@@ -404,6 +404,30 @@ def test_parallel_quantizers_give_the_same_arrays(fmt):
             assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), (fmt, m)
 
 
+def test_q8_1_rows_give_decodes_bits_block_by_block():
+    """The multi-row Q8_1 quantizer (on AVX-512 the search with a block in each lane, dot._quantize_q8_1_lanes, for
+    work items of 16 blocks or more: the last 16 overlapping, blocks running on into the next row) gives the arrays
+    decode's quantizer gives, bit for bit: near-ties (values on a grid), heavy tails, blocks whose amax / 127 falls
+    outside fp16's normal range on either side (llama.cpp's rule), zero blocks and inf / NaN."""
+    from ggufrun.quants import dot
+
+    rng = np.random.default_rng(21)
+    f = Q.ACTIVATIONS["Q8_1"]
+    scales = np.array([1e-7, 7.8e-3, 7.9e-3, 1.0, 3e4, 8e6, 1e9], np.float32)  # amax / 127 around 6.2e-5 and 63000
+    for k in (96, 160, 576, 1536):
+        for m in (2, 5, 9, 33):
+            x = np.concatenate([rng.standard_normal((m, k // 2)), rng.integers(-8, 9, (m, k // 2)) * 0.125], axis=1)
+            x *= rng.choice(scales, (m, k // 32)).repeat(32, axis=1)
+            x[m // 2, :32] = 0.0
+            x[-1, rng.integers(0, k, 3)] = [np.inf, -np.inf, np.nan]
+            x = (x * rng.standard_t(3, (m, k)) ** 2 if k == 160 else x).astype(np.float32)
+            want, got = f.empty(m, k), f.empty(m, k)
+            dot.quantize_q8_1(x, *want)
+            dot._quantize_q8_1_rows(x, *got, 0, m)  # one work item: every block of the m rows
+            for a, b in zip(want, got):
+                assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), (k, m, a.dtype)
+
+
 def test_quantize_activations_errors_and_reuse():
     x = np.ones((2, 256), np.float32)
     with pytest.raises(ValueError, match="K divisible by 256"):

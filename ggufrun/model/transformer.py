@@ -495,10 +495,11 @@ class Transformer:
         project.tiles, rows = self._multi_row_ready() if m > 1 else (True, True)
         groups, grouped = self._decode_groups(spans) if rows else ([], frozenset())  # (ROWS: the group kernels)
         prompts, stored = self._prompt_groups(spans) if rows else ([], frozenset())
+        alone = [span for span in spans if span[1] not in grouped]  # the spans whose attention runs span by span
         step, kinds, bucket = self.governor.step, self._step_kind, m.bit_length() * 3  # rows 2^(b-1)..2^b - 1
         for il, lw in enumerate(w.layers):
             step(bucket + kinds[il], m)
-            self._attention_block(il, lw, m, spans, project, groups, grouped, rows, prompts, stored)
+            self._attention_block(il, lw, m, alone, project, groups, rows, prompts, stored)
             next_norm = w.layers[il + 1].attn_norm if il + 1 < c.n_layer else w.output_norm
             self._ffn_block(lw, m, next_norm, project)
 
@@ -572,11 +573,11 @@ class Transformer:
         return pending is None or pending.ready(BATCH_SAMPLING)
 
     def _attention_block(self, il: int, lw: LayerWeights, m: int, spans, project: Projector, groups=(),
-                         grouped=frozenset(), rows: bool = True, prompts=(), stored=frozenset()) -> None:  # fmt: skip
-        """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x). `groups`, `grouped`:
-        _decode_groups(spans); `prompts`, `stored`: _prompt_groups(spans). rows=False: kernels.attend_rows is not
-        compiled yet (self.pending), a span of several rows runs kernels.attend_one per row (the bits attend_rows gives
-        each query)."""
+                         rows: bool = True, prompts=(), stored=frozenset()) -> None:  # fmt: skip
+        """x += [post_norm](attention(h) @ attn_output.T); then h = ffn_norm(x). `spans`: those whose attention runs
+        span by span (the pass's spans but those in `groups`, _decode_groups' decode rows of a KVCache group);
+        `prompts`, `stored`: _prompt_groups. rows=False: kernels.attend_rows is not compiled yet (self.pending), a
+        span of several rows runs kernels.attend_one per row (the bits attend_rows gives each query)."""
         c, s = self.config, self.state
         h, att, o = s.h[:m], s.att[:m], s.o[:m]
         if lw.attn_qkv is not None:  # Q, K and V from one product
@@ -603,8 +604,6 @@ class Transformer:
                 k_group[il], v_group[il],
             )  # fmt: skip
         for cache, r0, r1, pos0 in spans:
-            if r0 in grouped:
-                continue  # after the loop, with the rest of its group
             if cache.quantized:
                 self._attend_q8_0(il, lw, q[r0:r1], k[r0:r1], v[r0:r1], cache, r0, r1, pos0, rows)
                 continue

@@ -2661,10 +2661,12 @@ def _q8_1_scales16(x1, at, values):
 @njit(inline="always", **EXACT)
 def _quantize_q8_1_lanes(x, d, s, qs, sums, m0, m1):
     """_quantize_q8_1_rows' rows m0..m1-1 sixteen blocks at a time (_q8_1_scales16), the blocks of consecutive rows
-    taken as one run (x C-contiguous); the last sixteen may overlap those before (the same bits again). Needs at least
-    16 blocks."""
+    taken as one run (x C-contiguous); the last sixteen may overlap those before (the same bits again). False (and
+    nothing done) where the rows hold fewer than 16 blocks."""
     nb = x.shape[1] // 32
     n = (m1 - m0) * nb
+    if n < Q8_1_LANE_BLOCKS:
+        return False
     x1 = x.reshape(-1)
     values, lanes = q8_1_values_scratch(), q8_1_lanes_scratch()
     for g0 in range(0, n, Q8_1_LANE_BLOCKS):
@@ -2680,6 +2682,16 @@ def _quantize_q8_1_lanes(x, d, s, qs, sums, m0, m1):
             scale, inv = ld_f32s(lanes, lane), ld_f32s(lanes, 16 + lane)
             _q8_1_store(x, d, s, qs, sums, m, b, scale, inv)
             b += 1
+    return True
+
+
+@njit(inline="always", **EXACT)
+def _no_lanes(x, d, s, qs, sums, m0, m1):
+    """Without AVX-512: _quantize_q8_1_rows' four-block steps take every row."""
+    return False
+
+
+_q8_1_by_lanes = _quantize_q8_1_lanes if HAS_ZMM else _no_lanes  # (one of the two compiled into the quantizer)
 
 
 @njit(**EXACT)
@@ -2690,10 +2702,9 @@ def _quantize_q8_1_rows(x, d, s, qs, sums, m0, m1):
     Ice Lake, one thread, min of 2,000 calls (16 x 576 / 16 x 1,536 / 1 x 576 values): two blocks at a time,
     scalar loads with index checks in the search 13.4-13.7 / 33.2-34.0 / 1.23-1.26 us; four blocks a step,
     the search's values loaded by byte offset 9.8-10.3 / 23.1-23.4 / 1.03-1.05 us."""
-    nb = x.shape[1] // 32
-    if HAS_ZMM and (m1 - m0) * nb >= Q8_1_LANE_BLOCKS:
-        _quantize_q8_1_lanes(x, d, s, qs, sums, m0, m1)
+    if _q8_1_by_lanes(x, d, s, qs, sums, m0, m1):  # AVX-512, 16 blocks or more
         return
+    nb = x.shape[1] // 32
     for m in range(m0, m1):
         if nb < 4:
             for b in range(nb):

@@ -2,6 +2,7 @@
 
     python dev/step_profile.py MODEL --rows 1,8,16            # batched decode steps at --positions cached positions
     python dev/step_profile.py MODEL --rows 8 --prefill 32    # one pass of 8 prompts of 32 tokens (fresh caches)
+    python dev/step_profile.py MODEL --rows 1,16 --n-ctx 4096 --kv-dtype q8_0   # caches as `ggufrun serve` makes them
 
 Every kernel the forward pass calls through ggufrun.model.kernels, every product (Projector: one line per weight
 type and shape; a decode step's chosen experts, one line per stack) and the activation quantizer get a perf_counter
@@ -16,6 +17,11 @@ to 8.50 ms, the medians to 7.84, the median pass 8.87). Rows go through Transfor
 KVCache group, as a BatchEngine's (one row: Transformer.forward), so a batched step takes the kernels a server's takes.
 cProfile would add ~1 us to every call and inflate the small kernels' share several times over; these timers add
 ~0.3 us.
+
+The caches hold n_ctx positions (default: the least that fits, at least 512). A server's slots hold 4096 (`ggufrun
+serve`'s and benchmarks/serve.py's default), and that changes what the K/V kernels cost, not what they compute: a
+key row of a slot spans n_ctx positions, so a decode step's new key lands in lines 8 KB apart instead of 1 KB
+(SmolLM2, 16 rows at 64 positions, 2026-12-07: qkv_rope_store_group 1.03 ms a step at 512, 1.45-1.54 at 4096).
 
 --quick (tests/test_dev_scripts.py): a tiny synthetic model (tests/synthetic.py), 1 and 3 rows, a prefill pass.
 """
@@ -216,6 +222,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=0, help="profile a prefill pass of prompts this long instead")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=None, help="positions a cache holds (default: the least that fits)")
+    ap.add_argument("--kv-dtype", default="f16", choices=["f16", "q8_0", "f32"], help="the caches' storage")
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
@@ -228,8 +236,8 @@ def main() -> None:
             path, rows, a.steps, a.positions = write_model(Path(tmp) / "tiny.gguf", ctx=128, seed=1), [1, 3], 3, 8
         elif path is None:
             ap.error("a model file is needed (or --quick)")
-        n_ctx = max(128 if a.quick else 512, a.positions + 8, a.prefill + 8)
-        model = ggufrun.load(path, n_threads=a.threads, n_ctx=n_ctx)
+        n_ctx = max(128 if a.quick else 512, a.positions + 8, a.prefill + 8) if a.n_ctx is None else a.n_ctx
+        model = ggufrun.load(path, n_threads=a.threads, n_ctx=n_ctx, kv_dtype=a.kv_dtype)
         results = {
             m: on_compute_thread(profile, model, m, a.positions, a.prefill, a.steps, min(10, a.steps)) for m in rows
         }

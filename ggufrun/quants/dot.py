@@ -2583,53 +2583,51 @@ def _chain_step_z(v, inv, acc):
 
 
 @njit(inline="always", **EXACT)
-def _q8_1_candidates4z(values, steps, dm, first, c0):
+def _chain_steps4_z(v, inv, acc):
+    """One value's step of four candidates' chains (inv, acc: tuples of four vectors), as _chain_step_z."""
+    return (
+        _chain_step_z(v, inv[0], acc[0]),
+        _chain_step_z(v, inv[1], acc[1]),
+        _chain_step_z(v, inv[2], acc[2]),
+        _chain_step_z(v, inv[3], acc[3]),
+    )
+
+
+@njit(inline="always", **EXACT)
+def _error_z(a0, a1, a2, a3, cand, first):
+    """_least_error's measure of a candidate from its four chains: their sum in units of the first scale, squared."""
+    rel = fmul_z(cand, first)
+    return fmul_z(fadd_z(fadd_z(a0, a1), fadd_z(a2, a3)), fmul_z(rel, rel))
+
+
+@njit(inline="always", **EXACT)
+def _candidate_z(steps, c, dm):
+    """Candidate scale c of every lane's block (_candidates): the fp16-rounded step c x amax / 127."""
+    return fround_f16_z(fmul_z(fbcast_z(flane(steps, c)), dm))
+
+
+@njit(inline="always", **EXACT)
+def _q8_1_candidates4_z(values, steps, dm, first, c0):
     """Candidates c0..c0+3 of _q8_1_scales16's 16 blocks: (their scales, their inverses, their errors), each a tuple
-    of 4 vectors; each value loaded once for the four (16 chains in registers)."""
-    ca = fround_f16_z(fmul_z(fbcast_z(flane(steps, c0)), dm))
-    cb = fround_f16_z(fmul_z(fbcast_z(flane(steps, c0 + 1)), dm))
-    cc = fround_f16_z(fmul_z(fbcast_z(flane(steps, c0 + 2)), dm))
-    cd = fround_f16_z(fmul_z(fbcast_z(flane(steps, c0 + 3)), dm))
+    of 4 vectors; each value loaded once for the four (16 chains in registers). first: 1 / candidate 0."""
+    cand = (_candidate_z(steps, c0, dm), _candidate_z(steps, c0 + 1, dm), _candidate_z(steps, c0 + 2, dm),
+            _candidate_z(steps, c0 + 3, dm))  # fmt: skip
     one = fbcast_z(np.float32(1.0))
-    ia, ib, ic, id_ = fdiv_z(one, ca), fdiv_z(one, cb), fdiv_z(one, cc), fdiv_z(one, cd)
+    inv = (fdiv_z(one, cand[0]), fdiv_z(one, cand[1]), fdiv_z(one, cand[2]), fdiv_z(one, cand[3]))
     z = fzero_z()
-    a0, a1, a2, a3, b0, b1, b2, b3 = z, z, z, z, z, z, z, z
-    c0_, c1, c2, c3, d0, d1, d2, d3 = z, z, z, z, z, z, z, z
-    for j in range(0, 32, 4):  # value j + k feeds chain k of every candidate, as _errors4
-        v = ld_zs(values, 64 * j)
-        a0, b0, c0_, d0 = (
-            _chain_step_z(v, ia, a0),
-            _chain_step_z(v, ib, b0),
-            _chain_step_z(v, ic, c0_),
-            _chain_step_z(v, id_, d0),
-        )
-        v = ld_zs(values, 64 * j + 64)
-        a1, b1, c1, d1 = (
-            _chain_step_z(v, ia, a1),
-            _chain_step_z(v, ib, b1),
-            _chain_step_z(v, ic, c1),
-            _chain_step_z(v, id_, d1),
-        )
-        v = ld_zs(values, 64 * j + 128)
-        a2, b2, c2, d2 = (
-            _chain_step_z(v, ia, a2),
-            _chain_step_z(v, ib, b2),
-            _chain_step_z(v, ic, c2),
-            _chain_step_z(v, id_, d2),
-        )
-        v = ld_zs(values, 64 * j + 192)
-        a3, b3, c3, d3 = (
-            _chain_step_z(v, ia, a3),
-            _chain_step_z(v, ib, b3),
-            _chain_step_z(v, ic, c3),
-            _chain_step_z(v, id_, d3),
-        )
-    ra, rb, rc, rd = fmul_z(ca, first), fmul_z(cb, first), fmul_z(cc, first), fmul_z(cd, first)
-    ea = fmul_z(fadd_z(fadd_z(a0, a1), fadd_z(a2, a3)), fmul_z(ra, ra))
-    eb = fmul_z(fadd_z(fadd_z(b0, b1), fadd_z(b2, b3)), fmul_z(rb, rb))
-    ec = fmul_z(fadd_z(fadd_z(c0_, c1), fadd_z(c2, c3)), fmul_z(rc, rc))
-    ed = fmul_z(fadd_z(fadd_z(d0, d1), fadd_z(d2, d3)), fmul_z(rd, rd))
-    return (ca, cb, cc, cd), (ia, ib, ic, id_), (ea, eb, ec, ed)
+    k0, k1, k2, k3 = (z, z, z, z), (z, z, z, z), (z, z, z, z), (z, z, z, z)  # chain k of each of the four
+    for j in range(0, 32, 4):  # value j + k feeds chain k, as _errors4
+        k0 = _chain_steps4_z(ld_zs(values, 64 * j), inv, k0)
+        k1 = _chain_steps4_z(ld_zs(values, 64 * j + 64), inv, k1)
+        k2 = _chain_steps4_z(ld_zs(values, 64 * j + 128), inv, k2)
+        k3 = _chain_steps4_z(ld_zs(values, 64 * j + 192), inv, k3)
+    err = (
+        _error_z(k0[0], k1[0], k2[0], k3[0], cand[0], first),
+        _error_z(k0[1], k1[1], k2[1], k3[1], cand[1], first),
+        _error_z(k0[2], k1[2], k2[2], k3[2], cand[2], first),
+        _error_z(k0[3], k1[3], k2[3], k3[3], cand[3], first),
+    )
+    return cand, inv, err
 
 
 @njit(inline="always", **EXACT)
@@ -2645,9 +2643,9 @@ def _q8_1_scales16(x1, at, values):
     amax = bits_f32z(big)
     dm = fdiv_z(amax, fbcast_z(np.float32(127.0)))
     steps = _scale_steps()
-    first = fdiv_z(fbcast_z(np.float32(1.0)), fround_f16_z(fmul_z(fbcast_z(flane(steps, 0)), dm)))  # 1 / cand 0
-    s0, v0, e0 = _q8_1_candidates4z(values, steps, dm, first, 0)
-    s1, v1, e1 = _q8_1_candidates4z(values, steps, dm, first, 4)
+    first = fdiv_z(fbcast_z(np.float32(1.0)), _candidate_z(steps, 0, dm))
+    s0, v0, e0 = _q8_1_candidates4_z(values, steps, dm, first, 0)
+    s1, v1, e1 = _q8_1_candidates4_z(values, steps, dm, first, 4)
     # the first least of the eight: a later candidate only where strictly less
     scale, inverse, best = s0[0], v0[0], e0[0]
     for c in range(1, 8):

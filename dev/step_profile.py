@@ -40,6 +40,7 @@ import numpy as np
 
 import ggufrun
 from ggufrun.model import kernels, linear
+from ggufrun.model.kv_cache import KV_DTYPES
 from ggufrun.runtime import on_compute_thread
 
 
@@ -223,7 +224,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=None, help="positions a cache holds (default: the least that fits)")
-    ap.add_argument("--kv-dtype", default="f16", choices=["f16", "q8_0", "f32"], help="the caches' storage")
+    ap.add_argument("--kv-dtype", default="f16", choices=KV_DTYPES, help="the caches' storage")
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]

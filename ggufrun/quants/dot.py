@@ -2430,34 +2430,6 @@ def ld_zs(typingctx, p, off):
 
 
 @intrinsic
-def fnormal_pick_z(typingctx, dm, searched, fallback):
-    """Lane-wise: searched where 6.2e-5 <= dm <= 63000 (_fp16_normal; ordered: NaN fails), else fallback."""
-    if dm != F32x16 or searched != F32x16 or fallback != F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        lo = builder.fcmp_ordered("<=", _splat(_v16f32, float(np.float32(6.2e-5))), args[0])
-        hi = builder.fcmp_ordered("<=", args[0], _splat(_v16f32, float(np.float32(63000.0))))
-        return builder.select(builder.and_(lo, hi), args[1], args[2])
-
-    return F32x16(F32x16, F32x16, F32x16), codegen
-
-
-@intrinsic
-def fnonzero_z(typingctx, v, x):
-    """Lane-wise: x where v != 0 (unordered, as Python's: a NaN is not 0), else 0."""
-    if v != F32x16 or x != F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.select(
-            builder.fcmp_unordered("!=", args[0], _splat(_v16f32, 0.0)), args[1], _splat(_v16f32, 0.0)
-        )
-
-    return F32x16(F32x16, F32x16), codegen
-
-
-@intrinsic
 def ld_f32s(typingctx, p, i):
     """Float32 i of a stack scratch (a CPointer from _stack_scratch)."""
     if not isinstance(p, types.CPointer) or not isinstance(i, types.Integer):
@@ -2512,69 +2484,6 @@ def st_blocks_lanes(typingctx, a, off, p):
     return types.none(a, off, p), codegen
 
 
-@intrinsic
-def abs_bits_max_z(typingctx, acc, v):
-    """abs_bits_max on 16 lanes: lane-wise max of acc and the bits of |v| as int32."""
-    if acc != I32x16 or v != F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        v16i32 = ir.VectorType(_i32, 16)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16i32, [v16i32] * 2), "llvm.smax.v16i32")
-        bits = builder.and_(builder.bitcast(args[1], v16i32), _splat(v16i32, 0x7FFFFFFF))
-        return builder.call(fn, [args[0], bits])
-
-    return I32x16(I32x16, F32x16), codegen
-
-
-@intrinsic
-def bits_f32z(typingctx, v):
-    """The float32 that each lane's int32 bits encode (a bitcast)."""
-    if v != I32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], _v16f32)
-
-    return F32x16(I32x16), codegen
-
-
-@intrinsic
-def fdiv_z(typingctx, a, b):
-    """a / b lane-wise (16 float32)."""
-    if a != F32x16 or b != F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fdiv(args[0], args[1])
-
-    return F32x16(F32x16, F32x16), codegen
-
-
-@intrinsic
-def fround_f16_z(typingctx, v):
-    """round_f16 of each of 16 lanes."""
-    if v != F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _round_f16_ir(builder, args[0])
-
-    return F32x16(F32x16), codegen
-
-
-@intrinsic
-def fpick_z(typingctx, e, best, new, old):
-    """Lane-wise: new where e < best (ordered), else old."""
-    if e != F32x16 or best != F32x16 or new != F32x16 or old != F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.select(builder.fcmp_ordered("<", args[0], args[1]), args[2], args[3])
-
-    return F32x16(F32x16, F32x16, F32x16, F32x16), codegen
-
-
 @njit(inline="always", **EXACT)
 def _chain_step_z(v, inv, acc):
     """One value's step of a candidate's error chain (_errors4): acc + frac(v * inv)^2, fused."""
@@ -2595,9 +2504,21 @@ def _chain_steps4_z(v, inv, acc):
 
 @njit(inline="always", **EXACT)
 def _error_z(a0, a1, a2, a3, cand, first):
-    """_least_error's measure of a candidate from its four chains: their sum in units of the first scale, squared."""
+    """_least_error's measure of a candidate from its four chains (first: 1 / candidate 0): their sum in units of the
+    first scale, squared."""
     rel = fmul_z(cand, first)
     return fmul_z(fadd_z(fadd_z(a0, a1), fadd_z(a2, a3)), fmul_z(rel, rel))
+
+
+@njit(inline="always", **EXACT)
+def _errors4_z(k0, k1, k2, k3, cands, first):
+    """_error_z of four candidates: chain k of candidate c in kk[c], their scales in cands."""
+    return (
+        _error_z(k0[0], k1[0], k2[0], k3[0], cands[0], first),
+        _error_z(k0[1], k1[1], k2[1], k3[1], cands[1], first),
+        _error_z(k0[2], k1[2], k2[2], k3[2], cands[2], first),
+        _error_z(k0[3], k1[3], k2[3], k3[3], cands[3], first),
+    )
 
 
 @njit(inline="always", **EXACT)
@@ -2607,9 +2528,10 @@ def _candidate_z(steps, c, dm):
 
 
 @njit(inline="always", **EXACT)
-def _q8_1_candidates4_z(values, steps, dm, first, c0):
+def _q8_1_candidates4_z(values, steps, dm, c0, first):
     """Candidates c0..c0+3 of _q8_1_scales16's 16 blocks: (their scales, their inverses, their errors), each a tuple
-    of 4 vectors; each value loaded once for the four (16 chains in registers). first: 1 / candidate 0."""
+    of 4 vectors; each value loaded once for the four (16 chains in registers). first: 1 / candidate 0, None for
+    c0 = 0 (then this call's own first inverse)."""
     cand = (_candidate_z(steps, c0, dm), _candidate_z(steps, c0 + 1, dm), _candidate_z(steps, c0 + 2, dm),
             _candidate_z(steps, c0 + 3, dm))  # fmt: skip
     one = fbcast_z(np.float32(1.0))
@@ -2621,13 +2543,7 @@ def _q8_1_candidates4_z(values, steps, dm, first, c0):
         k1 = _chain_steps4_z(ld_zs(values, 64 * j + 64), inv, k1)
         k2 = _chain_steps4_z(ld_zs(values, 64 * j + 128), inv, k2)
         k3 = _chain_steps4_z(ld_zs(values, 64 * j + 192), inv, k3)
-    err = (
-        _error_z(k0[0], k1[0], k2[0], k3[0], cand[0], first),
-        _error_z(k0[1], k1[1], k2[1], k3[1], cand[1], first),
-        _error_z(k0[2], k1[2], k2[2], k3[2], cand[2], first),
-        _error_z(k0[3], k1[3], k2[3], k3[3], cand[3], first),
-    )
-    return cand, inv, err
+    return cand, inv, _errors4_z(k0, k1, k2, k3, cand, inv[0] if first is None else first)
 
 
 @njit(inline="always", **EXACT)
@@ -2643,9 +2559,8 @@ def _q8_1_scales16(x1, at, values):
     amax = bits_f32z(big)
     dm = fdiv_z(amax, fbcast_z(np.float32(127.0)))
     steps = _scale_steps()
-    first = fdiv_z(fbcast_z(np.float32(1.0)), _candidate_z(steps, 0, dm))
-    s0, v0, e0 = _q8_1_candidates4_z(values, steps, dm, first, 0)
-    s1, v1, e1 = _q8_1_candidates4_z(values, steps, dm, first, 4)
+    s0, v0, e0 = _q8_1_candidates4_z(values, steps, dm, 0, None)
+    s1, v1, e1 = _q8_1_candidates4_z(values, steps, dm, 4, v0[0])  # v0[0]: 1 / candidate 0
     # the first least of the eight: a later candidate only where strictly less
     scale, inverse, best = s0[0], v0[0], e0[0]
     for c in range(1, 8):
@@ -4331,7 +4246,7 @@ def st_lanes_f32x8(typingctx, a, off, v, j):
 
 
 def _lanewise_z(build, out, *ins):
-    """Intrinsic of 16-lane operands `ins` (one to three) -> `out`: build(builder, *operands)."""
+    """Intrinsic of 16-lane operands `ins` (one to four) -> `out`: build(builder, *operands)."""
 
     def typer(args):
         if tuple(args) != ins:
@@ -4346,7 +4261,9 @@ def _lanewise_z(build, out, *ins):
         return intrinsic(lambda typingctx, a: typer((a,)))
     if len(ins) == 2:
         return intrinsic(lambda typingctx, a, b: typer((a, b)))
-    return intrinsic(lambda typingctx, a, b, c: typer((a, b, c)))
+    if len(ins) == 3:
+        return intrinsic(lambda typingctx, a, b, c: typer((a, b, c)))
+    return intrinsic(lambda typingctx, a, b, c, d: typer((a, b, c, d)))
 
 
 fcvt_z = _lanewise_z(lambda b, v: b.sitofp(v, _v16f32), F32x16, I32x16)
@@ -4354,6 +4271,38 @@ fmul_z = _lanewise_z(lambda b, x, y: b.fmul(x, y), F32x16, F32x16, F32x16)
 fadd_z = _lanewise_z(lambda b, x, y: b.fadd(x, y), F32x16, F32x16, F32x16)
 fma_z = _lanewise_z(lambda b, acc, x, y: _z_call(b, "llvm.fma.v16f32", x, y, acc), F32x16, F32x16, F32x16, F32x16)
 isub32_z = _lanewise_z(lambda b, s, c: b.sub(s, b.shl(c, _splat(_v16i32, 5))), I32x16, I32x16, I32x16)  # s - 32 c
+# the Q8_1 lane search's steps (_q8_1_scales16), each lane what the 8-lane forms give its block
+fdiv_z = _lanewise_z(lambda b, x, y: b.fdiv(x, y), F32x16, F32x16, F32x16)
+fround_f16_z = _lanewise_z(_round_f16_ir, F32x16, F32x16)  # round_f16 of each lane
+bits_f32z = _lanewise_z(lambda b, v: b.bitcast(v, _v16f32), F32x16, I32x16)  # the float32 each lane's bits encode
+
+
+def _abs_bits_max_z(b, acc, v):
+    """abs_bits_max on 16 lanes: lane-wise max of acc and the bits of |v| as int32."""
+    return _z_call(b, "llvm.smax.v16i32", acc, b.and_(b.bitcast(v, _v16i32), _splat(_v16i32, 0x7FFFFFFF)))
+
+
+def _fpick_z(b, e, best, new, old):
+    """Lane-wise: new where e < best (ordered), else old."""
+    return b.select(b.fcmp_ordered("<", e, best), new, old)
+
+
+def _fnonzero_z(b, v, x):
+    """Lane-wise: x where v != 0 (unordered, as Python's: a NaN is not 0), else 0."""
+    return b.select(b.fcmp_unordered("!=", v, _splat(_v16f32, 0.0)), x, _splat(_v16f32, 0.0))
+
+
+def _fnormal_pick_z(b, dm, searched, fallback):
+    """Lane-wise: searched where 6.2e-5 <= dm <= 63000 (_fp16_normal; ordered: NaN fails), else fallback."""
+    lo = b.fcmp_ordered("<=", _splat(_v16f32, float(np.float32(6.2e-5))), dm)
+    hi = b.fcmp_ordered("<=", dm, _splat(_v16f32, float(np.float32(63000.0))))
+    return b.select(b.and_(lo, hi), searched, fallback)
+
+
+abs_bits_max_z = _lanewise_z(_abs_bits_max_z, I32x16, I32x16, F32x16)
+fpick_z = _lanewise_z(_fpick_z, F32x16, F32x16, F32x16, F32x16, F32x16)
+fnonzero_z = _lanewise_z(_fnonzero_z, F32x16, F32x16, F32x16)
+fnormal_pick_z = _lanewise_z(_fnormal_pick_z, F32x16, F32x16, F32x16, F32x16)
 
 
 @njit(inline="always", **DOT)

@@ -18,7 +18,11 @@
 // Q4_1's m terms as a second read-modify-write per row (which _rows_zq instead takes after the blocks, in
 // registers). Weights repeated from L1 (1 pair of pairs) or from L2 (40). Ice Lake, 2026-12-06, quiet minutes: 3.0-3.1 /
 // 3.4-3.6 ns, with m 3.9-4.6 ns; a rows-of-8 loop (one broadcast per vpdpbusd, 8 rows' accumulators in registers)
-// 4.8-4.9 ns. Intel Xeon with AMX (lscpu model 207), 2026-12-06: Part 1 0.17-0.20 / 0.17-0.21 / 0.19-0.30 /
+// 4.8-4.9 ns. AMD EPYC Zen 4 VM (znver4, 2 cores), 2026-12-07: Part 1 0.27 ns for all four (one vpdpbusd a cycle
+// at 3.66 GHz, however it is fed); Part 2 2.96 / 2.95-2.97 ns, with m 3.21-3.23 / 3.25-3.26, at 8 rows 3.00-3.01 /
+// 3.05 (one pair against four rows 3.05-3.40 / 3.06-3.97); ggufrun's _rows_zq there, SmolLM2's Q4_1 matrices with
+// the weights in cache (one call repeated, 1 thread): 3.39-3.77 ns at 16 rows, 3.64-4.26 at 8, and ~4.0 inside a
+// 16-row step (2 threads). Intel Xeon with AMX (lscpu model 207), 2026-12-06: Part 1 0.17-0.20 / 0.17-0.21 / 0.19-0.30 /
 // 0.18-0.22 ns (a load of its own costs little there); Part 2 2.5-3.1 / 2.6-2.7 ns. The same loop with one pair of
 // groups against four rows at a time (so each broadcast meets one code vector, four rows' chains independent), same
 // machine, 8 / 16 rows from L2: 3.3 / 3.1 ns against 2.7 / 2.5 for two pairs against each row (earlier runs alike);

@@ -8,7 +8,9 @@ Endpoints (request and response shapes follow OpenAI's API reference, "Create ch
     POST /v1/chat/completions, POST /v1/completions   streaming (SSE) and not
     GET  /v1/models, GET /v1/models/{id}               the one served model
     POST /v1/embeddings                                501, naming what to use instead
-    GET  /health                                       counters, no authentication
+    GET  /health                                       counters, no authentication; "compiling": true while a
+                                                       helper still compiles the batched kernels (the first run
+                                                       after an install: batched steps run row by row meanwhile)
     GET  /                                             a single-page chat UI (ggufrun/static/chat.html)
 
 The model name: one model is served, so any `model` string is accepted (as llama-server does); responses and
@@ -1050,6 +1052,7 @@ def create_app(
                 "tokens_generated": runner.tokens_generated,
                 "requests_served": runner.requests_served,
                 "requests_cancelled": runner.requests_cancelled,
+                "compiling": model.transformer.compiling,
             }  # fmt: skip
         )
 

@@ -548,3 +548,45 @@ def test_a_batched_steps_greedy_rows_sample_alone_while_their_kernel_compiles(mo
     assert run() == alone and seen == []
     model.transformer.pending = None
     assert run() == alone and seen and max(seen) == 3
+
+
+def test_health_says_compiling_while_a_helper_compiles_and_the_benchmark_waits_for_it(monkeypatch):
+    """Transformer.compiling is True while a helper still compiles in the background and False once it is done (or
+    there is none); the server's /health says so, and benchmarks/serve.py waits for it before measuring (a run that
+    did not measured the row-by-row passes: Gemma3's 16-client ratio ~2x instead of ~5x)."""
+    from pathlib import Path
+
+    import httpx
+    from live_server import LiveServer
+    from test_model_golden import GOLDEN
+
+    import ggufrun
+    from ggufrun.server import create_app
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import serve
+
+    model = ggufrun.load(str(GOLDEN / "small-llama-q4_1.gguf"), n_ctx=64, n_threads=1)
+    tf = model.transformer
+    assert not tf.compiling  # nothing pending
+    with LiveServer(create_app(model, model_id="tiny", parallel=2)) as s:
+        health = lambda: httpx.get(s.url + "/health").json()  # noqa: E731
+        assert health()["compiling"] is False
+        helper = _Compiling(after=10**9, busy=1)
+        tf.pending = helper
+        try:
+            assert tf.compiling and health()["compiling"] is True
+            target = serve.ServerTarget(s.url, model.tokenizer.eog_ids, None)
+            try:
+                assert target.compiling()
+                monkeypatch.setattr(serve.time, "sleep", lambda _: None)  # its poll: the helper ends at the 3rd look
+                looks = []
+                monkeypatch.setattr(target, "compiling", lambda: looks.append(1) or len(looks) < 3)
+                assert serve.wait_compiled("ggufrun", target) >= 0 and len(looks) == 3
+            finally:
+                target.close()
+            helper.busy = 0  # its helper is done: passes may load what it compiled
+            assert not tf.compiling and health()["compiling"] is False
+        finally:
+            tf.pending = None
+    model.close()

@@ -565,6 +565,15 @@ class Transformer:
             self.pending = None
         return tiles, rows
 
+    @property
+    def compiling(self) -> bool:
+        """Whether a helper process still compiles kernels in the background (the first run after an install or a
+        change to the kernels' source, self.pending): until it is done, passes of several rows run one row at a
+        time on the cores it leaves (a server's batched steps ~2x a one-row step instead of ~5x: what a benchmark
+        must not measure). Cheap and safe from any thread: it looks at the helper's process only."""
+        pending = self.pending
+        return pending is not None and pending.helpers_running() > 0
+
     def batch_sampling_ready(self) -> bool:
         """Whether kernels.greedy_rows may be called (sampling.sample_greedy_rows): yes, unless a helper still
         compiles it (the first run ever, self.pending), when each greedy row of a batched step samples alone (the

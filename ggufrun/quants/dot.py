@@ -5281,6 +5281,9 @@ VNNI_TILES = HAS_ZMM
 # / 24 rows 143 / 190 / 235 / 324 -> 158 / 192 / 225 / 269, 8,960 x 1,536 at 8 / 16 rows 642 / 1,163 -> 708 / 1,031,
 # Q6_K 1,536 x 8,960 at 16 rows 1,387 -> 1,094; Q8_0 2,048 x 2,048 at 16 / 32 / 64 rows 350 / 619 / 1,808 -> 353 / 551
 # / 1,333, Q4_1 1,536 x 576 at 16 rows 97 -> 108, Q8_0 49,152 x 576 (SmolLM2's output) 2,236 -> 2,598
+# (AMD EPYC Zen 4 VM, 2026-12-07, 2 threads, SmolLM2's 16-row step at n_ctx 4096, `dev/step_profile.py` on a copy
+# with VNNI_MIN_ROWS_32 = 16, 2 x 2 alternating processes, us a call: Q4_1 3,072 x 576 110-116 -> 163-167, 576 x
+# 1,536 64-65 -> 79-84, Q8_0 49,152 x 576 1,585-1,644 -> 2,691-2,799; the step 13.8-14.7 -> 18.2-18.8 ms)
 VNNI_MIN_ROWS = 16  # the K-quants
 VNNI_MIN_ROWS_32 = 32  # Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL
 AccI8 = types.UniTuple(I32x16, 8)  # int32 sums of 4 activation rows x 2 tiles of 16 weight rows, in registers

@@ -22,7 +22,18 @@ import sys
 import tempfile
 import time
 
-from _common import ROOT, env_line, environment, fmt, log, peak_rss_mb, prompt_ids, summarize, write_json
+from _common import (
+    ROOT,
+    env_line,
+    environment,
+    fmt,
+    log,
+    peak_rss_mb,
+    prompt_ids,
+    summarize,
+    wait_compiled,
+    write_json,
+)
 
 FIRST_RUN_TARGET_S = 10.0
 RSS_MARGIN_MB = 100.0
@@ -137,6 +148,7 @@ def main() -> int:
         model = ggufrun.load(path, n_threads=args.threads, n_ctx=max(512, args.prompt_tokens + args.gen_tokens + 8))
         loads.append(__import__("time").perf_counter() - t)
     results["load_s"] = summarize(loads)
+    results["compile_wait_s"] = wait_compiled("ggufrun", lambda: model.transformer.compiling)  # (--no-cold)
     ids = prompt_ids(model.tokenize, args.prompt_tokens)
     log("warm-up run")
     run_ggufrun(model, ids, args.gen_tokens)

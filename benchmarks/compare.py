@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from _common import env_line, environment, fmt, log, prompt_ids, summarize, write_json
+from _common import env_line, environment, fmt, log, prompt_ids, summarize, wait_compiled, write_json
 from bench import run_ggufrun
 
 
@@ -122,6 +122,7 @@ def main() -> int:
     t = time.perf_counter()
     ours = ggufrun.load(path, n_threads=args.threads, n_ctx=n_ctx)
     our_load = time.perf_counter() - t
+    wait_compiled("ggufrun", lambda: ours.transformer.compiling)
     try:
         theirs = LlamaCpp(path, args.threads, n_ctx)
         log("llama-cpp-python loaded")

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from _common import env_line, environment, fmt, log, prompt_ids, summarize, write_json
+from _common import env_line, environment, fmt, log, prompt_ids, summarize, wait_compiled, write_json
 from bench import run_ggufrun
 
 # a pure spin loop; every ~10 ms it checks that this script still runs, so that a killed run leaves no spinner
@@ -77,6 +77,7 @@ def bench_model(name: str, args, n_cores: int) -> dict:
     default = physical_cores()
     n_ctx = args.prompt_tokens + args.gen_tokens + 8
     model = ggufrun.load(path, n_ctx=n_ctx, n_threads=default)
+    wait_compiled("ggufrun", lambda: model.transformer.compiling)
     ids = prompt_ids(model.tokenize, args.prompt_tokens)
     configs: dict = {
         f"ggufrun, {default} threads (default)": Ggufrun(model, default),

@@ -90,7 +90,7 @@ import tempfile
 import threading
 import time
 
-from _common import ROOT, env_line, environment, log, prompt_ids, write_json
+from _common import ROOT, env_line, environment, log, prompt_ids, wait_compiled, write_json
 
 
 class Client:
@@ -475,28 +475,6 @@ def chart(path: str, results: dict) -> None:
     log(f"wrote {path}")
 
 
-COMPILE_WAIT_S = 900  # the longest wait for a target's background compilation (Gemma3 on 2 busy cores: ~1 min)
-
-
-def wait_compiled(name: str, target) -> float:
-    """Wait while `target` compiles its batched kernels in a helper process: the first run after an install or a
-    change to the kernels' source starts answering before they are compiled, and until then runs its batched steps
-    row by row on the cores the helper leaves. Measured meanwhile, Gemma3's 16-client ratio read ~2x instead of
-    ~5x for the whole run (a fresh Numba cache, AMD EPYC Zen 4 VM, 2026-12-07). Returns the seconds waited."""
-    t0 = time.perf_counter()
-    if not target.compiling():
-        return 0.0
-    log(f"{name} still compiles its batched kernels in the background (the first run after an install or a kernel "
-        "change); waiting for them before measuring")  # fmt: skip
-    while target.compiling():
-        if time.perf_counter() - t0 > COMPILE_WAIT_S:
-            raise RuntimeError(f"{name} still compiled its kernels after {COMPILE_WAIT_S} s")
-        time.sleep(0.5)
-    waited = time.perf_counter() - t0
-    log(f"{name}: kernels compiled after {waited:.1f} s more")
-    return waited
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model", nargs="?", default="smollm2-135m-instruct", help="model path or known name")
@@ -566,7 +544,7 @@ def main() -> None:
                                        args.prefill_chunk)  # fmt: skip
             targets["llama.cpp"] = ServerTarget(llama.url, tokenizer_eog, None, llama)
             results["llama_server"] = args.llama_server
-        results["compile_wait_s"] = {name: wait_compiled(name, t) for name, t in targets.items()}
+        results["compile_wait_s"] = {name: wait_compiled(name, t.compiling) for name, t in targets.items()}
         for t in targets.values():  # warm-up: each count's batched kernels are loaded at their first call
             for n in counts:
                 run_clients(t, prompts.take(n), 4)

@@ -582,7 +582,7 @@ def test_health_says_compiling_while_a_helper_compiles_and_the_benchmark_waits_f
                 monkeypatch.setattr(serve.time, "sleep", lambda _: None)  # its poll: the helper ends at the 3rd look
                 looks = []
                 monkeypatch.setattr(target, "compiling", lambda: looks.append(1) or len(looks) < 3)
-                assert serve.wait_compiled("ggufrun", target) >= 0 and len(looks) == 3
+                assert serve.wait_compiled("ggufrun", target.compiling) >= 0 and len(looks) == 3
             finally:
                 target.close()
             helper.busy = 0  # its helper is done: passes may load what it compiled

@@ -733,6 +733,17 @@ def _parse_chat_options(body: dict) -> dict:
 # ---- the app -----------------------------------------------------------------------------------------------------
 
 
+async def _say_when_compiled(transformer, every_s: float = 1.0) -> None:
+    """Log once the background compile the server started with is done (Transformer.compiling)."""
+    t0 = time.monotonic()
+    while transformer.compiling:
+        await asyncio.sleep(every_s)
+    log.info(
+        "ggufrun: the batched kernels are compiled (%.0f s after start): batched steps at full speed",
+        time.monotonic() - t0,
+    )
+
+
 async def _watch_disconnect(receive, cancel: threading.Event) -> None:
     """Set `cancel` when the client goes away (ASGI http.disconnect; the body has been read by then)."""
     while True:
@@ -1079,9 +1090,17 @@ def create_app(
             if keys_mb:
                 log.info("ggufrun: the slots' keys (%.0f MB) %s", keys_mb, "were faulted in at start" if
                          runner.keys_prefaulted else "are faulted in as the slots are first used")  # fmt: skip
+        watch = None
+        if model.transformer.compiling:
+            log.info("ggufrun: the batched kernels still compile in the background (the first run after an install "
+                     "or an update, about a minute on 2 cores): requests are answered meanwhile, prompts and "
+                     "concurrent requests row by row; GET /health says \"compiling\" until then")  # fmt: skip
+            watch = asyncio.create_task(_say_when_compiled(model.transformer))
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             runner.close()
 
     middleware = []

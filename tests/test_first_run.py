@@ -590,3 +590,43 @@ def test_health_says_compiling_while_a_helper_compiles_and_the_benchmark_waits_f
         finally:
             tf.pending = None
     model.close()
+
+
+def test_the_server_says_at_start_that_its_batched_kernels_compile_and_when_they_are_done():
+    """A server started while a helper still compiles (the first run after an install) logs so at start, and logs
+    again once the helper is done."""
+    import logging
+    import time
+
+    from starlette.testclient import TestClient
+    from test_model_golden import GOLDEN
+
+    import ggufrun
+    from ggufrun.server import create_app
+
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger("uvicorn.error")  # the server's logger (uvicorn's own)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    model = ggufrun.load(str(GOLDEN / "small-llama-q4_1.gguf"), n_ctx=64, n_threads=1)
+    helper = _Compiling(after=10**9, busy=1)
+    model.transformer.pending = helper
+    try:
+        with TestClient(create_app(model, model_id="tiny", parallel=2)) as client:
+            assert client.get("/health").json()["compiling"] is True
+            assert any("still compile in the background" in m for m in said)
+            assert not any("are compiled" in m for m in said)
+            helper.busy = 0
+            deadline = time.monotonic() + 10
+            while not any("are compiled" in m for m in said) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert client.get("/health").json()["compiling"] is False
+        assert any("the batched kernels are compiled" in m for m in said)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        model.transformer.pending = None
+        model.close()

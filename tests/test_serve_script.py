@@ -1,6 +1,7 @@
 """benchmarks/serve.py's HTTP clients (ServerTarget: raw HTTP/1.1 on one event loop, the chunked SSE body parsed as
 it comes) against a real `ggufrun serve` app on 127.0.0.1 with the tiny synthetic model: every client sees the
-events an ordinary client sees, an error answer is an error, and a stop event ends a stream early. And its CPU
+events an ordinary client sees, an error answer is an error, and a stop event ends a stream early; its parser
+(EventStream) reads the same events whatever bytes each read brings. And its CPU
 accounting: thread_cpu_s reads a thread's CPU time from /proc, cpu_split takes the busiest threads apart."""
 
 from __future__ import annotations
@@ -69,6 +70,61 @@ def test_server_target_reports_an_error_answer_and_stops_when_told(chat_model):
             assert started.is_set() and 1 <= len(client.t_tokens) < 400
         finally:
             target.close()
+
+
+class FakeTransport:
+    def __init__(self):
+        self.written, self.closed = b"", False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def chunked_reply(events: list[bytes]) -> bytes:
+    """An HTTP/1.1 200 event stream: each event its own chunk, then the last chunk."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 64, 10_000])
+def test_event_stream_reads_the_same_events_whatever_the_reads_bring(step):
+    import asyncio
+
+    text = [b'data: {"choices": [{"text": "%s"}]}\n\n' % t for t in (b"a", b"\\u00e9", b"")]
+    split = b'data: {"choices": [{"text": "b"}]}\n\n'  # one event in two chunks
+    finish = b'data: {"choices": [{"text": null, "finish_reason": "length"}]}\n\ndata: [DONE]\n\n'
+    reply = chunked_reply([*text, split[:9], split[9:], finish])
+    loop = asyncio.new_event_loop()
+    try:
+        client, done, transport = serve.Client([1]), loop.create_future(), FakeTransport()
+        stream = serve.EventStream(client, b"GET", done, None, None)
+        stream.connection_made(transport)
+        for i in range(0, len(reply), step):
+            stream.data_received(reply[i : i + step])
+        assert done.done() and done.result() is None and transport.closed and transport.written == b"GET"
+        assert len(client.t_tokens) == 4  # "a", "é", "" and "b": events with a text; not the finish event
+
+        error = b'data: {"error": {"message": "boom"}}\n\n'
+        client, done = serve.Client([1]), loop.create_future()
+        stream = serve.EventStream(client, b"GET", done, None, None)
+        stream.connection_made(FakeTransport())
+        for i in range(0, len(chunked_reply([error])), step):
+            stream.data_received(chunked_reply([error])[i : i + step])
+        with pytest.raises(RuntimeError, match="server error: .*boom"):
+            done.result()
+
+        client, done = serve.Client([1]), loop.create_future()  # cut off mid-stream
+        stream = serve.EventStream(client, b"GET", done, None, None)
+        stream.connection_made(FakeTransport())
+        stream.data_received(reply[: len(reply) // 2])
+        stream.connection_lost(None)
+        with pytest.raises(ConnectionError, match="mid-stream"):
+            done.result()
+    finally:
+        loop.close()
 
 
 def test_a_spawned_server_that_exits_is_reported_with_its_log(tmp_path):

@@ -23,12 +23,24 @@ serve`'s and benchmarks/serve.py's default), and that changes what the K/V kerne
 key row of a slot spans n_ctx positions, so a decode step's new key lands in lines 8 KB apart instead of 1 KB
 (SmolLM2, 16 rows at 64 positions, 2026-12-07: qkv_rope_store_group 1.03 ms a step at 512, 1.45-1.54 at 4096).
 
---quick (tests/test_dev_scripts.py): a tiny synthetic model (tests/synthetic.py), 1 and 3 rows, a prefill pass.
+--busy N,US,MS: what a little work beside the passes costs them. A second process (not a thread: no GIL in common)
+spins N bursts of US microseconds every MS milliseconds, as a server's HTTP thread and a benchmark's clients do after
+each step (N streams' tokens); per row count the passes are timed without timers, in turns of ten with and without
+that process working, and their medians printed with the share of a core it took. On a machine with as many cores as
+compute threads each burst takes a core from a thread inside a parallel region, whose barrier the other threads then
+wait at. AMD EPYC Zen 4 VM, 2 threads, SmolLM2 at n_ctx 4096, `--rows 1,8,16 --busy 8,60,10.8` (4.4% of a core:
+what 8 streams' tokens cost a server and its clients a step), two runs, 2026-12-08: one row 4.06 / 4.33 -> 4.44 / 4.79
+ms (1.09-1.11x), 8 rows 8.21 / 8.81 -> 8.93 / 9.24 (1.05-1.09x), 16 rows 13.74 / 14.50 -> 14.47 / 15.97 (1.05-1.10x):
+the 8-row pass grows by 0.4-0.7 ms, while the process spins ~0.36 ms of it, ~1.2-2x its CPU time.
+
+--quick (tests/test_dev_scripts.py): a tiny synthetic model (tests/synthetic.py), 1 and 3 rows, a prefill pass, and
+--busy 2,50,5.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -125,7 +137,51 @@ class Timers:
         self._undo.clear()
 
 
-def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: int) -> tuple[dict, float]:
+def spin_bursts(bursts: int, us: float, ms: float, on, quit) -> None:
+    """--busy's process: while `on` is set, `bursts` busy-waits of `us` microseconds every `ms` milliseconds."""
+    period, burst = ms / 1e3, us / 1e6
+    t_next = time.perf_counter()
+    while not quit.is_set():
+        if not on.wait(0.05):
+            t_next = time.perf_counter()
+            continue
+        for _ in range(bursts):
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < burst:
+                pass
+            time.sleep(0)  # a burst ends: another process may run, as the next token's wait would let it
+        t_next += period
+        wait = t_next - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        else:
+            t_next = time.perf_counter()
+
+
+def busy_passes(model, caches: list, positions: int, prefill: int, steps: int, on) -> tuple[float, float]:
+    """Median pass time (ms) without timers, alone and while --busy's process works (`on` set), in turns of ten."""
+    tf = model.transformer
+    rng = np.random.default_rng(1)
+    alone, busy = [], []
+    for turn in range(max(2, 2 * (steps // 10))):
+        (on.set if turn % 2 else on.clear)()
+        if turn % 2:
+            time.sleep(0.02)  # its first period under way
+        for _ in range(10):
+            for c in caches:
+                c.truncate(0 if prefill else positions)
+            seqs = [(c, rng.integers(0, min(1000, tf.config.n_vocab), prefill) if prefill else [5]) for c in caches]
+            t0 = time.perf_counter()
+            if len(seqs) > 1 or prefill:
+                tf.forward_batch(seqs)
+            else:
+                tf.forward(seqs[0][1], cache=caches[0])
+            (busy if turn % 2 else alone).append(time.perf_counter() - t0)
+    on.clear()
+    return statistics.median(alone) * 1e3, statistics.median(busy) * 1e3
+
+
+def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: int, busy=None) -> tuple[dict, float]:
     """Print the table of one row count; return each kernel's median ms a pass and the median pass in ms."""
     tf = model.transformer
     caches = tf.new_caches(rows) if rows > 1 else [tf.new_cache()]
@@ -170,6 +226,13 @@ def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: 
         f"kernels {sum(median.values()) * 1e3:.2f} ms (medians; means {means * 1e3:.2f}) "
         f"of a median pass of {statistics.median(times) * 1e3:.2f} ms"
     )
+    if busy is not None:
+        (bursts, us, ms), on = busy
+        alone, beside = busy_passes(model, caches, positions, prefill, steps, on)
+        print(
+            f"without timers: a median pass {alone:.2f} ms alone, {beside:.2f} ms ({beside / alone:.2f}x) beside a "
+            f"process busy {bursts} x {us:g} us every {ms:g} ms ({bursts * us / ms / 10:.1f}% of a core)"
+        )
     return {name: t * 1e3 for name, t in median.items()}, statistics.median(times) * 1e3
 
 
@@ -225,9 +288,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=None, help="positions a cache holds (default: the least that fits)")
     ap.add_argument("--kv-dtype", default="f16", choices=KV_DTYPES, help="the caches' storage")
+    ap.add_argument("--busy", default=None, help="N,US,MS: also time passes beside a process spinning N bursts of US "
+                    "microseconds every MS milliseconds")  # fmt: skip
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
+    if a.quick and a.busy is None:
+        a.busy = "2,50,5"
+    busy = None
+    if a.busy is not None:
+        try:
+            bursts, us, ms = int(a.busy.split(",")[0]), *(float(v) for v in a.busy.split(",")[1:])
+        except ValueError:
+            ap.error(f"--busy takes N,US,MS (e.g. 8,60,10.8), got {a.busy!r}")
+        if bursts < 1 or us <= 0 or ms <= 0 or bursts * us >= ms * 1e3:
+            ap.error(f"--busy {a.busy}: N >= 1 bursts of US > 0 microseconds must fit in MS milliseconds")
+        spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no copy of this one's threads
+        on, quit = spawn.Event(), spawn.Event()
+        worker = spawn.Process(target=spin_bursts, args=(bursts, us, ms, on, quit), daemon=True)
+        worker.start()
+        busy = ((bursts, us, ms), on)
     with tempfile.TemporaryDirectory() as tmp:
         path = a.model
         if a.quick:
@@ -239,9 +319,15 @@ def main() -> None:
             ap.error("a model file is needed (or --quick)")
         n_ctx = max(128 if a.quick else 512, a.positions + 8, a.prefill + 8) if a.n_ctx is None else a.n_ctx
         model = ggufrun.load(path, n_threads=a.threads, n_ctx=n_ctx, kv_dtype=a.kv_dtype)
-        results = {
-            m: on_compute_thread(profile, model, m, a.positions, a.prefill, a.steps, min(10, a.steps)) for m in rows
-        }
+        try:
+            results = {
+                m: on_compute_thread(profile, model, m, a.positions, a.prefill, a.steps, min(10, a.steps), busy)
+                for m in rows
+            }
+        finally:
+            if busy is not None:
+                quit.set()
+                worker.join(10)
         if not a.prefill and 1 in results and len(results) > 1:
             added_rows(results)
         if a.quick:  # and a prefill pass of two prompts

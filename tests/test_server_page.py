@@ -1,5 +1,6 @@
 """The chat page at / in headless Chromium (Debian's chromium + chromedriver, driven by selenium): type a message,
-see the reply stream in, and Stop cancels the generation on the server."""
+see the reply stream in, and Stop cancels the generation on the server; while the server says it is compiling its
+batched kernels (/health "compiling"), the header says it is warming up, until it is done."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def server(tmp_path_factory):
     # 40 ms per token and no end-of-turn token, so that the reply is still streaming when Stop is clicked
     slow = ModelWrapper(model, delay=0.04, sampling={"logit_bias": {t: float("-inf") for t in model.tokenizer.eog_ids}})
     with LiveServer(create_app(slow, model_id="page-model")) as s:
+        s.model = model
         yield s
     model.close()
 
@@ -96,3 +98,37 @@ def test_type_stream_and_stop(server, browser):
     time.sleep(0.5)
     assert health(server)["tokens_generated"] == stopped["tokens_generated"] and reply() == text
     assert stopped["requests_cancelled"] >= 1
+
+
+class Compiling:
+    """A stand-in for the helper that compiles the batched kernels on a first run (Transformer.pending): it runs
+    while `busy`, and every kernel it holds is ready (passes run as usual)."""
+
+    def __init__(self):
+        self.busy = 1
+
+    def helpers_running(self) -> int:
+        return self.busy
+
+    def ready(self, which=None) -> bool:
+        return True
+
+
+def test_the_page_says_it_is_warming_up_while_the_server_compiles(server, browser):
+    from selenium.webdriver.common.by import By
+
+    warming = lambda: browser.find_element(By.ID, "warming").is_displayed()  # noqa: E731
+    browser.get(server.url + "/")
+    wait_for(lambda: browser.find_element(By.ID, "model").text == "page-model", what="the model id from /v1/models")
+    assert not warming()  # nothing compiling: no note
+    tf = server.model.transformer
+    helper = Compiling()
+    tf.pending = helper
+    try:
+        browser.get(server.url + "/")
+        wait_for(warming, what="the warming-up note while /health says compiling")
+        assert "warming up" in browser.find_element(By.ID, "warming").text
+        helper.busy = 0  # the helper is done: the page's next look at /health (every 2 s) takes the note away
+        wait_for(lambda: not warming(), timeout=10.0, what="the note to go once /health says compiled")
+    finally:
+        tf.pending = None

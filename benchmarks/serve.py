@@ -227,9 +227,6 @@ class EventStream(asyncio.Protocol):
                 if self.started is not None:
                     self.started.set()
 
-    def eof_received(self) -> None:
-        return None
-
     def connection_lost(self, exc) -> None:
         if self.done.done():
             return
@@ -250,7 +247,6 @@ class ServerTarget:
     """
 
     def __init__(self, url: str, eog_ids, api_key: str | None, server: SpawnedServer | None = None):
-        import asyncio
         from urllib.parse import urlsplit
 
         self.server = server
@@ -262,7 +258,6 @@ class ServerTarget:
         self.path = (parts.path or "") + "/v1/completions"
         self.bias = {str(t): -100 for t in eog_ids}
         self.auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-        self.asyncio = asyncio
         # uvloop where installed (the server extra's event loop, `ggufrun serve`'s too): this process's CPU a token,
         # Zen 4 VM, SmolLM2, 2 alternating pairs of runs, uvloop / asyncio's loop: 1 client 0.13-0.15 / 0.17-0.23 ms,
         # 8 clients 0.04-0.05 / 0.05-0.06, 16 clients 0.03-0.04 / 0.04-0.05
@@ -283,7 +278,7 @@ class ServerTarget:
         return bool(httpx.get(self.health, timeout=10).json().get("compiling", False))
 
     def run(self, client: Client, max_tokens: int, started=None, stop=None) -> None:
-        future = self.asyncio.run_coroutine_threadsafe(self._stream(client, max_tokens, started, stop), self.loop)
+        future = asyncio.run_coroutine_threadsafe(self._stream(client, max_tokens, started, stop), self.loop)
         future.result()
 
     async def _stream(self, client: Client, max_tokens: int, started, stop) -> None:

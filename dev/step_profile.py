@@ -137,11 +137,11 @@ class Timers:
         self._undo.clear()
 
 
-def spin_bursts(bursts: int, us: float, ms: float, on, quit) -> None:
+def spin_bursts(bursts: int, us: float, ms: float, on, stop) -> None:
     """--busy's process: while `on` is set, `bursts` busy-waits of `us` microseconds every `ms` milliseconds."""
     period, burst = ms / 1e3, us / 1e6
     t_next = time.perf_counter()
-    while not quit.is_set():
+    while not stop.is_set():
         if not on.wait(0.05):
             t_next = time.perf_counter()
             continue
@@ -158,9 +158,23 @@ def spin_bursts(bursts: int, us: float, ms: float, on, quit) -> None:
             t_next = time.perf_counter()
 
 
+def one_pass(tf, caches: list, positions: int, prefill: int, rng) -> float:
+    """One timed pass (seconds): every cache back to `positions` cached positions (0 for prefill), then a decode step
+    of one token per cache, or a prompt of `prefill` random tokens per cache; one cache alone takes Transformer.forward,
+    as a single sequence does."""
+    for c in caches:
+        c.truncate(0 if prefill else positions)
+    seqs = [(c, rng.integers(0, min(1000, tf.config.n_vocab), prefill) if prefill else [5]) for c in caches]
+    t0 = time.perf_counter()
+    if len(seqs) > 1 or prefill:
+        tf.forward_batch(seqs)
+    else:
+        tf.forward(seqs[0][1], cache=caches[0])
+    return time.perf_counter() - t0
+
+
 def busy_passes(model, caches: list, positions: int, prefill: int, steps: int, on) -> tuple[float, float]:
     """Median pass time (ms) without timers, alone and while --busy's process works (`on` set), in turns of ten."""
-    tf = model.transformer
     rng = np.random.default_rng(1)
     alone, busy = [], []
     for turn in range(max(2, 2 * (steps // 10))):
@@ -168,15 +182,7 @@ def busy_passes(model, caches: list, positions: int, prefill: int, steps: int, o
         if turn % 2:
             time.sleep(0.02)  # its first period under way
         for _ in range(10):
-            for c in caches:
-                c.truncate(0 if prefill else positions)
-            seqs = [(c, rng.integers(0, min(1000, tf.config.n_vocab), prefill) if prefill else [5]) for c in caches]
-            t0 = time.perf_counter()
-            if len(seqs) > 1 or prefill:
-                tf.forward_batch(seqs)
-            else:
-                tf.forward(seqs[0][1], cache=caches[0])
-            (busy if turn % 2 else alone).append(time.perf_counter() - t0)
+            (busy if turn % 2 else alone).append(one_pass(model.transformer, caches, positions, prefill, rng))
     on.clear()
     return statistics.median(alone) * 1e3, statistics.median(busy) * 1e3
 
@@ -194,19 +200,12 @@ def profile(model, rows: int, positions: int, prefill: int, steps: int, warmup: 
     times = []
     try:
         for i in range(warmup + steps):
-            for c in caches:
-                c.truncate(0 if prefill else positions)
-            seqs = [(c, rng.integers(0, min(1000, tf.config.n_vocab), prefill) if prefill else [5]) for c in caches]
             timers.on = i >= warmup
             if timers.on:
                 timers.passes.append({})
-            t0 = time.perf_counter()
-            if len(seqs) > 1 or prefill:
-                tf.forward_batch(seqs)
-            else:
-                tf.forward(seqs[0][1], cache=caches[0])
+            seconds = one_pass(tf, caches, positions, prefill, rng)
             if timers.on:
-                times.append(time.perf_counter() - t0)
+                times.append(seconds)
     finally:
         timers.on = False
         timers.uninstall()
@@ -304,8 +303,8 @@ def main() -> None:
         if bursts < 1 or us <= 0 or ms <= 0 or bursts * us >= ms * 1e3:
             ap.error(f"--busy {a.busy}: N >= 1 bursts of US > 0 microseconds must fit in MS milliseconds")
         spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no copy of this one's threads
-        on, quit = spawn.Event(), spawn.Event()
-        worker = spawn.Process(target=spin_bursts, args=(bursts, us, ms, on, quit), daemon=True)
+        on, stop = spawn.Event(), spawn.Event()
+        worker = spawn.Process(target=spin_bursts, args=(bursts, us, ms, on, stop), daemon=True)
         worker.start()
         busy = ((bursts, us, ms), on)
     with tempfile.TemporaryDirectory() as tmp:
@@ -326,7 +325,7 @@ def main() -> None:
             }
         finally:
             if busy is not None:
-                quit.set()
+                stop.set()
                 worker.join(10)
         if not a.prefill and 1 in results and len(results) > 1:
             added_rows(results)

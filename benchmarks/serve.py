@@ -161,6 +161,7 @@ class EventStream(asyncio.Protocol):
         self.buf = bytearray()
         self.head = True  # before the end of the headers
         self.status = ""
+        self.refused = False  # the status was not 200: the error body comes whole, up to connection_lost
         self.events = b""  # event-stream text not yet ending in a newline
 
     def connection_made(self, transport) -> None:
@@ -176,8 +177,10 @@ class EventStream(asyncio.Protocol):
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
         if self.done.done():
+            return
+        self.buf += data
+        if self.refused:
             return
         try:
             if self.head:
@@ -187,7 +190,8 @@ class EventStream(asyncio.Protocol):
                 lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
                 self.status = lines[0]
                 if self.status.split()[1:2] != ["200"]:
-                    return  # the error body comes whole, up to connection_lost
+                    self.refused = True
+                    return
                 headers = {}
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
@@ -230,7 +234,7 @@ class EventStream(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         if self.done.done():
             return
-        if self.head and self.status and self.status.split()[1:2] != ["200"]:
+        if self.refused and self.status:
             body = bytes(self.buf).partition(b"\r\n\r\n")[2].decode(errors="replace")
             self.done.set_exception(RuntimeError(f"server answered {self.status.strip()}: {body}"))
         else:

@@ -271,7 +271,7 @@ def test_helpers_start_before_the_model_file_is_read_only_on_a_cold_cache(tmp_pa
         assert start_compile_helpers(2) is None
 
 
-class _Compiling:
+class Compiling:
     """A stand-in for quants.jit.Background: the multi-row kernels become ready on the `after`-th pass that looks."""
 
     def __init__(self, after: int, on_ready=None, busy: int = 0):
@@ -381,12 +381,12 @@ def test_prefill_while_the_multi_row_kernels_compile_gives_the_same_bits(stem, m
     ref = tf.logits(ids)  # the multi-row kernels: prefill in one pass
     restore, n_swapped = _multi_row_kernels_raise(tf, monkeypatch)
     assert n_swapped >= 7 * tf.config.n_layer  # every matrix of every block is repacked
-    tf.pending = _Compiling(after=10**9)
+    tf.pending = Compiling(after=10**9)
     assert np.array_equal(tf.logits(ids), ref)
     a, b = tf.new_cache(), tf.new_cache()  # two sequences in one pass, both ending in it: a 2-row output product
     rows = tf.forward_batch([(a, ids[:20]), (b, ids[:30])])
     assert np.array_equal(rows[0], ref[19]) and np.array_equal(rows[1], ref[29])
-    tf.pending = _Compiling(after=2, on_ready=restore)  # ready at the third pass: chunks before and after it
+    tf.pending = Compiling(after=2, on_ready=restore)  # ready at the third pass: chunks before and after it
     cache = tf.new_cache()
     rows = [tf.forward(ids[a : a + 10], all_logits=True, cache=cache) for a in range(0, 40, 10)]
     assert np.array_equal(np.concatenate(rows), ref) and tf.pending is None
@@ -416,12 +416,12 @@ def test_passes_run_on_the_cores_a_compiling_helper_leaves(monkeypatch):
     try:
         ref = tf.logits(ids)
         assert seen == [2]
-        tf.pending = _Compiling(after=10**9, busy=cores - 1)  # every core but one busy compiling
+        tf.pending = Compiling(after=10**9, busy=cores - 1)  # every core but one busy compiling
         assert np.array_equal(tf.logits(ids), ref) and seen[-1] == 1
         rows = tf.forward_batch([(tf.new_cache(), ids), (tf.new_cache(), ids[:5])])
         assert np.array_equal(rows[0], ref[-1]) and np.array_equal(rows[1], ref[4]) and seen[-1] == 1
         assert numba.get_num_threads() == 2
-        tf.pending = _Compiling(after=10**9, busy=0)  # its helper is done: the caller's count again
+        tf.pending = Compiling(after=10**9, busy=0)  # its helper is done: the caller's count again
         assert np.array_equal(tf.logits(ids), ref) and seen[-1] == 2
     finally:
         set_threads(before)
@@ -543,7 +543,7 @@ def test_a_batched_steps_greedy_rows_sample_alone_while_their_kernel_compiles(mo
             streams = [engine.submit(p, SamplingParams(temperature=0), 8) for p in prompts]
             return [[c.token for c in s] for s in streams]
 
-    model.transformer.pending = _Compiling(after=10**9)
+    model.transformer.pending = Compiling(after=10**9)
     assert not model.transformer.batch_sampling_ready()
     assert run() == alone and seen == []
     model.transformer.pending = None
@@ -572,7 +572,7 @@ def test_health_says_compiling_while_a_helper_compiles_and_the_benchmark_waits_f
     with LiveServer(create_app(model, model_id="tiny", parallel=2)) as s:
         health = lambda: httpx.get(s.url + "/health").json()  # noqa: E731
         assert health()["compiling"] is False
-        helper = _Compiling(after=10**9, busy=1)
+        helper = Compiling(after=10**9, busy=1)
         tf.pending = helper
         try:
             assert tf.compiling and health()["compiling"] is True
@@ -612,7 +612,7 @@ def test_the_server_says_at_start_that_its_batched_kernels_compile_and_when_they
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     model = ggufrun.load(str(GOLDEN / "small-llama-q4_1.gguf"), n_ctx=64, n_threads=1)
-    helper = _Compiling(after=10**9, busy=1)
+    helper = Compiling(after=10**9, busy=1)
     model.transformer.pending = helper
     try:
         with TestClient(create_app(model, model_id="tiny", parallel=2)) as client:

@@ -100,20 +100,6 @@ def test_type_stream_and_stop(server, browser):
     assert stopped["requests_cancelled"] >= 1
 
 
-class Compiling:
-    """A stand-in for the helper that compiles the batched kernels on a first run (Transformer.pending): it runs
-    while `busy`, and every kernel it holds is ready (passes run as usual)."""
-
-    def __init__(self):
-        self.busy = 1
-
-    def helpers_running(self) -> int:
-        return self.busy
-
-    def ready(self, which=None) -> bool:
-        return True
-
-
 def test_the_page_says_it_is_warming_up_while_the_server_compiles(server, browser):
     from selenium.webdriver.common.by import By
 
@@ -121,8 +107,10 @@ def test_the_page_says_it_is_warming_up_while_the_server_compiles(server, browse
     browser.get(server.url + "/")
     wait_for(lambda: browser.find_element(By.ID, "model").text == "page-model", what="the model id from /v1/models")
     assert not warming()  # nothing compiling: no note
+    from test_first_run import Compiling
+
     tf = server.model.transformer
-    helper = Compiling()
+    helper = Compiling(after=-1, busy=1)  # running, every kernel it holds already ready (passes run as usual)
     tf.pending = helper
     try:
         browser.get(server.url + "/")
